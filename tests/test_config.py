@@ -1,0 +1,46 @@
+"""The `additional_config["replayssm"]` schema: defaults, aliases, and one clear error per bad
+value."""
+
+import pytest
+import torch
+
+from vllm_replayssm.config import ReplayConfig, ReplayConfigError
+
+
+def test_defaults():
+    cfg = ReplayConfig.from_dict(None)
+    assert not cfg.enabled and cfg.buffer_len == 16 and cfg.lp_torch_dtype == torch.bfloat16
+    assert cfg.gdn_flush == "exact" and cfg.stagger
+
+
+def test_values_and_aliases():
+    cfg = ReplayConfig.from_dict({"enabled": True, "buffer_len": 32, "lp_dtype": "fp16",
+                                  "gdn_flush": "fold", "hp_dtype": "float32"})
+    assert cfg.enabled and cfg.buffer_len == 32 and cfg.lp_torch_dtype == torch.float16
+    assert ReplayConfig.from_dict({"lp_dtype": "none"}).lp_torch_dtype is None
+
+
+@pytest.mark.parametrize(
+    "raw, match",
+    [
+        ({"buffer_len": 0}, "buffer_len must be an integer"),
+        ({"buffer_len": "16"}, "buffer_len must be an integer"),
+        ({"buffer_len": True}, "buffer_len must be an integer"),
+        ({"lp_dtype": "int8"}, "lp_dtype must be one of"),
+        ({"hp_dtype": "bfloat16"}, "hp_dtype must be float32"),
+        ({"gdn_flush": "approx"}, "gdn_flush must be one of"),
+        ({"enabled": "yes"}, "enabled must be true or false"),
+        ({"bufer_len": 16}, r"unknown replayssm key\(s\) \['bufer_len'\]"),
+        ([1, 2], "must be a JSON object"),
+    ],
+)
+def test_bad_values(raw, match):
+    with pytest.raises(ReplayConfigError, match=match):
+        ReplayConfig.from_dict(raw)
+
+
+def test_window_must_fit_buffer():
+    cfg = ReplayConfig.from_dict({"buffer_len": 4})
+    cfg.check_window(3)
+    with pytest.raises(ReplayConfigError, match="buffer_len=4 is smaller than the verify window"):
+        cfg.check_window(4)

@@ -1,0 +1,83 @@
+"""State page layout: alignment, carving like vLLM 0.26, record sizes of real geometries."""
+
+import math
+
+import pytest
+import torch
+
+from vllm_replayssm.layout import (
+    ALIGN_BYTES,
+    GDNGeometry,
+    Mamba2Geometry,
+    carve,
+    gdn_state_specs,
+    mamba2_state_specs,
+    page_size_bytes,
+)
+
+NEMOTRON_SUPER = Mamba2Geometry(128, 64, 128, 8)
+QWEN35_4B = GDNGeometry(16, 32, 128, 128)
+CONV = ((3, 10240), torch.bfloat16)
+
+
+def _all_specs():
+    for lp in (None, torch.bfloat16, torch.float16):
+        for L, T in ((16, 1), (16, 4), (5, 3)):
+            yield mamba2_state_specs(NEMOTRON_SUPER, L, T, torch.bfloat16, lp, *CONV)
+            for exact in (True, False):
+                yield gdn_state_specs(QWEN35_4B, L, T, torch.bfloat16, lp, exact, *CONV)
+
+
+@pytest.mark.parametrize("specs", list(_all_specs()))
+def test_every_tensor_starts_aligned_and_views_do_not_overlap(specs):
+    page = page_size_bytes(specs)
+    assert page % ALIGN_BYTES == 0
+    offset = 0
+    for s in specs:
+        assert offset % ALIGN_BYTES == 0 or s.name.startswith("pad"), (s.name, offset)
+        offset += s.nbytes
+    assert specs[0].name == "conv" and specs[1].name == "hp"  # stock indices 0 and 1
+    raw = torch.zeros(3 * page, dtype=torch.uint8)
+    views = carve(raw, specs)
+    for i, v in enumerate(views.values()):
+        v.view(torch.uint8).fill_(i + 1) if v.dtype != torch.uint8 else v.fill_(i + 1)
+    counts = torch.bincount(raw, minlength=len(views) + 1)
+    for i, s in enumerate(specs):
+        assert int(counts[i + 1]) == 3 * s.nbytes, s.name
+    assert int(counts[0]) == 0
+
+
+def test_carve_honours_a_padded_page():
+    specs = mamba2_state_specs(Mamba2Geometry(4, 8, 16, 2), 4, 1, torch.float32, None, *CONV)
+    page = page_size_bytes(specs) + 4096  # vLLM may pad pages to the attention page size
+    views = carve(torch.zeros(2 * page, dtype=torch.uint8), specs, page)
+    hp = views["hp"]
+    assert hp.stride(0) * hp.element_size() == page
+    views["meta"][1] = 7
+    assert views["meta"][0].sum() == 0
+
+
+def test_record_bytes_of_real_geometries():
+    """Bytes per ring row (one token's records) and the HP/LP state sizes of prior-art.md."""
+    m = mamba2_state_specs(NEMOTRON_SUPER, 16, 1, torch.bfloat16, torch.bfloat16, *CONV)
+    by = {s.name: s for s in m}
+    C = 17
+    assert sum(by[n].nbytes for n in ("ring_dt", "ring_x", "ring_B")) == 18_944 * C
+    assert by["hp"].nbytes == 4 << 20 and by["lp"].nbytes == 2 << 20
+    g = gdn_state_specs(QWEN35_4B, 16, 1, torch.bfloat16, torch.bfloat16, True, *CONV)
+    by = {s.name: s for s in g}
+    ring = sum(s.nbytes for s in g if s.name.startswith("ring_"))
+    # d + k + g = 12,416 B (the fork's set) + v + beta for the exact flush. 1/||k|| is not
+    # stored: the readout recomputes it from k, which it loads anyway.
+    assert ring == (12_416 + 8_192 + 128) * C
+    assert by["hp"].nbytes == 2 << 20
+    assert math.prod(by["meta"].shape) == 8
+
+
+def test_bad_geometry_is_refused():
+    with pytest.raises(ValueError, match="divisible"):
+        Mamba2Geometry(6, 8, 16, 4)
+    with pytest.raises(ValueError, match="divisible"):
+        GDNGeometry(3, 4, 8, 8)
+    with pytest.raises(ValueError, match="window"):
+        mamba2_state_specs(Mamba2Geometry(4, 8, 16, 2), 2, 3, torch.float32, None, *CONV)

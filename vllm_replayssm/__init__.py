@@ -1,0 +1,18 @@
+"""ReplaySSM for vLLM 0.26: replay-based decode for Mamba-2 and Gated DeltaNet layers.
+
+`register()` is the `vllm.general_plugins` entry point. vLLM calls it in every process
+(front end, engine core, workers), possibly several times, so it must stay cheap and
+idempotent and must not touch CUDA or read any configuration.
+"""
+
+__version__ = "0.1.0"
+
+_registered = False
+
+
+def register() -> None:
+    """Entry point for `vllm.general_plugins`. Idempotent; no CUDA, no config."""
+    global _registered
+    if _registered:
+        return
+    _registered = True

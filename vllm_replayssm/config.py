@@ -1,0 +1,110 @@
+"""ReplaySSM configuration: the `additional_config["replayssm"]` schema and its checks."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+LP_DTYPES: dict[str, torch.dtype | None] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "none": None,
+}
+_LP_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+GDN_FLUSH_MODES = ("exact", "fold")
+MAX_BUFFER_LEN = 256
+
+
+class ReplayConfigError(ValueError):
+    """A bad `replayssm` configuration value; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Validated ReplaySSM settings.
+
+    buffer_len: L, decode steps between checkpoint writes (flushes).
+    lp_dtype: dtype of the low-precision read copy of the checkpoint, or "none".
+    hp_dtype: dtype of the checkpoint that recurrences read; float32 only.
+    gdn_flush: "exact" replays the delta rule from HP over (k, v, g, beta) at a flush;
+        "fold" sums cached corrected values (ablation only: LP rounding enters HP).
+    stagger: spread first flushes of co-admitted requests over a cycle.
+    debug_checks: extra host-side checks in the torch paths (slow).
+    """
+
+    enabled: bool = False
+    buffer_len: int = 16
+    lp_dtype: str = "bfloat16"
+    hp_dtype: str = "float32"
+    gdn_flush: str = "exact"
+    stagger: bool = True
+    debug_checks: bool = False
+
+    @property
+    def lp_torch_dtype(self) -> torch.dtype | None:
+        return LP_DTYPES[self.lp_dtype]
+
+    def window(self, num_speculative_tokens: int = 0) -> int:
+        """T = 1 + k tokens per decode step."""
+        return 1 + num_speculative_tokens
+
+    def check_window(self, num_speculative_tokens: int) -> None:
+        T = self.window(num_speculative_tokens)
+        if self.buffer_len < T:
+            raise ReplayConfigError(
+                f"replayssm.buffer_len={self.buffer_len} is smaller than the verify window "
+                f"T = 1 + num_speculative_tokens = {T}; set buffer_len >= {T} "
+                f"(>= {2 * T} recommended)"
+            )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> ReplayConfig:
+        """Parse and validate `additional_config["replayssm"]`; raise ReplayConfigError."""
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict):
+            raise ReplayConfigError(
+                f"additional_config['replayssm'] must be a JSON object, got {type(raw).__name__}"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ReplayConfigError(
+                f"unknown replayssm key(s) {unknown}; valid keys: {sorted(known)}"
+            )
+        vals = dict(raw)
+        for key in ("enabled", "stagger", "debug_checks"):
+            if key in vals and not isinstance(vals[key], bool):
+                raise ReplayConfigError(f"replayssm.{key} must be true or false, got {vals[key]!r}")
+        if "buffer_len" in vals:
+            L = vals["buffer_len"]
+            if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L <= MAX_BUFFER_LEN:
+                raise ReplayConfigError(
+                    f"replayssm.buffer_len must be an integer in [1, {MAX_BUFFER_LEN}], got {L!r}"
+                )
+        if "lp_dtype" in vals:
+            lp = vals["lp_dtype"]
+            lp = _LP_ALIASES.get(lp, lp) if isinstance(lp, str) else lp
+            if lp not in LP_DTYPES:
+                raise ReplayConfigError(
+                    f"replayssm.lp_dtype must be one of {sorted(LP_DTYPES)} "
+                    f"(aliases {sorted(_LP_ALIASES)}), got {vals['lp_dtype']!r}"
+                )
+            vals["lp_dtype"] = lp
+        if "hp_dtype" in vals and vals["hp_dtype"] not in ("float32", "fp32"):
+            raise ReplayConfigError(
+                f"replayssm.hp_dtype must be float32 (the checkpoint that recurrences read), "
+                f"got {vals['hp_dtype']!r}"
+            )
+        vals.pop("hp_dtype", None)
+        if "gdn_flush" in vals and vals["gdn_flush"] not in GDN_FLUSH_MODES:
+            raise ReplayConfigError(
+                f"replayssm.gdn_flush must be one of {list(GDN_FLUSH_MODES)}, "
+                f"got {vals['gdn_flush']!r}"
+            )
+        return cls(**vals)

@@ -1,0 +1,152 @@
+"""The per-(request, layer) cursor machine that every ReplaySSM path shares (torch form).
+
+Each state page carries `META_LEN` int32 words. Logical ring entry i lives in ring row
+(origin + i) mod C, C = buffer_len + window. A decode step on one row with q tokens and the
+previous step's acceptance a does (design §1.4):
+
+1. commit: committed += min(a, pending); pending = 0 (plain decode: a = pending);
+2. flush iff committed + q + window > capacity: fold logical [0, committed) into the
+   checkpoint, fold_origin/fold_count = origin/committed, origin += committed,
+   committed = 0, capacity = C;
+3. append the q window records at logical committed .. committed + q - 1;
+4. token i of the window reads the checkpoint and logical [0, committed + i];
+5. pending = q.
+
+Invariant after every step: committed + pending + window <= capacity <= C, so the next
+window always fits and a fold region never overlaps the window written in the same step.
+A page whose words break the invariant (garbage, never reset) is read as freshly reset
+(empty ring over whatever the checkpoint holds): kernels stay memory-safe for any meta.
+
+The Triton kernels implement the same rules; `plan_step` is their oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+META_LEN = 8
+ORIGIN, COMMITTED, PENDING, CAPACITY, FOLD_ORIGIN, FOLD_COUNT, MAGIC, TICKET = range(META_LEN)
+META_MAGIC = 0x52504C59  # "RPLY": the page was reset by ReplaySSM
+
+
+def ring_rows(buffer_len: int, window: int) -> int:
+    """C = L + T ring rows: L committed entries plus one verify window."""
+    if window < 1 or buffer_len < window:
+        raise ValueError(f"need 1 <= window <= buffer_len, got window={window}, L={buffer_len}")
+    return buffer_len + window
+
+
+def stagger_phase(slots: torch.Tensor, buffer_len: int, window: int, stagger: bool) -> torch.Tensor:
+    """phi = slot mod (L - T + 1): the first cycle of a slot is phi steps shorter."""
+    if not stagger:
+        return torch.zeros_like(slots)
+    return torch.remainder(slots, buffer_len - window + 1)
+
+
+def reset_meta(
+    meta: torch.Tensor, slots: torch.Tensor, buffer_len: int, window: int, stagger: bool
+) -> None:
+    """Reset the cursor words of `slots` in place (after a checkpoint write by prefill).
+
+    meta: [num_slots, META_LEN] int32 (any strides); slots: [R] int, NULL rows excluded.
+    """
+    C = ring_rows(buffer_len, window)
+    slots = slots.to(device=meta.device, dtype=torch.long)
+    phi = stagger_phase(slots, buffer_len, window, stagger)
+    words = torch.zeros(slots.numel(), META_LEN, dtype=torch.int64, device=meta.device)
+    words[:, CAPACITY] = C - phi
+    words[:, MAGIC] = META_MAGIC
+    meta[slots] = words.to(meta.dtype)
+
+
+def meta_is_valid(meta_rows: torch.Tensor, buffer_len: int, window: int) -> torch.Tensor:
+    """[R] bool: the words satisfy the cursor invariant (see module docstring)."""
+    C = ring_rows(buffer_len, window)
+    m = meta_rows.to(torch.int64)
+    o, n, p, kap = m[:, ORIGIN], m[:, COMMITTED], m[:, PENDING], m[:, CAPACITY]
+    return (
+        (m[:, MAGIC] == META_MAGIC)
+        & (o >= 0) & (o < C)
+        & (n >= 0)
+        & (p >= 0) & (p <= window)
+        & (kap >= 2 * window) & (kap <= C)
+        & (n + p + window <= kap)
+    )
+
+
+@dataclass
+class StepPlan:
+    """One decode step's cursor decisions for R rows (all int64 [R] unless noted).
+
+    origin/committed are the values after commit and flush: the window goes to logical
+    committed .. committed + q - 1. fold_origin/fold_count describe the fold of a flush row.
+    """
+
+    origin: torch.Tensor
+    committed: torch.Tensor
+    pending: torch.Tensor
+    capacity: torch.Tensor
+    fold_origin: torch.Tensor
+    fold_count: torch.Tensor
+    flush: torch.Tensor  # bool
+    valid: torch.Tensor  # bool: the incoming words were sane
+
+    def meta(self) -> torch.Tensor:
+        """[R, META_LEN] int32 words to store back."""
+        R = self.origin.numel()
+        words = torch.zeros(R, META_LEN, dtype=torch.int64, device=self.origin.device)
+        words[:, ORIGIN] = self.origin
+        words[:, COMMITTED] = self.committed
+        words[:, PENDING] = self.pending
+        words[:, CAPACITY] = self.capacity
+        words[:, FOLD_ORIGIN] = self.fold_origin
+        words[:, FOLD_COUNT] = self.fold_count
+        words[:, MAGIC] = META_MAGIC
+        return words.to(torch.int32)
+
+
+def plan_step(
+    meta_rows: torch.Tensor,
+    num_tokens: torch.Tensor,
+    num_accepted: torch.Tensor | None,
+    buffer_len: int,
+    window: int,
+    force_flush: bool = False,
+) -> StepPlan:
+    """Apply commit and the flush rule to R rows.
+
+    meta_rows: [R, META_LEN] int32, the words read at the start of the step.
+    num_tokens: [R] int, q <= window tokens of each row this step.
+    num_accepted: [R] int, the previous step's accepted count (drafts + bonus), or None for
+        plain decode (everything pending is committed).
+    force_flush: fold every committed entry regardless of the rule (materialise).
+    """
+    C = ring_rows(buffer_len, window)
+    m = meta_rows.to(torch.int64)
+    valid = meta_is_valid(meta_rows, buffer_len, window)
+    zero = torch.zeros_like(m[:, 0])
+    o = torch.where(valid, m[:, ORIGIN], zero)
+    n = torch.where(valid, m[:, COMMITTED], zero)
+    p = torch.where(valid, m[:, PENDING], zero)
+    kap = torch.where(valid, m[:, CAPACITY], zero + C)
+    q = num_tokens.to(device=m.device, dtype=torch.int64)
+    if num_accepted is None:
+        a = p
+    else:
+        a = num_accepted.to(device=m.device, dtype=torch.int64).clamp(min=0)
+        a = torch.minimum(a, p)
+    n = n + a
+    flush = (n + q + window > kap) if not force_flush else torch.ones_like(valid)
+    fold_o = torch.where(flush, o, torch.where(valid, m[:, FOLD_ORIGIN], zero))
+    fold_n = torch.where(flush, n, torch.where(valid, m[:, FOLD_COUNT], zero))
+    o = torch.where(flush, torch.remainder(o + n, C), o)
+    n = torch.where(flush, zero, n)
+    kap = torch.where(flush, zero + C, kap)
+    return StepPlan(o, n, q, kap, fold_o, fold_n, flush, valid)
+
+
+def logical_to_row(origin: torch.Tensor, logical: torch.Tensor, C: int) -> torch.Tensor:
+    """Ring row of logical entries: (origin + logical) mod C, broadcast."""
+    return torch.remainder(origin + logical, C)

@@ -1,0 +1,32 @@
+"""The prefill hook (torch form): after stock code wrote a row's HP, copy it to LP and reset
+the row's cursor. It runs for every prefill chunk, which also cleans recycled pages and
+preemption recompute: the ring of such a row is simply forgotten."""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_replayssm.kernels.common.cursor import reset_meta
+
+NULL_BLOCK_ID = 0
+
+
+def refresh_after_prefill(
+    hp: torch.Tensor,
+    lp: torch.Tensor | None,
+    meta: torch.Tensor,
+    state_indices: torch.Tensor,
+    *,
+    buffer_len: int,
+    window: int,
+    stagger: bool,
+    null_block_id: int = NULL_BLOCK_ID,
+) -> None:
+    """hp: [S, ...] fp32; lp: like hp in bf16/fp16, or None; meta: [S, META_LEN] int32;
+    state_indices: [R] int slots whose HP prefill just wrote (NULL rows skipped)."""
+    slots = state_indices[state_indices != null_block_id].long()
+    if slots.numel() == 0:
+        return
+    if lp is not None:
+        lp[slots] = hp[slots].to(lp.dtype)
+    reset_meta(meta, slots, buffer_len, window, stagger)
