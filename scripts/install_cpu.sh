@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 venv=${1:-.venv}
 py=${PYTHON:-python3}
 stamp="$venv/.install-stamp"
-want=$(cat requirements/torch-cpu.txt requirements/cpu-0.26.0.txt requirements/test.txt \
+want=$(cat requirements/torch-cpu.txt requirements/cpu-0.26.0.txt requirements/test.txt requirements/build.txt \
   pyproject.toml scripts/install_cpu.sh | sha256sum | cut -d' ' -f1)
 
 step() { printf '== [%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -46,6 +46,7 @@ step "test tools"
 "${pip[@]}" install -q -r requirements/test.txt -c "$cons"
 
 step "vllm-replayssm (editable, --no-deps)"
+"${pip[@]}" install -q -r requirements/build.txt
 "${pip[@]}" install -q --no-deps --no-build-isolation -e .
 
 step "checking imports"

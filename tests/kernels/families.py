@@ -48,6 +48,7 @@ class Mamba2Family:
     device: str = "cpu"
     params: dict = field(init=False)
     name = "mamba2"
+    copied_rings = ("ring_x", "ring_B")  # records that are inputs, stored bit for bit
 
     def __post_init__(self) -> None:
         gen = torch.Generator().manual_seed(self.seed)
@@ -95,7 +96,7 @@ class Mamba2Family:
 
     def decode(self, cache, tok, state_indices, out, L, T, qsl=None, acc=None) -> None:
         p = self.params
-        self.decode_op(
+        (self.decode_op or m2_ref.mamba2_replay_decode)(
             cache, tok["x"], tok["dt"], p["A"], tok["B"], tok["C"], p["D"], p["dt_bias"],
             state_indices, out, buffer_len=L, window=T, query_start_loc=qsl,
             num_accepted_tokens=acc,
@@ -129,6 +130,7 @@ class GDNFamily:
     device: str = "cpu"
     params: dict = field(init=False)
     name = "gdn"
+    copied_rings = ("ring_k", "ring_v")
 
     def __post_init__(self) -> None:
         gen = torch.Generator().manual_seed(self.seed)
@@ -177,7 +179,7 @@ class GDNFamily:
 
     def decode(self, cache, tok, state_indices, out, L, T, qsl=None, acc=None) -> None:
         p = self.params
-        self.decode_op(
+        (self.decode_op or gdn_ref.gdn_replay_decode)(
             cache, tok["q"], tok["k"], tok["v"], tok["a"], tok["b"], p["A_log"], p["dt_bias"],
             state_indices, out, scale=self.scale, buffer_len=L, window=T, query_start_loc=qsl,
             num_accepted_tokens=acc,

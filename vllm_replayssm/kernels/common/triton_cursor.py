@@ -1,0 +1,106 @@
+"""The cursor machine in Triton: the kernels' twin of `cursor.plan_step` (same rules).
+
+Every program of a row reads the row's words at its start and derives the same plan; the
+words are written back once, by the row's last program to finish (a ticket counter in the
+TICKET word, reset with the words). No program reads the words after its ticket, so a row's
+programs never need to be co-resident and no second launch is needed.
+"""
+
+import triton
+import triton.language as tl
+
+from vllm_replayssm.kernels.common.cursor import (
+    CAPACITY,
+    COMMITTED,
+    FOLD_COUNT,
+    FOLD_ORIGIN,
+    MAGIC,
+    META_MAGIC,
+    ORIGIN,
+    PENDING,
+    TICKET,
+)
+
+W_ORIGIN = tl.constexpr(ORIGIN)
+W_COMMITTED = tl.constexpr(COMMITTED)
+W_PENDING = tl.constexpr(PENDING)
+W_CAPACITY = tl.constexpr(CAPACITY)
+W_FOLD_ORIGIN = tl.constexpr(FOLD_ORIGIN)
+W_FOLD_COUNT = tl.constexpr(FOLD_COUNT)
+W_MAGIC = tl.constexpr(MAGIC)
+W_TICKET = tl.constexpr(TICKET)
+MAGIC_WORD = tl.constexpr(META_MAGIC)
+
+
+@triton.jit
+def row_tokens(qsl_ptr, pid_r, IS_VARLEN: tl.constexpr):
+    """(first token, number of tokens) of batch row pid_r."""
+    if IS_VARLEN:
+        bos = tl.load(qsl_ptr + pid_r).to(tl.int64)
+        q = tl.load(qsl_ptr + pid_r + 1).to(tl.int64) - bos
+    else:
+        bos = pid_r.to(tl.int64)
+        q = bos * 0 + 1
+    return bos, q
+
+
+@triton.jit
+def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC: tl.constexpr):
+    """Commit and the flush rule for one row (see cursor.py). Returns
+    (origin, committed, capacity, fold_origin, fold_count, flush) after commit and flush."""
+    o = tl.load(p_meta + W_ORIGIN * stride_word).to(tl.int64)
+    n = tl.load(p_meta + W_COMMITTED * stride_word).to(tl.int64)
+    p = tl.load(p_meta + W_PENDING * stride_word).to(tl.int64)
+    kap = tl.load(p_meta + W_CAPACITY * stride_word).to(tl.int64)
+    fo = tl.load(p_meta + W_FOLD_ORIGIN * stride_word).to(tl.int64)
+    fn = tl.load(p_meta + W_FOLD_COUNT * stride_word).to(tl.int64)
+    magic = tl.load(p_meta + W_MAGIC * stride_word)
+    valid = (
+        (magic == MAGIC_WORD) & (o >= 0) & (o < C) & (n >= 0) & (p >= 0) & (p <= T)
+        & (kap >= 2 * T) & (kap <= C) & (n + p + T <= kap)
+    )
+    o = tl.where(valid, o, 0)
+    n = tl.where(valid, n, 0)
+    p = tl.where(valid, p, 0)
+    kap = tl.where(valid, kap, C)
+    fo = tl.where(valid, fo, 0)
+    fn = tl.where(valid, fn, 0)
+    if HAS_ACC:
+        a = tl.load(acc_ptr + pid_r).to(tl.int64)
+        a = tl.minimum(tl.maximum(a, 0), p)
+    else:
+        a = p
+    n = n + a
+    flush = n + q + T > kap
+    fo = tl.where(flush, o, fo)
+    fn = tl.where(flush, n, fn)
+    o = tl.where(flush, (o + n) % C, o)
+    n = tl.where(flush, 0, n)
+    kap = tl.where(flush, C, kap)
+    return o, n, kap, fo, fn, flush
+
+
+@triton.jit
+def finish_row(p_meta, stride_word, num_programs, o, n, q, kap, fo, fn):
+    """Take a ticket; the row's last program stores the new words (and a zero ticket)."""
+    ticket = tl.atomic_add(p_meta + W_TICKET * stride_word, 1, sem="acq_rel")
+    if ticket == num_programs - 1:
+        tl.store(p_meta + W_ORIGIN * stride_word, o.to(tl.int32))
+        tl.store(p_meta + W_COMMITTED * stride_word, n.to(tl.int32))
+        tl.store(p_meta + W_PENDING * stride_word, q.to(tl.int32))
+        tl.store(p_meta + W_CAPACITY * stride_word, kap.to(tl.int32))
+        tl.store(p_meta + W_FOLD_ORIGIN * stride_word, fo.to(tl.int32))
+        tl.store(p_meta + W_FOLD_COUNT * stride_word, fn.to(tl.int32))
+        tl.store(p_meta + W_MAGIC * stride_word, MAGIC_WORD)
+        tl.store(p_meta + W_TICKET * stride_word, 0)
+
+
+@triton.jit
+def softplus(x):
+    """log(1 + e^x), identity above 20 (vLLM's rule). log1p is evaluated as
+    u * log(1 + u) / ((1 + u) - 1), accurate to a few ulp where log(1 + u) alone loses
+    digits (small dt: log(1 + e^x) has ~1e-4 relative error at softplus = 1e-3)."""
+    u = tl.exp(x)
+    w = 1.0 + u
+    log1p_u = tl.where(w == 1.0, u, tl.log(w) * (u / (w - 1.0)))
+    return tl.where(x <= 20.0, log1p_u, x)
