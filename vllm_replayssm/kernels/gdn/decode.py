@@ -1,0 +1,326 @@
+"""Triton Gated DeltaNet ReplaySSM decode: one launch per layer and step, plain or
+speculative, exact or fold flush.
+
+One program per (value-dim tile, value head, row), holding a [BLOCK_V, K] checkpoint tile.
+Flush rows advance HP over the committed entries (exact: the delta rule replayed serially
+from HP over the cached k, v, g, beta; fold: weighted sum of cached corrected values) and
+write HP + LP; other rows read LP (HP when LP is off). Window token i is read out from
+checkpoint + history + the window's own corrected values, found by forward substitution;
+only records are written. The row's last program stores the cursor words.
+Semantics: `reference.gdn_replay_decode`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_replayssm.kernels.common.cursor import ring_rows
+from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens, softplus
+from vllm_replayssm.layout import GDNReplayCache
+
+NULL_BLOCK_ID = 0
+
+
+@triton.jit
+def _pick(mat, o_t, i):
+    """Row i of a [BLOCK_T, X] register tile, as [X]."""
+    return tl.sum(tl.where(o_t[:, None] == i, mat, 0.0), axis=0)
+
+
+@triton.jit
+def _pick1(vec, o_t, i):
+    return tl.sum(tl.where(o_t == i, vec, 0.0), axis=0)
+
+
+@triton.jit
+def _l2norm_rows(x):
+    return x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+
+
+@triton.jit
+def _gdn_replay_decode_kernel(
+    hp_ptr, lp_ptr, ring_g_ptr, ring_beta_ptr, ring_k_ptr, ring_d_ptr, ring_v_ptr, meta_ptr,
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
+    state_indices_ptr, qsl_ptr, acc_ptr, out_ptr,
+    scale, null_block_id, head_k_dim, head_v_dim, v_per_k, num_programs_per_row, C,
+    stride_hp_slot, stride_hp_head, stride_hp_v, stride_hp_k,
+    stride_lp_slot, stride_lp_head, stride_lp_v, stride_lp_k,
+    stride_rg_slot, stride_rg_head, stride_rg_row,
+    stride_rbeta_slot, stride_rbeta_head, stride_rbeta_row,
+    stride_rk_slot, stride_rk_head, stride_rk_row, stride_rk_k,
+    stride_rd_slot, stride_rd_head, stride_rd_row, stride_rd_v,
+    stride_rv_slot, stride_rv_head, stride_rv_row, stride_rv_v,
+    stride_meta_slot, stride_meta_word,
+    stride_q_tok, stride_q_head, stride_q_k,
+    stride_k_tok, stride_k_head, stride_k_k,
+    stride_v_tok, stride_v_head, stride_v_v,
+    stride_a_tok, stride_a_head,
+    stride_b_tok, stride_b_head,
+    stride_out_tok, stride_out_head, stride_out_v,
+    T: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, EXACT_FLUSH: tl.constexpr,
+    HAS_ACC: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_h = tl.program_id(1).to(tl.int64)
+    pid_r = tl.program_id(2).to(tl.int64)
+    bos, q = row_tokens(qsl_ptr, pid_r, IS_VARLEN)
+    o_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_v = o_v < head_v_dim
+    slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
+    if slot == null_block_id:
+        for i in tl.static_range(T):
+            p_out = out_ptr + (bos + i) * stride_out_tok + pid_h * stride_out_head
+            tl.store(p_out + o_v * stride_out_v, tl.zeros([BLOCK_V], dtype=tl.float32),
+                     mask=m_v & (i < q))
+        return
+
+    p_meta = meta_ptr + slot * stride_meta_slot
+    o, n, kap, fo, fn, flush = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T,
+                                        HAS_ACC)
+    kh = pid_h // v_per_k
+    neg_A = -tl.exp(tl.load(A_log_ptr + pid_h).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + pid_h).to(tl.float32)
+    o_k = tl.arange(0, BLOCK_K)
+    m_k = o_k < head_k_dim
+    o_c = tl.arange(0, BLOCK_C)
+    o_t = tl.arange(0, BLOCK_T)
+    m_vk = m_v[:, None] & m_k[None, :]
+
+    p_rg = ring_g_ptr + slot * stride_rg_slot + pid_h * stride_rg_head
+    p_rbeta = ring_beta_ptr + slot * stride_rbeta_slot + pid_h * stride_rbeta_head
+    p_rk = ring_k_ptr + slot * stride_rk_slot + kh * stride_rk_head
+    p_rd = ring_d_ptr + slot * stride_rd_slot + pid_h * stride_rd_head
+    p_rv = ring_v_ptr + slot * stride_rv_slot + pid_h * stride_rv_head
+    p_hp = (hp_ptr + slot * stride_hp_slot + pid_h * stride_hp_head
+            + o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
+
+    if flush:
+        S = tl.load(p_hp, mask=m_vk, other=0.0)  # [BLOCK_V, BLOCK_K]
+        if EXACT_FLUSH:
+            # The delta rule from HP over the committed (k, v, g, beta), in the stock order.
+            for j in range(fn):
+                row = (fo + j) % C
+                k_j = tl.load(p_rk + row * stride_rk_row + o_k * stride_rk_k, mask=m_k,
+                              other=0.0).to(tl.float32)
+                k_j = k_j / tl.sqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
+                v_j = tl.load(p_rv + row * stride_rv_row + o_v * stride_rv_v, mask=m_v,
+                              other=0.0).to(tl.float32)
+                S = S * tl.exp(tl.load(p_rg + row * stride_rg_row))
+                d_j = (v_j - tl.sum(S * k_j[None, :], axis=1)) * tl.load(
+                    p_rbeta + row * stride_rbeta_row)
+                S = S + d_j[:, None] * k_j[None, :]
+        else:
+            f_row = (fo + o_c) % C
+            m_f = o_c < fn
+            g_f = tl.load(p_rg + f_row * stride_rg_row, mask=m_f, other=0.0)
+            gam_tot = tl.sum(g_f, axis=0)
+            w_f = tl.where(m_f, tl.exp(gam_tot - tl.cumsum(g_f, axis=0)), 0.0)
+            k_f = _l2norm_rows(tl.load(
+                p_rk + f_row[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
+                mask=m_f[:, None] & m_k[None, :], other=0.0).to(tl.float32))
+            d_f = tl.load(p_rd + f_row[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
+                          mask=m_f[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+            S = tl.dot(tl.trans(d_f * w_f[:, None]), k_f, acc=S * tl.exp(gam_tot),
+                       input_precision=DOT_PRECISION)
+        tl.store(p_hp, S, mask=m_vk)
+        if HAS_LP:
+            S_lp = S
+            if LP_IS_FP16:
+                S_lp = tl.minimum(tl.maximum(S, -65504.0), 65504.0)
+            p_lp = (lp_ptr + slot * stride_lp_slot + pid_h * stride_lp_head
+                    + o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k)
+            tl.store(p_lp, S_lp.to(lp_ptr.dtype.element_ty), mask=m_vk)
+    else:
+        if HAS_LP:
+            p_lp = (lp_ptr + slot * stride_lp_slot + pid_h * stride_lp_head
+                    + o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k)
+            S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
+        else:
+            S = tl.load(p_hp, mask=m_vk, other=0.0)
+
+    # History: committed entries [0, n) at the (post-flush) origin.
+    row_c = (o + o_c) % C
+    is_hist = o_c < n
+    g_h = tl.load(p_rg + row_c * stride_rg_row, mask=is_hist, other=0.0)
+    gam_n = tl.sum(g_h, axis=0)
+    w_h = tl.where(is_hist, tl.exp(gam_n - tl.cumsum(g_h, axis=0)), 0.0)  # [BLOCK_C]
+    k_h = _l2norm_rows(tl.load(p_rk + row_c[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
+                               mask=is_hist[:, None] & m_k[None, :], other=0.0).to(tl.float32))
+    d_h = tl.load(p_rd + row_c[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
+                  mask=is_hist[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+    decay_n = tl.exp(gam_n)
+
+    # Window tokens: [BLOCK_T, ...] tiles, rows t >= q masked.
+    m_t = o_t < q
+    tok = bos + o_t
+    k_w_raw = tl.load(k_ptr + tok[:, None] * stride_k_tok + kh * stride_k_head
+                      + o_k[None, :] * stride_k_k, mask=m_t[:, None] & m_k[None, :], other=0.0)
+    k_w = _l2norm_rows(k_w_raw.to(tl.float32))
+    q_w = _l2norm_rows(tl.load(q_ptr + tok[:, None] * stride_q_tok + kh * stride_q_head
+                               + o_k[None, :] * stride_q_k, mask=m_t[:, None] & m_k[None, :],
+                               other=0.0).to(tl.float32)) * scale
+    v_w_raw = tl.load(v_ptr + tok[:, None] * stride_v_tok + pid_h * stride_v_head
+                      + o_v[None, :] * stride_v_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
+    v_w = v_w_raw.to(tl.float32)
+    a_w = tl.load(a_ptr + tok * stride_a_tok + pid_h * stride_a_head, mask=m_t,
+                  other=0.0).to(tl.float32)
+    b_raw = tl.load(b_ptr + tok * stride_b_tok + pid_h * stride_b_head, mask=m_t, other=0.0)
+    g_w = tl.where(m_t, neg_A * softplus(a_w + dt_bias), 0.0)
+    beta_w = tl.sigmoid(b_raw.to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
+    G_w = tl.cumsum(g_w, axis=0)
+    d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+
+    for i in tl.static_range(T):
+        k_i = _pick(k_w, o_t, i)
+        q_i = _pick(q_w, o_t, i)
+        # u = S_n k_i, w = S_n q_i, S_n = e^{Gamma_n} S + sum_j w_h[j] d_j k_j^T.
+        u = tl.sum(S * k_i[None, :], axis=1) * decay_n + tl.sum(
+            (w_h * tl.sum(k_h * k_i[None, :], axis=1))[:, None] * d_h, axis=0)
+        w = tl.sum(S * q_i[None, :], axis=1) * decay_n + tl.sum(
+            (w_h * tl.sum(k_h * q_i[None, :], axis=1))[:, None] * d_h, axis=0)
+        G_i = _pick1(G_w, o_t, i)
+        beta_i = _pick1(beta_w, o_t, i)
+        d_i = beta_i * (_pick(v_w, o_t, i) - tl.exp(G_i) * u)
+        o_i = tl.exp(G_i) * w
+        for j in tl.static_range(i):
+            k_j = _pick(k_w, o_t, j)
+            d_j = _pick(d_w, o_t, j)
+            G_ij = tl.exp(G_i - _pick1(G_w, o_t, j))
+            d_i -= (beta_i * G_ij * tl.sum(k_i * k_j, axis=0)) * d_j
+            o_i += (G_ij * tl.sum(k_j * q_i, axis=0)) * d_j
+        o_i += tl.sum(k_i * q_i, axis=0) * d_i
+        d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
+        p_out = out_ptr + (bos + i) * stride_out_tok + pid_h * stride_out_head
+        tl.store(p_out + o_v * stride_out_v, o_i, mask=m_v & (i < q))
+
+    # Append the window's records at logical n .. n + q - 1.
+    row_w = (o + n + o_t) % C
+    tl.store(p_rd + row_w[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
+             d_w.to(ring_d_ptr.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    if EXACT_FLUSH:
+        tl.store(p_rv + row_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v,
+                 v_w_raw, mask=m_t[:, None] & m_v[None, :])
+    if pid_v == 0:
+        tl.store(p_rg + row_w * stride_rg_row, g_w, mask=m_t)
+        if EXACT_FLUSH:
+            tl.store(p_rbeta + row_w * stride_rbeta_row, beta_w, mask=m_t)
+        if pid_h % v_per_k == 0:
+            tl.store(p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
+                     k_w_raw, mask=m_t[:, None] & m_k[None, :])
+    finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn)
+
+
+def _pow2(x: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(x))
+
+
+def default_block_v(head_v_dim: int, num_rows: int) -> int:
+    """Value-dim tile: 64 rows of a 128 x 128 head at large batch, smaller tiles at small
+    batch so that enough programs are in flight."""
+    if num_rows <= 8:
+        return 16
+    return min(_pow2(head_v_dim), 64)
+
+
+def gdn_replay_decode(
+    cache: GDNReplayCache,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_indices: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    scale: float,
+    buffer_len: int,
+    window: int,
+    query_start_loc: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    null_block_id: int = NULL_BLOCK_ID,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> None:
+    """Triton twin of `reference.gdn_replay_decode` (same arguments and effects).
+
+    block_v / num_warps override the launch configuration (benchmarks, tuning).
+    """
+    Hk, K = k.shape[1], k.shape[2]
+    Hv, V = v.shape[1], v.shape[2]
+    R = state_indices.shape[0]
+    Cn = ring_rows(buffer_len, window)
+    _check(cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, Cn, query_start_loc,
+           num_accepted_tokens, R)
+    if R == 0:
+        return
+    bv = block_v or default_block_v(V, R)
+    grid = (triton.cdiv(V, bv), Hv, R)
+    lp = cache.lp if cache.lp is not None else cache.hp
+    beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
+    ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
+    interp = v.device.type != "cuda"
+    _gdn_replay_decode_kernel[grid](
+        cache.hp, lp, cache.ring_g, beta, cache.ring_k, cache.ring_d, ring_v, cache.meta,
+        q, k, v, a, b, A_log, dt_bias,
+        state_indices, query_start_loc if query_start_loc is not None else state_indices,
+        num_accepted_tokens if num_accepted_tokens is not None else state_indices, out,
+        scale, null_block_id, K, V, Hv // Hk, grid[0] * Hv, Cn,
+        *cache.hp.stride(), *lp.stride(), *cache.ring_g.stride(), *beta.stride(),
+        *cache.ring_k.stride(), *cache.ring_d.stride(), *ring_v.stride(), *cache.meta.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *out.stride(),
+        T=window, BLOCK_T=_pow2(window, 2), BLOCK_V=bv, BLOCK_K=_pow2(K), BLOCK_C=_pow2(Cn),
+        HAS_LP=cache.lp is not None,
+        LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
+        EXACT_FLUSH=cache.exact_flush, HAS_ACC=num_accepted_tokens is not None,
+        IS_VARLEN=query_start_loc is not None,
+        DOT_PRECISION="ieee" if interp else "tf32x3",
+        num_warps=num_warps or (4 if bv <= 16 else 8),
+    )
+
+
+def _check(cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, Cn, qsl, acc, R) -> None:
+    Hk, K = k.shape[1], k.shape[2]
+    Hv, V = v.shape[1], v.shape[2]
+    S = cache.hp.shape[0]
+    n_tok = v.shape[0]
+    want = {
+        "hp": (cache.hp, (S, Hv, V, K), torch.float32),
+        "ring_g": (cache.ring_g, (S, Hv, Cn), torch.float32),
+        "ring_k": (cache.ring_k, (S, Hk, Cn, K), k.dtype),
+        "ring_d": (cache.ring_d, (S, Hv, Cn, V), None),
+        "meta": (cache.meta, (S, 8), torch.int32),
+        "q": (q, (n_tok, Hk, K), None),
+        "k": (k, (n_tok, Hk, K), None),
+        "a": (a, (n_tok, Hv), None),
+        "b": (b, (n_tok, Hv), None),
+        "A_log": (A_log, (Hv,), None),
+        "dt_bias": (dt_bias, (Hv,), None),
+        "out": (out, (n_tok, Hv, V), None),
+        "state_indices": (state_indices, (R,), None),
+    }
+    if cache.lp is not None:
+        want["lp"] = (cache.lp, (S, Hv, V, K), None)
+    if cache.exact_flush:
+        want["ring_beta"] = (cache.ring_beta, (S, Hv, Cn), torch.float32)
+        want["ring_v"] = (cache.ring_v, (S, Hv, Cn, V), v.dtype)
+    if qsl is not None:
+        want["query_start_loc"] = (qsl, (R + 1,), None)
+    if acc is not None:
+        want["num_accepted_tokens"] = (acc, (R,), None)
+    for name, (t, shape, dtype) in want.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape}")
+        if dtype is not None and t.dtype != dtype:
+            raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
+        if t.device != v.device:
+            raise ValueError(f"{name} is on {t.device}, v on {v.device}")
+    if Hv % Hk:
+        raise ValueError(f"num_v_heads={Hv} not divisible by num_k_heads={Hk}")
+    if qsl is None and n_tok != R:
+        raise ValueError(f"{n_tok} tokens for {R} rows without query_start_loc")
