@@ -37,7 +37,13 @@ GB = 1e9
 
 
 def git_commit() -> tuple[str, bool | None]:
-    """(HEAD sha, dirty) of the repository; dirty counts tracked files only."""
+    """(HEAD sha, dirty) of the repository; dirty counts tracked files only. Where the
+    checkout has no .git (the GPU host gets a copy of the working tree), the caller passes
+    REPLAYSSM_GIT_COMMIT (and REPLAYSSM_GIT_DIRTY=0/1) from the machine that has it."""
+    env = os.environ.get("REPLAYSSM_GIT_COMMIT")
+    if env:
+        dirty = os.environ.get("REPLAYSSM_GIT_DIRTY")
+        return env, None if dirty is None else dirty == "1"
     try:
         sha = _git("rev-parse", "HEAD")
         dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))

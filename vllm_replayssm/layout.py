@@ -4,8 +4,10 @@ One page per (request, layer) holds, in this order (design §3.3): the stock con
 fp32 HP checkpoint (so stock code, which touches only indices 0 and 1, keeps working), the
 optional LP copy, the ring records and the cursor words. vLLM carves a page into
 consecutive views without padding (`GPUModelRunner._reshape_kv_cache_tensors`), so uint8
-pads are inserted to start every tensor on a 16-byte boundary. `carve` reproduces that
-carving for tests and benchmarks, so kernels always see vLLM's paged strides.
+pads are inserted to start every tensor on an ALIGN_BYTES boundary. `carve` reproduces that
+carving for tests and benchmarks, so kernels always see vLLM's paged strides. Starts and the
+page size are multiples of 128 bytes: every slot stride is then a multiple of 16 elements,
+which Triton needs to prove 16-byte alignment and vectorise loads and stores.
 
 Ring tensors are head-major ([heads, C, ...]) so one head's history is contiguous.
 """
@@ -20,7 +22,7 @@ import torch
 
 from vllm_replayssm.kernels.common.cursor import META_LEN, ring_rows
 
-ALIGN_BYTES = 16
+ALIGN_BYTES = 128
 
 
 @dataclass(frozen=True)

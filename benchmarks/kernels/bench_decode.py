@@ -67,7 +67,10 @@ RING_READS = {
     "mamba2": (("ring_dt", "ring_x", "ring_B"), ("ring_dt", "ring_x", "ring_B")),
     "gdn": (("ring_g", "ring_k", "ring_d"), ("ring_g", "ring_beta", "ring_k", "ring_v")),
 }
-SWEEP = {"block_p": (16, 32, 64), "num_warps": (4, 8)}  # our Mamba-2 launcher's knobs
+# Our launchers' knobs: the tile of the head's row dimension (Mamba-2 headdim: block_p; GDN
+# value dim: block_v), warps per program, and the route (one launch, or flush + readout).
+SWEEP = {"tile": (16, 32), "num_warps": (4, 8), "route": ("fused", "split")}
+TILE_ARG = {"mamba2": "block_p", "gdn": "block_v"}
 MIB = 2**20
 DEV = "cuda"
 
@@ -289,12 +292,14 @@ def run_vllm(geom, bs: int, nl: int, slots: torch.Tensor, args) -> dict:
 
 
 def launch_configs(geom, args) -> list[dict]:
-    """Launcher overrides to try: Mamba-2 takes block_p / num_warps, or the sweep."""
-    if family(geom) != "mamba2":
-        return [{}]
+    """Launcher overrides to try: the whole SWEEP grid, or the fixed --tile / --num-warps /
+    --route values (the launcher's defaults for what is not given)."""
+    tile = TILE_ARG[family(geom)]
     if args.sweep:
-        return [dict(zip(SWEEP, v, strict=True)) for v in itertools.product(*SWEEP.values())]
-    return [{k: v for k, v in (("block_p", args.block_p), ("num_warps", args.num_warps)) if v}]
+        return [{(tile if k == "tile" else k): v for k, v in zip(SWEEP, vals, strict=True)}
+                for vals in itertools.product(*SWEEP.values())]
+    fixed = (("tile", args.tile), ("num_warps", args.num_warps), ("route", args.route))
+    return [{(tile if k == "tile" else k): v for k, v in fixed if v}]
 
 
 def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) -> dict:
@@ -359,11 +364,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lp", default="none,bf16,fp16", help="LP dtypes: none, bf16, fp16")
     p.add_argument("--quick", action="store_true", help="5 timed replays instead of 20")
     p.add_argument("--replays", type=int, default=None, help="timed replays per variant")
-    p.add_argument("--block-p", type=int, default=None, help="our Mamba-2 headdim tile")
-    p.add_argument("--num-warps", type=int, default=None, help="our Mamba-2 num_warps")
+    p.add_argument("--tile", type=int, default=None,
+                   help="our kernels' row tile (Mamba-2 block_p, GDN block_v)")
+    p.add_argument("--num-warps", type=int, default=None, help="our kernels' num_warps")
+    p.add_argument("--route", choices=("fused", "split"), default=None,
+                   help="our kernels' route (default: the launcher's policy)")
     p.add_argument("--sweep", action="store_true",
-                   help=f"our Mamba-2 kernel: every block_p {SWEEP['block_p']} x num_warps "
-                        f"{SWEEP['num_warps']}; the fastest is reported, all are recorded")
+                   help=f"our kernels: every tile {SWEEP['tile']} x num_warps "
+                        f"{SWEEP['num_warps']} x route {SWEEP['route']}; the fastest is "
+                        "reported, all are recorded")
     p.add_argument("--json", nargs="?", const="", default=None, metavar="PATH",
                    help="write JSON (default benchmarks/results/kernels-<date>-<commit>.json)")
     p.add_argument("--dry-run", action="store_true", help="print the bytes model; no GPU")
@@ -428,7 +437,8 @@ def main(argv=None) -> int:
         "settings": {"buffer_len": BUFFER_LEN, "window": WINDOW, "steps_per_graph": STEPS,
                      "act_dtype": "bfloat16", "hp_dtype": "float32", "gdn_flush": "exact",
                      "stagger": True, "replays": args.replays, "warmup_replays": args.warmup,
-                     "sweep": args.sweep, "block_p": args.block_p, "num_warps": args.num_warps,
+                     "sweep": args.sweep, "tile": args.tile, "num_warps": args.num_warps,
+                     "route": args.route,
                      "geometries": {g: asdict(GEOMETRIES[g]) for g in args.geoms}},
         "results": [],
     }

@@ -3,6 +3,8 @@
 On CPU the kernel runs in Triton's interpreter on tiny shapes (CI); on the GPU host the
 same checks run at real geometries (`gpu` marker)."""
 
+import functools
+
 import pytest
 import torch
 
@@ -14,15 +16,16 @@ from ..families import Mamba2Family
 from .test_reference import GEOMS
 
 
-def _fam(geom, device, **kw):
-    return Mamba2Family(geom, decode_op=m2_triton.mamba2_replay_decode, device=device, **kw)
+def _op(route):
+    return functools.partial(m2_triton.mamba2_replay_decode, route=route)
 
 
 CASES = {
-    "ar": dict(L=4, T=1, lp=None, spec=False),
-    "ar_lp_fp16": dict(L=4, T=1, lp=torch.float16, spec=False),
-    "spec_T3": dict(L=5, T=3, lp=None, spec=True),
-    "spec_T2_lp_fp16_churn": dict(L=4, T=2, lp=torch.float16, spec=True, churn=True),
+    "ar_fused": dict(L=4, T=1, lp=None, spec=False, route="fused"),
+    "ar_lp_fp16_split": dict(L=4, T=1, lp=torch.float16, spec=False, route="split"),
+    "spec_T3_split": dict(L=5, T=3, lp=None, spec=True, route="split"),
+    "spec_T2_lp_fp16_churn_fused": dict(L=4, T=2, lp=torch.float16, spec=True, churn=True,
+                                        route="fused"),
 }
 
 
@@ -30,18 +33,19 @@ CASES = {
 @pytest.mark.parametrize("geom", ["tiny", "nemotron_nano4b"])
 def test_kernel_matches_naive(case, geom, device):
     c = CASES[case]
-    check_scenario(_fam(GEOMS[geom], device, seed=3), L=c["L"], T=c["T"], lp=c["lp"],
-                   spec=c["spec"], churn=c.get("churn", False), requests=3, cycles=3,
-                   seed=len(case))
+    fam = Mamba2Family(GEOMS[geom], decode_op=_op(c["route"]), device=device, seed=3)
+    check_scenario(fam, L=c["L"], T=c["T"], lp=c["lp"], spec=c["spec"],
+                   churn=c.get("churn", False), requests=3, cycles=3, seed=len(case))
 
 
+@pytest.mark.parametrize("route", ["fused", "split"])
 @pytest.mark.parametrize("lp", [None, torch.float16, torch.bfloat16], ids=["none", "fp16", "bf16"])
 @pytest.mark.parametrize("T", [1, 3])
-def test_kernel_matches_reference_buffers(lp, T, device):
+def test_kernel_matches_reference_buffers(lp, T, route, device):
     check_kernel_matches_reference(
         lambda op: Mamba2Family(GEOMS["tp_groups"], act_dtype=torch.float16, device=device,
                                 decode_op=op, seed=4),
-        m2_triton.mamba2_replay_decode, L=4, T=T, lp=lp, out_tol=out_tolerance(lp, device))
+        _op(route), L=4, T=T, lp=lp, out_tol=out_tolerance(lp, device))
 
 
 REAL = {
@@ -54,7 +58,8 @@ REAL = {
 @pytest.mark.parametrize("geom", list(REAL))
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 @pytest.mark.parametrize("T", [1, 4])
-def test_real_geometry_on_gpu(geom, lp, T):
+@pytest.mark.parametrize("route", ["fused", "split"])
+def test_real_geometry_on_gpu(geom, lp, T, route):
     fam = Mamba2Family(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=1,
-                       decode_op=m2_triton.mamba2_replay_decode)
+                       decode_op=_op(route))
     check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)

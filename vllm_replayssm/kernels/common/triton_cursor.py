@@ -3,7 +3,10 @@
 Every program of a row reads the row's words at its start and derives the same plan; the
 words are written back once, by the row's last program to finish (a ticket counter in the
 TICKET word, reset with the words). No program reads the words after its ticket, so a row's
-programs never need to be co-resident and no second launch is needed.
+programs never need to be co-resident and no second launch is needed. The ticket is a
+relaxed atomic: every program's word loads have returned before its ticket issues (all of
+its addresses depend on them), and an acq_rel atomic would add a GPU-scope fence to each of
+tens of thousands of programs.
 """
 
 import triton
@@ -83,7 +86,7 @@ def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC
 @triton.jit
 def finish_row(p_meta, stride_word, num_programs, o, n, q, kap, fo, fn):
     """Take a ticket; the row's last program stores the new words (and a zero ticket)."""
-    ticket = tl.atomic_add(p_meta + W_TICKET * stride_word, 1, sem="acq_rel")
+    ticket = tl.atomic_add(p_meta + W_TICKET * stride_word, 1, sem="relaxed")
     if ticket == num_programs - 1:
         tl.store(p_meta + W_ORIGIN * stride_word, o.to(tl.int32))
         tl.store(p_meta + W_COMMITTED * stride_word, n.to(tl.int32))

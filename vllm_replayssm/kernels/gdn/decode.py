@@ -1,13 +1,15 @@
-"""Triton Gated DeltaNet ReplaySSM decode: one launch per layer and step, plain or
-speculative, exact or fold flush.
+"""Triton Gated DeltaNet ReplaySSM decode: plain or speculative, exact or fold flush.
 
-One program per (value-dim tile, value head, row), holding a [BLOCK_V, K] checkpoint tile.
-Flush rows advance HP over the committed entries (exact: the delta rule replayed serially
-from HP over the cached k, v, g, beta; fold: weighted sum of cached corrected values) and
-write HP + LP; other rows read LP (HP when LP is off). Window token i is read out from
-checkpoint + history + the window's own corrected values, found by forward substitution;
-only records are written. The row's last program stores the cursor words.
-Semantics: `reference.gdn_replay_decode`.
+One program per (value-dim tile, key head, row), looping over the value heads that share the
+key head: the cursor plan, the ring's keys, their norms and their Gram products with the
+window's keys and queries are computed once per program. Per value head it either advances
+HP over the committed entries (flush rows; exact: the delta rule replayed serially from HP
+over the cached k, v, g, beta; fold: weighted sum of cached corrected values) and writes HP +
+LP, or reads LP (HP when LP is off); then window token i is read out from checkpoint +
+history + the window's own corrected values (forward substitution), and only records are
+written. The row's last program stores the cursor words. Routes as in the Mamba-2 kernel:
+"fused" (one launch) or "split" (FLUSH_ONLY then READOUT). Semantics:
+`reference.gdn_replay_decode`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, ro
 from vllm_replayssm.layout import GDNReplayCache
 
 NULL_BLOCK_ID = 0
+FUSED, FLUSH_ONLY, READOUT = 0, 1, 2
 
 
 @triton.jit
@@ -40,11 +43,56 @@ def _l2norm_rows(x):
 
 
 @triton.jit
+def _flush_head(p_hp, p_lp, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, C, o_v, o_k, m_v, m_k,
+                m_vk, stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k,
+                stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v,
+                HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, EXACT_FLUSH: tl.constexpr):
+    """Advance one value head's HP tile over ring entries [fo, fo + fn); write HP and LP;
+    return the new tile (fp32)."""
+    S = tl.load(p_hp, mask=m_vk, other=0.0)  # [BLOCK_V, BLOCK_K]
+    if EXACT_FLUSH:
+        # The delta rule from HP over the committed (k, v, g, beta), in the stock order.
+        for j in tl.range(fn, num_stages=1):
+            row = (fo + j) % C
+            k_j = tl.load(p_rk + row * stride_rk_row + o_k * stride_rk_k, mask=m_k,
+                          other=0.0).to(tl.float32)
+            k_j = k_j / tl.sqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
+            v_j = tl.load(p_rv + row * stride_rv_row + o_v * stride_rv_v, mask=m_v,
+                          other=0.0).to(tl.float32)
+            S = S * tl.exp(tl.load(p_rg + row * stride_rg_row))
+            d_j = (v_j - tl.sum(S * k_j[None, :], axis=1)) * tl.load(
+                p_rbeta + row * stride_rbeta_row)
+            S = S + d_j[:, None] * k_j[None, :]
+    else:
+        gam_tot = tl.zeros([], dtype=tl.float32)
+        for j in tl.range(fn, num_stages=1):
+            gam_tot += tl.load(p_rg + ((fo + j) % C) * stride_rg_row)
+        S = S * tl.exp(gam_tot)
+        gam_j = tl.zeros([], dtype=tl.float32)
+        for j in tl.range(fn, num_stages=1):
+            row = (fo + j) % C
+            gam_j += tl.load(p_rg + row * stride_rg_row)
+            k_j = tl.load(p_rk + row * stride_rk_row + o_k * stride_rk_k, mask=m_k,
+                          other=0.0).to(tl.float32)
+            k_j = k_j / tl.sqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
+            d_j = tl.load(p_rd + row * stride_rd_row + o_v * stride_rd_v, mask=m_v,
+                          other=0.0).to(tl.float32)
+            S += (tl.exp(gam_tot - gam_j) * d_j)[:, None] * k_j[None, :]
+    tl.store(p_hp, S, mask=m_vk)
+    if HAS_LP:
+        S_lp = S
+        if LP_IS_FP16:
+            S_lp = tl.minimum(tl.maximum(S, -65504.0), 65504.0)
+        tl.store(p_lp, S_lp.to(p_lp.dtype.element_ty), mask=m_vk)
+    return S
+
+
+@triton.jit
 def _gdn_replay_decode_kernel(
     hp_ptr, lp_ptr, ring_g_ptr, ring_beta_ptr, ring_k_ptr, ring_d_ptr, ring_v_ptr, meta_ptr,
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     state_indices_ptr, qsl_ptr, acc_ptr, out_ptr,
-    scale, null_block_id, head_k_dim, head_v_dim, v_per_k, num_programs_per_row, C,
+    scale, null_block_id, num_programs_per_row, C,
     stride_hp_slot, stride_hp_head, stride_hp_v, stride_hp_k,
     stride_lp_slot, stride_lp_head, stride_lp_v, stride_lp_k,
     stride_rg_slot, stride_rg_head, stride_rg_row,
@@ -59,158 +107,162 @@ def _gdn_replay_decode_kernel(
     stride_a_tok, stride_a_head,
     stride_b_tok, stride_b_head,
     stride_out_tok, stride_out_head, stride_out_v,
+    head_k_dim: tl.constexpr, head_v_dim: tl.constexpr, v_per_k: tl.constexpr,
     T: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, EXACT_FLUSH: tl.constexpr,
-    HAS_ACC: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_ACC: tl.constexpr, IS_VARLEN: tl.constexpr, MODE: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
-    pid_h = tl.program_id(1).to(tl.int64)
+    pid_k = tl.program_id(1).to(tl.int64)
     pid_r = tl.program_id(2).to(tl.int64)
     bos, q = row_tokens(qsl_ptr, pid_r, IS_VARLEN)
     o_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     m_v = o_v < head_v_dim
+    h0 = pid_k * v_per_k
     slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
+    if MODE == 1:  # noqa: SIM102 (constexpr, then runtime)  FLUSH_ONLY: no outputs
+        if slot == null_block_id:
+            return
     if slot == null_block_id:
-        for i in tl.static_range(T):
-            p_out = out_ptr + (bos + i) * stride_out_tok + pid_h * stride_out_head
-            tl.store(p_out + o_v * stride_out_v, tl.zeros([BLOCK_V], dtype=tl.float32),
-                     mask=m_v & (i < q))
+        for h in range(h0, h0 + v_per_k):
+            for i in tl.static_range(T):
+                p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
+                tl.store(p_out + o_v * stride_out_v, tl.zeros([BLOCK_V], dtype=tl.float32),
+                         mask=m_v & (i < q))
         return
 
     p_meta = meta_ptr + slot * stride_meta_slot
     o, n, kap, fo, fn, flush = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T,
                                         HAS_ACC)
-    kh = pid_h // v_per_k
-    neg_A = -tl.exp(tl.load(A_log_ptr + pid_h).to(tl.float32))
-    dt_bias = tl.load(dt_bias_ptr + pid_h).to(tl.float32)
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
-    o_c = tl.arange(0, BLOCK_C)
-    o_t = tl.arange(0, BLOCK_T)
     m_vk = m_v[:, None] & m_k[None, :]
+    p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
+    if MODE == 1:
+        if flush:
+            for h in range(h0, h0 + v_per_k):
+                _flush_head(
+                    hp_ptr + slot * stride_hp_slot + h * stride_hp_head
+                    + o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k,
+                    lp_ptr + slot * stride_lp_slot + h * stride_lp_head
+                    + o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k,
+                    ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+                    ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+                    p_rk, ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
+                    ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
+                    fo, fn, C, o_v, o_k, m_v, m_k, m_vk, stride_rg_row, stride_rbeta_row,
+                    stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v, stride_rv_row,
+                    stride_rv_v, HAS_LP, LP_IS_FP16, EXACT_FLUSH)
+        return
 
-    p_rg = ring_g_ptr + slot * stride_rg_slot + pid_h * stride_rg_head
-    p_rbeta = ring_beta_ptr + slot * stride_rbeta_slot + pid_h * stride_rbeta_head
-    p_rk = ring_k_ptr + slot * stride_rk_slot + kh * stride_rk_head
-    p_rd = ring_d_ptr + slot * stride_rd_slot + pid_h * stride_rd_head
-    p_rv = ring_v_ptr + slot * stride_rv_slot + pid_h * stride_rv_head
-    p_hp = (hp_ptr + slot * stride_hp_slot + pid_h * stride_hp_head
-            + o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
-
-    if flush:
-        S = tl.load(p_hp, mask=m_vk, other=0.0)  # [BLOCK_V, BLOCK_K]
-        if EXACT_FLUSH:
-            # The delta rule from HP over the committed (k, v, g, beta), in the stock order.
-            for j in range(fn):
-                row = (fo + j) % C
-                k_j = tl.load(p_rk + row * stride_rk_row + o_k * stride_rk_k, mask=m_k,
-                              other=0.0).to(tl.float32)
-                k_j = k_j / tl.sqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
-                v_j = tl.load(p_rv + row * stride_rv_row + o_v * stride_rv_v, mask=m_v,
-                              other=0.0).to(tl.float32)
-                S = S * tl.exp(tl.load(p_rg + row * stride_rg_row))
-                d_j = (v_j - tl.sum(S * k_j[None, :], axis=1)) * tl.load(
-                    p_rbeta + row * stride_rbeta_row)
-                S = S + d_j[:, None] * k_j[None, :]
-        else:
-            f_row = (fo + o_c) % C
-            m_f = o_c < fn
-            g_f = tl.load(p_rg + f_row * stride_rg_row, mask=m_f, other=0.0)
-            gam_tot = tl.sum(g_f, axis=0)
-            w_f = tl.where(m_f, tl.exp(gam_tot - tl.cumsum(g_f, axis=0)), 0.0)
-            k_f = _l2norm_rows(tl.load(
-                p_rk + f_row[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-                mask=m_f[:, None] & m_k[None, :], other=0.0).to(tl.float32))
-            d_f = tl.load(p_rd + f_row[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
-                          mask=m_f[:, None] & m_v[None, :], other=0.0).to(tl.float32)
-            S = tl.dot(tl.trans(d_f * w_f[:, None]), k_f, acc=S * tl.exp(gam_tot),
-                       input_precision=DOT_PRECISION)
-        tl.store(p_hp, S, mask=m_vk)
-        if HAS_LP:
-            S_lp = S
-            if LP_IS_FP16:
-                S_lp = tl.minimum(tl.maximum(S, -65504.0), 65504.0)
-            p_lp = (lp_ptr + slot * stride_lp_slot + pid_h * stride_lp_head
-                    + o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k)
-            tl.store(p_lp, S_lp.to(lp_ptr.dtype.element_ty), mask=m_vk)
-    else:
-        if HAS_LP:
-            p_lp = (lp_ptr + slot * stride_lp_slot + pid_h * stride_lp_head
-                    + o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k)
-            S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
-        else:
-            S = tl.load(p_hp, mask=m_vk, other=0.0)
-
-    # History: committed entries [0, n) at the (post-flush) origin.
-    row_c = (o + o_c) % C
-    is_hist = o_c < n
-    g_h = tl.load(p_rg + row_c * stride_rg_row, mask=is_hist, other=0.0)
-    gam_n = tl.sum(g_h, axis=0)
-    w_h = tl.where(is_hist, tl.exp(gam_n - tl.cumsum(g_h, axis=0)), 0.0)  # [BLOCK_C]
-    k_h = _l2norm_rows(tl.load(p_rk + row_c[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-                               mask=is_hist[:, None] & m_k[None, :], other=0.0).to(tl.float32))
-    d_h = tl.load(p_rd + row_c[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
-                  mask=is_hist[:, None] & m_v[None, :], other=0.0).to(tl.float32)
-    decay_n = tl.exp(gam_n)
-
-    # Window tokens: [BLOCK_T, ...] tiles, rows t >= q masked.
+    # Key-head-shared quantities. History: committed entries [0, n) (empty after a flush).
+    o_h = tl.arange(0, BLOCK_H)
+    m_hist = o_h < n
+    row_h = (o + o_h) % C
+    k_h = _l2norm_rows(tl.load(p_rk + row_h[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
+                               mask=m_hist[:, None] & m_k[None, :], other=0.0).to(tl.float32))
+    o_t = tl.arange(0, BLOCK_T)
     m_t = o_t < q
     tok = bos + o_t
-    k_w_raw = tl.load(k_ptr + tok[:, None] * stride_k_tok + kh * stride_k_head
+    k_w_raw = tl.load(k_ptr + tok[:, None] * stride_k_tok + pid_k * stride_k_head
                       + o_k[None, :] * stride_k_k, mask=m_t[:, None] & m_k[None, :], other=0.0)
     k_w = _l2norm_rows(k_w_raw.to(tl.float32))
-    q_w = _l2norm_rows(tl.load(q_ptr + tok[:, None] * stride_q_tok + kh * stride_q_head
+    q_w = _l2norm_rows(tl.load(q_ptr + tok[:, None] * stride_q_tok + pid_k * stride_q_head
                                + o_k[None, :] * stride_q_k, mask=m_t[:, None] & m_k[None, :],
                                other=0.0).to(tl.float32)) * scale
-    v_w_raw = tl.load(v_ptr + tok[:, None] * stride_v_tok + pid_h * stride_v_head
-                      + o_v[None, :] * stride_v_v, mask=m_t[:, None] & m_v[None, :], other=0.0)
-    v_w = v_w_raw.to(tl.float32)
-    a_w = tl.load(a_ptr + tok * stride_a_tok + pid_h * stride_a_head, mask=m_t,
-                  other=0.0).to(tl.float32)
-    b_raw = tl.load(b_ptr + tok * stride_b_tok + pid_h * stride_b_head, mask=m_t, other=0.0)
-    g_w = tl.where(m_t, neg_A * softplus(a_w + dt_bias), 0.0)
-    beta_w = tl.sigmoid(b_raw.to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
-    G_w = tl.cumsum(g_w, axis=0)
-    d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-
+    # Gram products of the history keys with window keys / queries: [BLOCK_T, BLOCK_H].
+    gk = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+    gq = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
     for i in tl.static_range(T):
-        k_i = _pick(k_w, o_t, i)
-        q_i = _pick(q_w, o_t, i)
-        # u = S_n k_i, w = S_n q_i, S_n = e^{Gamma_n} S + sum_j w_h[j] d_j k_j^T.
-        u = tl.sum(S * k_i[None, :], axis=1) * decay_n + tl.sum(
-            (w_h * tl.sum(k_h * k_i[None, :], axis=1))[:, None] * d_h, axis=0)
-        w = tl.sum(S * q_i[None, :], axis=1) * decay_n + tl.sum(
-            (w_h * tl.sum(k_h * q_i[None, :], axis=1))[:, None] * d_h, axis=0)
-        G_i = _pick1(G_w, o_t, i)
-        beta_i = _pick1(beta_w, o_t, i)
-        d_i = beta_i * (_pick(v_w, o_t, i) - tl.exp(G_i) * u)
-        o_i = tl.exp(G_i) * w
-        for j in tl.static_range(i):
-            k_j = _pick(k_w, o_t, j)
-            d_j = _pick(d_w, o_t, j)
-            G_ij = tl.exp(G_i - _pick1(G_w, o_t, j))
-            d_i -= (beta_i * G_ij * tl.sum(k_i * k_j, axis=0)) * d_j
-            o_i += (G_ij * tl.sum(k_j * q_i, axis=0)) * d_j
-        o_i += tl.sum(k_i * q_i, axis=0) * d_i
-        d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
-        p_out = out_ptr + (bos + i) * stride_out_tok + pid_h * stride_out_head
-        tl.store(p_out + o_v * stride_out_v, o_i, mask=m_v & (i < q))
-
-    # Append the window's records at logical n .. n + q - 1.
+        gk = tl.where(o_t[:, None] == i,
+                      tl.sum(k_h * _pick(k_w, o_t, i)[None, :], axis=1)[None, :], gk)
+        gq = tl.where(o_t[:, None] == i,
+                      tl.sum(k_h * _pick(q_w, o_t, i)[None, :], axis=1)[None, :], gq)
     row_w = (o + n + o_t) % C
-    tl.store(p_rd + row_w[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
-             d_w.to(ring_d_ptr.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-    if EXACT_FLUSH:
-        tl.store(p_rv + row_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v,
-                 v_w_raw, mask=m_t[:, None] & m_v[None, :])
-    if pid_v == 0:
-        tl.store(p_rg + row_w * stride_rg_row, g_w, mask=m_t)
+    if pid_v == 0:  # append k once per key head
+        tl.store(p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k, k_w_raw,
+                 mask=m_t[:, None] & m_k[None, :])
+
+    for h in range(h0, h0 + v_per_k):
+        p_rg = ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head
+        p_rbeta = ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head
+        p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
+        p_rv = ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head
+        p_hp = (hp_ptr + slot * stride_hp_slot + h * stride_hp_head
+                + o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
+        p_lp = (lp_ptr + slot * stride_lp_slot + h * stride_lp_head
+                + o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k)
+        if MODE == 0:
+            if flush:
+                S = _flush_head(p_hp, p_lp, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, C, o_v,
+                                o_k, m_v, m_k, m_vk, stride_rg_row, stride_rbeta_row,
+                                stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v,
+                                stride_rv_row, stride_rv_v, HAS_LP, LP_IS_FP16, EXACT_FLUSH)
+            elif HAS_LP:
+                S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
+            else:
+                S = tl.load(p_hp, mask=m_vk, other=0.0)
+        else:  # READOUT: FLUSH_ONLY just rewrote a flush row's HP; read it, as FUSED does
+            if flush:
+                S = tl.load(p_hp, mask=m_vk, other=0.0)
+            elif HAS_LP:
+                S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
+            else:
+                S = tl.load(p_hp, mask=m_vk, other=0.0)
+
+        g_h = tl.load(p_rg + row_h * stride_rg_row, mask=m_hist, other=0.0)
+        gam_n = tl.sum(g_h, axis=0)
+        w_h = tl.where(m_hist, tl.exp(gam_n - tl.cumsum(g_h, axis=0)), 0.0)  # [BLOCK_H]
+        d_h = tl.load(p_rd + row_h[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
+                      mask=m_hist[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+        decay_n = tl.exp(gam_n)
+        neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
+        dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+        a_w = tl.load(a_ptr + tok * stride_a_tok + h * stride_a_head, mask=m_t,
+                      other=0.0).to(tl.float32)
+        b_raw = tl.load(b_ptr + tok * stride_b_tok + h * stride_b_head, mask=m_t, other=0.0)
+        g_w = tl.where(m_t, neg_A * softplus(a_w + dt_bias), 0.0)
+        beta_w = tl.sigmoid(b_raw.to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
+        G_w = tl.cumsum(g_w, axis=0)
+        v_w_raw = tl.load(v_ptr + tok[:, None] * stride_v_tok + h * stride_v_head
+                          + o_v[None, :] * stride_v_v, mask=m_t[:, None] & m_v[None, :],
+                          other=0.0)
+        v_w = v_w_raw.to(tl.float32)
+        d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+        for i in tl.static_range(T):
+            k_i = _pick(k_w, o_t, i)
+            q_i = _pick(q_w, o_t, i)
+            # u = S_n k_i, w = S_n q_i, S_n = e^{Gamma_n} S + sum_j w_h[j] d_j k_j^T.
+            u = tl.sum(S * k_i[None, :], axis=1) * decay_n + tl.sum(
+                (w_h * _pick(gk, o_t, i))[:, None] * d_h, axis=0)
+            w = tl.sum(S * q_i[None, :], axis=1) * decay_n + tl.sum(
+                (w_h * _pick(gq, o_t, i))[:, None] * d_h, axis=0)
+            G_i = _pick1(G_w, o_t, i)
+            beta_i = _pick1(beta_w, o_t, i)
+            d_i = beta_i * (_pick(v_w, o_t, i) - tl.exp(G_i) * u)
+            o_i = tl.exp(G_i) * w
+            for j in tl.static_range(i):
+                k_j = _pick(k_w, o_t, j)
+                d_j = _pick(d_w, o_t, j)
+                G_ij = tl.exp(G_i - _pick1(G_w, o_t, j))
+                d_i -= (beta_i * G_ij * tl.sum(k_i * k_j, axis=0)) * d_j
+                o_i += (G_ij * tl.sum(k_j * q_i, axis=0)) * d_j
+            o_i += tl.sum(k_i * q_i, axis=0) * d_i
+            d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
+            p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
+            tl.store(p_out + o_v * stride_out_v, o_i, mask=m_v & (i < q))
+
+        # Append the window's records at logical n .. n + q - 1.
+        tl.store(p_rd + row_w[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
+                 d_w.to(ring_d_ptr.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         if EXACT_FLUSH:
-            tl.store(p_rbeta + row_w * stride_rbeta_row, beta_w, mask=m_t)
-        if pid_h % v_per_k == 0:
-            tl.store(p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-                     k_w_raw, mask=m_t[:, None] & m_k[None, :])
+            tl.store(p_rv + row_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v,
+                     v_w_raw, mask=m_t[:, None] & m_v[None, :])
+        if pid_v == 0:
+            tl.store(p_rg + row_w * stride_rg_row, g_w, mask=m_t)
+            if EXACT_FLUSH:
+                tl.store(p_rbeta + row_w * stride_rbeta_row, beta_w, mask=m_t)
     finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn)
 
 
@@ -218,12 +270,16 @@ def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
+def default_route(num_rows: int) -> str:
+    """One launch at small batch (launch latency dominates), two at large batch."""
+    return "fused" if num_rows <= 16 else "split"
+
+
 def default_block_v(head_v_dim: int, num_rows: int) -> int:
-    """Value-dim tile: 64 rows of a 128 x 128 head at large batch, smaller tiles at small
-    batch so that enough programs are in flight."""
+    """Value-dim tile: small tiles at small batch so that enough programs are in flight."""
     if num_rows <= 8:
         return 16
-    return min(_pow2(head_v_dim), 64)
+    return min(_pow2(head_v_dim), 32)
 
 
 def gdn_replay_decode(
@@ -246,9 +302,11 @@ def gdn_replay_decode(
     null_block_id: int = NULL_BLOCK_ID,
     block_v: int | None = None,
     num_warps: int | None = None,
+    route: str | None = None,
 ) -> None:
     """Triton twin of `reference.gdn_replay_decode` (same arguments and effects).
 
+    route: "fused" or "split", as in `mamba2_replay_decode` (default: `default_route`);
     block_v / num_warps override the launch configuration (benchmarks, tuning).
     """
     Hk, K = k.shape[1], k.shape[2]
@@ -260,27 +318,39 @@ def gdn_replay_decode(
     if R == 0:
         return
     bv = block_v or default_block_v(V, R)
-    grid = (triton.cdiv(V, bv), Hv, R)
+    route = route or default_route(R)
+    if route not in ("fused", "split"):
+        raise ValueError(f"route must be 'fused' or 'split', got {route!r}")
+    grid = (triton.cdiv(V, bv), Hk, R)
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
-    interp = v.device.type != "cuda"
+    for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
+        _launch(grid, mode, bv, num_warps, cache, lp, beta, ring_v, q, k, v, a, b, A_log,
+                dt_bias, state_indices, query_start_loc, num_accepted_tokens, out, scale,
+                null_block_id, K, V, Hv // Hk, Cn, window, buffer_len)
+
+
+def _launch(grid, mode, bv, num_warps, cache, lp, beta, ring_v, q, k, v, a, b, A_log, dt_bias,
+            state_indices, query_start_loc, num_accepted_tokens, out, scale, null_block_id,
+            K, V, v_per_k, Cn, window, buffer_len) -> None:
     _gdn_replay_decode_kernel[grid](
         cache.hp, lp, cache.ring_g, beta, cache.ring_k, cache.ring_d, ring_v, cache.meta,
         q, k, v, a, b, A_log, dt_bias,
         state_indices, query_start_loc if query_start_loc is not None else state_indices,
         num_accepted_tokens if num_accepted_tokens is not None else state_indices, out,
-        scale, null_block_id, K, V, Hv // Hk, grid[0] * Hv, Cn,
+        scale, null_block_id, grid[0] * grid[1], Cn,
         *cache.hp.stride(), *lp.stride(), *cache.ring_g.stride(), *beta.stride(),
         *cache.ring_k.stride(), *cache.ring_d.stride(), *ring_v.stride(), *cache.meta.stride(),
         *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *out.stride(),
-        T=window, BLOCK_T=_pow2(window, 2), BLOCK_V=bv, BLOCK_K=_pow2(K), BLOCK_C=_pow2(Cn),
+        head_k_dim=K, head_v_dim=V, v_per_k=v_per_k,
+        T=window, BLOCK_T=_pow2(window, 2), BLOCK_V=bv, BLOCK_K=_pow2(K),
+        BLOCK_H=_pow2(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
         EXACT_FLUSH=cache.exact_flush, HAS_ACC=num_accepted_tokens is not None,
-        IS_VARLEN=query_start_loc is not None,
-        DOT_PRECISION="ieee" if interp else "tf32x3",
-        num_warps=num_warps or (4 if bv <= 16 else 8),
+        IS_VARLEN=query_start_loc is not None, MODE=mode,
+        num_warps=num_warps or 4,
     )
 
 

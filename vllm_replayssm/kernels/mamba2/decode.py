@@ -1,10 +1,11 @@
 """Triton Mamba-2 ReplaySSM decode: one launch per layer and step, plain or speculative.
 
-One program per (headdim tile, head, row). It plans the row's cursor (every program of the
-row derives the same plan), then either folds the committed ring entries into HP (flush
-rows: HP and LP written, the folded state kept in registers) or reads LP (HP when LP is
-off), reads out every window token from checkpoint + ring history + window, and appends the
-window's records. The row's last program stores the new cursor words. No host
+One program per (headdim tile, group, row), looping over the group's heads: the cursor plan,
+the ring's B records and their dot products with the window's C are computed once per
+program and shared by the heads. Per head it either folds the committed entries into HP
+(flush rows: HP and LP written, the folded state kept in registers) or reads LP (HP when LP
+is off), reads out every window token from checkpoint + ring history + window, and appends
+the window's records. The row's last program stores the new cursor words. No host
 synchronisation, no allocation, launch shape fixed by the batch: safe in CUDA graphs.
 Semantics: `reference.mamba2_replay_decode`.
 """
@@ -20,7 +21,48 @@ from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, ro
 from vllm_replayssm.layout import Mamba2ReplayCache
 
 NULL_BLOCK_ID = 0
-FP16_MAX = 65504.0
+
+
+FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
+
+
+@triton.jit
+def _fold_head(p_hp, p_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n, m_p, m_n, m_pn,
+               stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row, stride_rB_dstate,
+               HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr):
+    """Fold ring entries [fo, fo + fn) of one head into its HP tile; write HP and LP; return
+    the folded tile (fp32). Rank-1 fp32 updates: a tensor-core dot costs more registers."""
+    S = tl.load(p_hp, mask=m_pn, other=0.0)
+    lam_tot = tl.zeros([], dtype=tl.float32)
+    for j in tl.range(fn, num_stages=1):
+        lam_tot += tl.load(p_rdt + ((fo + j) % C) * stride_rdt_row)
+    S = S * tl.exp(A * lam_tot)
+    lam_j = tl.zeros([], dtype=tl.float32)
+    for j in tl.range(fn, num_stages=1):
+        row_j = (fo + j) % C
+        dt_j = tl.load(p_rdt + row_j * stride_rdt_row)
+        lam_j += dt_j
+        x_j = tl.load(p_rx + row_j * stride_rx_row + o_p * stride_rx_dim, mask=m_p,
+                      other=0.0).to(tl.float32)
+        B_j = tl.load(p_rB + row_j * stride_rB_row + o_n * stride_rB_dstate, mask=m_n,
+                      other=0.0).to(tl.float32)
+        S += (dt_j * tl.exp(A * (lam_tot - lam_j)) * x_j)[:, None] * B_j[None, :]
+    tl.store(p_hp, S, mask=m_pn)
+    if HAS_LP:
+        S_lp = S
+        if LP_IS_FP16:
+            S_lp = tl.minimum(tl.maximum(S, -65504.0), 65504.0)
+        tl.store(p_lp, S_lp.to(p_lp.dtype.element_ty), mask=m_pn)
+    return S
+
+
+@triton.jit
+def _load_checkpoint(p_hp, p_lp, m_pn, HAS_LP: tl.constexpr):
+    if HAS_LP:
+        S = tl.load(p_lp, mask=m_pn, other=0.0).to(tl.float32)
+    else:
+        S = tl.load(p_hp, mask=m_pn, other=0.0)
+    return S
 
 
 @triton.jit
@@ -28,7 +70,7 @@ def _mamba2_replay_decode_kernel(
     hp_ptr, lp_ptr, ring_dt_ptr, ring_x_ptr, ring_B_ptr, meta_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr,
     state_indices_ptr, qsl_ptr, acc_ptr, out_ptr,
-    null_block_id, headdim, dstate, heads_per_group, num_programs_per_row, C,
+    null_block_id, heads_per_group, num_programs_per_row, C,
     stride_hp_slot, stride_hp_head, stride_hp_dim, stride_hp_dstate,
     stride_lp_slot, stride_lp_head, stride_lp_dim, stride_lp_dstate,
     stride_rdt_slot, stride_rdt_head, stride_rdt_row,
@@ -40,119 +82,141 @@ def _mamba2_replay_decode_kernel(
     stride_B_tok, stride_B_group, stride_B_dstate,
     stride_C_tok, stride_C_group, stride_C_dstate,
     stride_out_tok, stride_out_head, stride_out_dim,
-    T: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    headdim: tl.constexpr, dstate: tl.constexpr, T: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, HAS_D: tl.constexpr,
-    HAS_ACC: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_ACC: tl.constexpr, IS_VARLEN: tl.constexpr, MODE: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
-    pid_h = tl.program_id(1).to(tl.int64)
+    pid_g = tl.program_id(1).to(tl.int64)
     pid_r = tl.program_id(2).to(tl.int64)
     bos, q = row_tokens(qsl_ptr, pid_r, IS_VARLEN)
     o_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     m_p = o_p < headdim
+    h0 = pid_g * heads_per_group
     slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
+    if MODE == 1:  # noqa: SIM102 (constexpr, then runtime)  FLUSH_ONLY: no outputs
+        if slot == null_block_id:
+            return
     if slot == null_block_id:
-        for i in tl.static_range(T):
-            p_out = out_ptr + (bos + i) * stride_out_tok + pid_h * stride_out_head
-            tl.store(p_out + o_p * stride_out_dim, tl.zeros([BLOCK_P], dtype=tl.float32),
-                     mask=m_p & (i < q))
+        for h in range(h0, h0 + heads_per_group):
+            for i in tl.static_range(T):
+                p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
+                tl.store(p_out + o_p * stride_out_dim, tl.zeros([BLOCK_P], dtype=tl.float32),
+                         mask=m_p & (i < q))
         return
 
     p_meta = meta_ptr + slot * stride_meta_slot
     o, n, kap, fo, fn, flush = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T,
                                         HAS_ACC)
-    g = pid_h // heads_per_group
-    A = tl.load(A_ptr + pid_h).to(tl.float32)
-    dt_bias = tl.load(dt_bias_ptr + pid_h).to(tl.float32)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < dstate
-    o_c = tl.arange(0, BLOCK_C)
     m_pn = m_p[:, None] & m_n[None, :]
+    if MODE == 1:
+        if flush:
+            for h in range(h0, h0 + heads_per_group):
+                _fold_head(
+                    hp_ptr + slot * stride_hp_slot + h * stride_hp_head
+                    + o_p[:, None] * stride_hp_dim + o_n[None, :] * stride_hp_dstate,
+                    lp_ptr + slot * stride_lp_slot + h * stride_lp_head
+                    + o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate,
+                    ring_dt_ptr + slot * stride_rdt_slot + h * stride_rdt_head,
+                    ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head,
+                    ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group,
+                    tl.load(A_ptr + h).to(tl.float32), fo, fn, C, o_p, o_n, m_p, m_n, m_pn,
+                    stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row,
+                    stride_rB_dstate, HAS_LP, LP_IS_FP16)
+        return
+    o_t = tl.arange(0, BLOCK_T)
+    o_h = tl.arange(0, BLOCK_H)
+    # The committed history (< L entries, empty after a flush) at the post-flush origin.
+    m_hist = o_h < n
+    row_h = (o + o_h) % C
+    p_rB = ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group
 
-    p_rdt = ring_dt_ptr + slot * stride_rdt_slot + pid_h * stride_rdt_head
-    p_rx = ring_x_ptr + slot * stride_rx_slot + pid_h * stride_rx_head
-    p_rB = ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group
-    p_hp = (hp_ptr + slot * stride_hp_slot + pid_h * stride_hp_head
-            + o_p[:, None] * stride_hp_dim + o_n[None, :] * stride_hp_dstate)
-
-    # Checkpoint: fold [fo, fo + fn) into HP on a flush, else read LP (or HP).
-    if flush:
-        f_row = (fo + o_c) % C
-        m_f = o_c < fn
-        dt_f = tl.load(p_rdt + f_row * stride_rdt_row, mask=m_f, other=0.0)
-        lam_f = tl.cumsum(dt_f, axis=0)
-        lam_tot = tl.sum(dt_f, axis=0)
-        w_f = tl.where(m_f, dt_f * tl.exp(A * (lam_tot - lam_f)), 0.0)
-        x_f = tl.load(p_rx + f_row[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-                      mask=m_f[:, None] & m_p[None, :], other=0.0).to(tl.float32)
-        B_f = tl.load(p_rB + f_row[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
-                      mask=m_f[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-        xw = tl.trans(x_f * w_f[:, None])  # [BLOCK_P, BLOCK_C]
-        S = tl.load(p_hp, mask=m_pn, other=0.0) * tl.exp(A * lam_tot)
-        S = tl.dot(xw, B_f, acc=S, input_precision=DOT_PRECISION)  # [BLOCK_P, BLOCK_N]
-        tl.store(p_hp, S, mask=m_pn)
-        if HAS_LP:
-            S_lp = S
-            if LP_IS_FP16:
-                S_lp = tl.minimum(tl.maximum(S, -65504.0), 65504.0)
-            p_lp = (lp_ptr + slot * stride_lp_slot + pid_h * stride_lp_head
-                    + o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate)
-            tl.store(p_lp, S_lp.to(lp_ptr.dtype.element_ty), mask=m_pn)
-    else:
-        if HAS_LP:
-            p_lp = (lp_ptr + slot * stride_lp_slot + pid_h * stride_lp_head
-                    + o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate)
-            S = tl.load(p_lp, mask=m_pn, other=0.0).to(tl.float32)
-        else:
-            S = tl.load(p_hp, mask=m_pn, other=0.0)
-
-    # Entries in logical order: committed history [0, n) from the ring, then the window.
-    row_c = (o + o_c) % C
-    is_hist = o_c < n
-    is_win = (o_c >= n) & (o_c < n + q)
-    tok_c = bos + tl.maximum(o_c - n, 0)
-    dt_h = tl.load(p_rdt + row_c * stride_rdt_row, mask=is_hist, other=0.0)
-    dt_w = tl.load(dt_ptr + tok_c * stride_dt_tok + pid_h * stride_dt_head, mask=is_win,
-                   other=0.0).to(tl.float32)
-    dt_c = tl.where(is_hist, dt_h, tl.where(is_win, softplus(dt_w + dt_bias), 0.0))
-    lam = tl.cumsum(dt_c, axis=0)
-    X = (tl.load(p_rx + row_c[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-                 mask=is_hist[:, None] & m_p[None, :], other=0.0).to(tl.float32)
-         + tl.load(x_ptr + tok_c[:, None] * stride_x_tok + pid_h * stride_x_head
-                   + o_p[None, :] * stride_x_dim,
-                   mask=is_win[:, None] & m_p[None, :], other=0.0).to(tl.float32))
-    Bm = (tl.load(p_rB + row_c[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
-                  mask=is_hist[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-          + tl.load(B_ptr + tok_c[:, None] * stride_B_tok + g * stride_B_group
-                    + o_n[None, :] * stride_B_dstate,
-                    mask=is_win[:, None] & m_n[None, :], other=0.0).to(tl.float32))
-
-    # Readout of window token i (logical m = n + i).
-    if HAS_D:
-        D = tl.load(D_ptr + pid_h).to(tl.float32)
+    # Group-shared dot products: bc_h[i, j] = B_j . C_i (history), bc_w[i, j] = B_j . C_i.
+    B_h = tl.load(p_rB + row_h[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
+                  mask=m_hist[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+    bc_h = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+    bc_w = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
     for i in tl.static_range(T):
-        m = n + i
-        lam_m = tl.sum(tl.where(o_c == m, lam, 0.0), axis=0)
-        c_i = tl.load(C_ptr + (bos + i) * stride_C_tok + g * stride_C_group
+        c_i = tl.load(C_ptr + (bos + i) * stride_C_tok + pid_g * stride_C_group
                       + o_n * stride_C_dstate, mask=m_n & (i < q), other=0.0).to(tl.float32)
-        bc = tl.sum(Bm * c_i[None, :], axis=1)  # [BLOCK_C]: B_j . C_i
-        upto = o_c <= m
-        w = tl.where(upto, dt_c * tl.exp(tl.where(upto, A * (lam_m - lam), 0.0)) * bc, 0.0)
-        y = tl.sum(w[:, None] * X, axis=0) + tl.sum(S * c_i[None, :], axis=1) * tl.exp(A * lam_m)
-        if HAS_D:
-            y += D * tl.sum(tl.where((o_c == m)[:, None], X, 0.0), axis=0)
-        p_out = out_ptr + (bos + i) * stride_out_tok + pid_h * stride_out_head
-        tl.store(p_out + o_p * stride_out_dim, y, mask=m_p & (i < q))
+        bc_h = tl.where(o_t[:, None] == i, tl.sum(B_h * c_i[None, :], axis=1)[None, :], bc_h)
+        for j in tl.static_range(i + 1):
+            B_l = tl.load(B_ptr + (bos + j) * stride_B_tok + pid_g * stride_B_group
+                          + o_n * stride_B_dstate, mask=m_n & (i < q), other=0.0)
+            bc_w = tl.where((o_t[:, None] == i) & (o_t[None, :] == j),
+                            tl.sum(B_l.to(tl.float32) * c_i, axis=0), bc_w)
+            if j == i:  # noqa: SIM102 (constexpr, then runtime)
+                if pid_p == 0:  # append B_i once per group
+                    tl.store(p_rB + (o + n + i) % C * stride_rB_row + o_n * stride_rB_dstate,
+                             B_l, mask=m_n & (i < q))
 
-    # Append the window's records (fold rows and history rows are never these rows).
-    tl.store(p_rx + row_c[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-             X.to(ring_x_ptr.dtype.element_ty), mask=is_win[:, None] & m_p[None, :])
-    if pid_p == 0:
-        tl.store(p_rdt + row_c * stride_rdt_row, dt_c, mask=is_win)
-        if pid_h % heads_per_group == 0:
-            tl.store(p_rB + row_c[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
-                     Bm.to(ring_B_ptr.dtype.element_ty), mask=is_win[:, None] & m_n[None, :])
+    for h in range(h0, h0 + heads_per_group):
+        A = tl.load(A_ptr + h).to(tl.float32)
+        dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+        p_rdt = ring_dt_ptr + slot * stride_rdt_slot + h * stride_rdt_head
+        p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
+        p_hp = (hp_ptr + slot * stride_hp_slot + h * stride_hp_head
+                + o_p[:, None] * stride_hp_dim + o_n[None, :] * stride_hp_dstate)
+        p_lp = (lp_ptr + slot * stride_lp_slot + h * stride_lp_head
+                + o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate)
+        if MODE == 0:  # FUSED: fold here, read out from the folded tile
+            if flush:
+                S = _fold_head(p_hp, p_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n, m_p, m_n,
+                               m_pn, stride_rdt_row, stride_rx_row, stride_rx_dim,
+                               stride_rB_row, stride_rB_dstate, HAS_LP, LP_IS_FP16)
+            else:
+                S = _load_checkpoint(p_hp, p_lp, m_pn, HAS_LP)
+        else:  # READOUT: FLUSH_ONLY just rewrote a flush row's HP; read it, as FUSED does
+            if flush:
+                S = tl.load(p_hp, mask=m_pn, other=0.0)
+            else:
+                S = _load_checkpoint(p_hp, p_lp, m_pn, HAS_LP)
+        dt_h = tl.load(p_rdt + row_h * stride_rdt_row, mask=m_hist, other=0.0)
+        lam_h = tl.cumsum(dt_h, axis=0)
+        lam_n = tl.sum(dt_h, axis=0)
+        x_h = tl.load(p_rx + row_h[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+                      mask=m_hist[:, None] & m_p[None, :], other=0.0).to(tl.float32)
+        if HAS_D:
+            D = tl.load(D_ptr + h).to(tl.float32)
+        # Window token i at logical n + i: checkpoint + history + window tokens 0..i.
+        lam_i = lam_n
+        for i in tl.static_range(T):
+            tok_i = bos + i
+            live_i = i < q
+            c_i = tl.load(C_ptr + tok_i * stride_C_tok + pid_g * stride_C_group
+                          + o_n * stride_C_dstate, mask=m_n & live_i, other=0.0).to(tl.float32)
+            dt_i = softplus(tl.load(dt_ptr + tok_i * stride_dt_tok + h * stride_dt_head,
+                                    mask=live_i, other=0.0).to(tl.float32) + dt_bias)
+            lam_i += dt_i
+            bc_hi = tl.sum(tl.where(o_t[:, None] == i, bc_h, 0.0), axis=0)  # [BLOCK_H]
+            w_h = tl.where(m_hist, dt_h * tl.exp(tl.where(m_hist, A * (lam_i - lam_h), 0.0)),
+                           0.0) * bc_hi
+            y = tl.sum(S * c_i[None, :], axis=1) * tl.exp(A * lam_i)
+            y += tl.sum(w_h[:, None] * x_h, axis=0)
+            lam_l = lam_n
+            for j in tl.static_range(i + 1):
+                tok_l = bos + j
+                dt_l = softplus(tl.load(dt_ptr + tok_l * stride_dt_tok + h * stride_dt_head,
+                                        mask=live_i, other=0.0).to(tl.float32) + dt_bias)
+                lam_l += dt_l
+                x_l = tl.load(x_ptr + tok_l * stride_x_tok + h * stride_x_head
+                              + o_p * stride_x_dim, mask=m_p & live_i, other=0.0)
+                bc_il = tl.sum(tl.sum(tl.where((o_t[:, None] == i) & (o_t[None, :] == j),
+                                               bc_w, 0.0), axis=1), axis=0)
+                y += (dt_l * tl.exp(A * (lam_i - lam_l)) * bc_il) * x_l.to(tl.float32)
+                if j == i:
+                    if HAS_D:
+                        y += D * x_l.to(tl.float32)
+                    row_i = (o + n + i) % C
+                    tl.store(p_rx + row_i * stride_rx_row + o_p * stride_rx_dim, x_l,
+                             mask=m_p & live_i)
+                    if pid_p == 0:
+                        tl.store(p_rdt + row_i * stride_rdt_row, dt_l, mask=live_i)
+            p_out = out_ptr + tok_i * stride_out_tok + h * stride_out_head
+            tl.store(p_out + o_p * stride_out_dim, y, mask=m_p & live_i)
     finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn)
 
 
@@ -160,12 +224,17 @@ def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
+def default_route(num_rows: int) -> str:
+    """One launch at small batch (launch latency dominates), two at large batch (the
+    readout kernel's register footprint limits how many programs are in flight)."""
+    return "fused" if num_rows <= 16 else "split"
+
+
 def default_block_p(headdim: int, num_rows: int) -> int:
-    """Headdim tile: whole heads at large batch (B and C reused across the tile), smaller
-    tiles at small batch so that enough programs are in flight."""
+    """Headdim tile: small tiles at small batch so that enough programs are in flight."""
     if num_rows <= 8:
         return 16
-    return min(_pow2(headdim), 64)
+    return min(_pow2(headdim), 32)
 
 
 def mamba2_replay_decode(
@@ -187,10 +256,14 @@ def mamba2_replay_decode(
     null_block_id: int = NULL_BLOCK_ID,
     block_p: int | None = None,
     num_warps: int | None = None,
+    route: str | None = None,
 ) -> None:
     """Triton twin of `reference.mamba2_replay_decode` (same arguments and effects).
 
-    block_p / num_warps override the launch configuration (benchmarks, tuning).
+    route: "fused" (one launch; flush rows fold in the readout kernel) or "split" (a flush
+    launch, then the readout launch, whose flush rows re-read the fresh HP; the readout
+    kernel then carries no fold code and runs with fewer registers). Default: by batch
+    size (`default_route`). block_p / num_warps override the launch configuration.
     """
     H, P = x.shape[1], x.shape[2]
     G, N = B.shape[1], B.shape[2]
@@ -201,25 +274,37 @@ def mamba2_replay_decode(
     if R == 0:
         return
     bp = block_p or default_block_p(P, R)
-    grid = (triton.cdiv(P, bp), H, R)
+    route = route or default_route(R)
+    if route not in ("fused", "split"):
+        raise ValueError(f"route must be 'fused' or 'split', got {route!r}")
+    grid = (triton.cdiv(P, bp), G, R)
     lp = cache.lp if cache.lp is not None else cache.hp
-    interp = x.device.type != "cuda"
+    modes = (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT)
+    for mode in modes:
+        _launch(grid, mode, bp, num_warps, cache, lp, x, dt, A, B, C, D, dt_bias,
+                state_indices, query_start_loc, num_accepted_tokens, out, null_block_id,
+                H, G, P, N, Cn, window, buffer_len)
+
+
+def _launch(grid, mode, bp, num_warps, cache, lp, x, dt, A, B, C, D, dt_bias, state_indices,
+            query_start_loc, num_accepted_tokens, out, null_block_id, H, G, P, N, Cn, window,
+            buffer_len) -> None:
     _mamba2_replay_decode_kernel[grid](
         cache.hp, lp, cache.ring_dt, cache.ring_x, cache.ring_B, cache.meta,
         x, dt, A, B, C, D if D is not None else A, dt_bias,
         state_indices, query_start_loc if query_start_loc is not None else state_indices,
         num_accepted_tokens if num_accepted_tokens is not None else state_indices, out,
-        null_block_id, P, N, H // G, grid[0] * H, Cn,
+        null_block_id, H // G, grid[0] * G, Cn,
         *cache.hp.stride(), *lp.stride(), *cache.ring_dt.stride(), *cache.ring_x.stride(),
         *cache.ring_B.stride(), *cache.meta.stride(),
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *out.stride(),
-        T=window, BLOCK_P=bp, BLOCK_N=_pow2(N), BLOCK_C=_pow2(Cn),
+        headdim=P, dstate=N, T=window, BLOCK_T=_pow2(window, 2), BLOCK_P=bp, BLOCK_N=_pow2(N),
+        BLOCK_H=_pow2(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
         HAS_D=D is not None, HAS_ACC=num_accepted_tokens is not None,
-        IS_VARLEN=query_start_loc is not None,
-        DOT_PRECISION="ieee" if interp else "tf32x3",
-        num_warps=num_warps or (4 if bp <= 16 else 8),
+        IS_VARLEN=query_start_loc is not None, MODE=mode,
+        num_warps=num_warps or 4,
     )
 
 
