@@ -17,7 +17,8 @@ the copy bandwidth is measured in the same run.
 
     python3 benchmarks/kernels/bench_decode.py --json          # full run
     python3 benchmarks/kernels/bench_decode.py --quick --families mamba2 --batch 256
-    python3 benchmarks/kernels/bench_decode.py --sweep --families mamba2 --json
+    python3 benchmarks/kernels/bench_decode.py --batch 256 --route split \
+        --heads-per-program 1,0 --json
     python3 benchmarks/kernels/bench_decode.py --dry-run       # bytes model only, no GPU
 """
 
@@ -67,9 +68,11 @@ RING_READS = {
     "mamba2": (("ring_dt", "ring_x", "ring_B"), ("ring_dt", "ring_x", "ring_B")),
     "gdn": (("ring_g", "ring_k", "ring_d"), ("ring_g", "ring_beta", "ring_k", "ring_v")),
 }
-# Our launchers' knobs: the tile of the head's row dimension (Mamba-2 headdim: block_p; GDN
-# value dim: block_v), warps per program, and the route (one launch, or flush + readout).
-SWEEP = {"tile": (16, 32), "num_warps": (4, 8), "route": ("fused", "split")}
+# Our launchers' knobs (each CLI option takes a comma list; configs = their product): the
+# tile of a head's row dimension (Mamba-2 headdim: block_p; GDN value dim: block_v), warps
+# per program, the route (one launch, or flush + readout), heads per program (0 = all heads
+# sharing a group / key head) and software-pipelining stages of the head loop.
+KNOBS = ("tile", "num_warps", "route", "heads_per_program", "num_stages")
 TILE_ARG = {"mamba2": "block_p", "gdn": "block_v"}
 MIB = 2**20
 DEV = "cuda"
@@ -292,14 +295,24 @@ def run_vllm(geom, bs: int, nl: int, slots: torch.Tensor, args) -> dict:
 
 
 def launch_configs(geom, args) -> list[dict]:
-    """Launcher overrides to try: the whole SWEEP grid, or the fixed --tile / --num-warps /
-    --route values (the launcher's defaults for what is not given)."""
-    tile = TILE_ARG[family(geom)]
-    if args.sweep:
-        return [{(tile if k == "tile" else k): v for k, v in zip(SWEEP, vals, strict=True)}
-                for vals in itertools.product(*SWEEP.values())]
-    fixed = (("tile", args.tile), ("num_warps", args.num_warps), ("route", args.route))
-    return [{(tile if k == "tile" else k): v for k, v in fixed if v}]
+    """Launcher overrides to try: the product of the knob lists given on the command line
+    (the launcher's `launch_config` decides what is not given)."""
+    group = (geom.nheads // geom.ngroups if family(geom) == "mamba2"
+             else geom.num_v_heads // geom.num_k_heads)
+    given = [(k, getattr(args, k)) for k in KNOBS if getattr(args, k)]
+    configs = []
+    for vals in itertools.product(*(v for _, v in given)):
+        cfg = {}
+        for (k, _), v in zip(given, vals, strict=True):
+            if k == "heads_per_program":
+                v = v or group
+                if group % v:
+                    break
+            cfg[TILE_ARG[family(geom)] if k == "tile" else k] = v
+        else:
+            if cfg not in configs:
+                configs.append(cfg)
+    return configs or [{}]
 
 
 def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) -> dict:
@@ -364,15 +377,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lp", default="none,bf16,fp16", help="LP dtypes: none, bf16, fp16")
     p.add_argument("--quick", action="store_true", help="5 timed replays instead of 20")
     p.add_argument("--replays", type=int, default=None, help="timed replays per variant")
-    p.add_argument("--tile", type=int, default=None,
-                   help="our kernels' row tile (Mamba-2 block_p, GDN block_v)")
-    p.add_argument("--num-warps", type=int, default=None, help="our kernels' num_warps")
-    p.add_argument("--route", choices=("fused", "split"), default=None,
-                   help="our kernels' route (default: the launcher's policy)")
-    p.add_argument("--sweep", action="store_true",
-                   help=f"our kernels: every tile {SWEEP['tile']} x num_warps "
-                        f"{SWEEP['num_warps']} x route {SWEEP['route']}; the fastest is "
-                        "reported, all are recorded")
+    p.add_argument("--tile", default=None,
+                   help="our kernels' row tiles (Mamba-2 block_p, GDN block_v), comma list")
+    p.add_argument("--num-warps", default=None, help="our kernels' num_warps, comma list")
+    p.add_argument("--route", default=None, help="fused, split (comma list)")
+    p.add_argument("--heads-per-program", default=None,
+                   help="heads per program, comma list; 0 = a whole group / key head")
+    p.add_argument("--num-stages", default=None, help="head-loop pipelining, comma list")
     p.add_argument("--json", nargs="?", const="", default=None, metavar="PATH",
                    help="write JSON (default benchmarks/results/kernels-<date>-<commit>.json)")
     p.add_argument("--dry-run", action="store_true", help="print the bytes model; no GPU")
@@ -383,6 +394,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.batch = [int(b) for b in _csv(args.batch, None, "--batch")]
     args.lp = _csv(",".join(LP_ALIASES.get(x.strip(), x) for x in args.lp.split(",")),
                    LP_DTYPES, "--lp")
+    for knob in KNOBS:
+        raw = getattr(args, knob)
+        if raw is not None:
+            vals = [x.strip() for x in raw.split(",") if x.strip()]
+            setattr(args, knob, vals if knob == "route" else [int(x) for x in vals])
+    if args.route and set(args.route) - {"fused", "split"}:
+        sys.exit(f"--route: bad value(s) {args.route}; allowed: fused, split")
     args.replays = args.replays or (5 if args.quick else 20)
     args.warmup = 1 if args.quick else 3
     return args
@@ -437,8 +455,7 @@ def main(argv=None) -> int:
         "settings": {"buffer_len": BUFFER_LEN, "window": WINDOW, "steps_per_graph": STEPS,
                      "act_dtype": "bfloat16", "hp_dtype": "float32", "gdn_flush": "exact",
                      "stagger": True, "replays": args.replays, "warmup_replays": args.warmup,
-                     "sweep": args.sweep, "tile": args.tile, "num_warps": args.num_warps,
-                     "route": args.route,
+                     "knobs": {k: getattr(args, k) for k in KNOBS},
                      "geometries": {g: asdict(GEOMETRIES[g]) for g in args.geoms}},
         "results": [],
     }

@@ -112,20 +112,22 @@ def _gdn_replay_decode_kernel(
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, EXACT_FLUSH: tl.constexpr,
     HAS_ACC: tl.constexpr, IS_VARLEN: tl.constexpr, MODE: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
-    pid_k = tl.program_id(1).to(tl.int64)
+    pid_hb = tl.program_id(1).to(tl.int64)
     pid_r = tl.program_id(2).to(tl.int64)
     bos, q = row_tokens(qsl_ptr, pid_r, IS_VARLEN)
     o_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     m_v = o_v < head_v_dim
-    h0 = pid_k * v_per_k
+    h0 = pid_hb * HEADS_PER_PROGRAM
+    pid_k = h0 // v_per_k
     slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
     if MODE == 1:  # noqa: SIM102 (constexpr, then runtime)  FLUSH_ONLY: no outputs
         if slot == null_block_id:
             return
     if slot == null_block_id:
-        for h in range(h0, h0 + v_per_k):
+        for h in range(h0, h0 + HEADS_PER_PROGRAM):
             for i in tl.static_range(T):
                 p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
                 tl.store(p_out + o_v * stride_out_v, tl.zeros([BLOCK_V], dtype=tl.float32),
@@ -141,7 +143,7 @@ def _gdn_replay_decode_kernel(
     p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
     if MODE == 1:
         if flush:
-            for h in range(h0, h0 + v_per_k):
+            for h in range(h0, h0 + HEADS_PER_PROGRAM):
                 _flush_head(
                     hp_ptr + slot * stride_hp_slot + h * stride_hp_head
                     + o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k,
@@ -180,11 +182,11 @@ def _gdn_replay_decode_kernel(
         gq = tl.where(o_t[:, None] == i,
                       tl.sum(k_h * _pick(q_w, o_t, i)[None, :], axis=1)[None, :], gq)
     row_w = (o + n + o_t) % C
-    if pid_v == 0:  # append k once per key head
+    if (pid_v == 0) & (h0 % v_per_k == 0):  # append k once per key head
         tl.store(p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k, k_w_raw,
                  mask=m_t[:, None] & m_k[None, :])
 
-    for h in range(h0, h0 + v_per_k):
+    for h in tl.range(h0, h0 + HEADS_PER_PROGRAM, num_stages=NUM_STAGES):
         p_rg = ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head
         p_rbeta = ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head
         p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
@@ -270,16 +272,13 @@ def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
-def default_route(num_rows: int) -> str:
-    """One launch at small batch (launch latency dominates), two at large batch."""
-    return "fused" if num_rows <= 16 else "split"
-
-
-def default_block_v(head_v_dim: int, num_rows: int) -> int:
-    """Value-dim tile: small tiles at small batch so that enough programs are in flight."""
-    if num_rows <= 8:
-        return 16
-    return min(_pow2(head_v_dim), 32)
+def launch_config(num_rows: int, v_per_k: int) -> dict:
+    """Launch configuration by batch size (measured on an H200, benchmarks/results/); see
+    the Mamba-2 twin."""
+    if num_rows <= 16:
+        return dict(route="fused", block_v=16, num_warps=4, heads_per_program=1, num_stages=1)
+    return dict(route="split", block_v=32, num_warps=4, heads_per_program=v_per_k,
+                num_stages=1)
 
 
 def gdn_replay_decode(
@@ -303,11 +302,14 @@ def gdn_replay_decode(
     block_v: int | None = None,
     num_warps: int | None = None,
     route: str | None = None,
+    heads_per_program: int | None = None,
+    num_stages: int | None = None,
 ) -> None:
     """Triton twin of `reference.gdn_replay_decode` (same arguments and effects).
 
-    route: "fused" or "split", as in `mamba2_replay_decode` (default: `default_route`);
-    block_v / num_warps override the launch configuration (benchmarks, tuning).
+    route, block_v (value-dim tile), num_warps, heads_per_program (a divisor of the value
+    heads per key head) and num_stages override `launch_config`, as in
+    `mamba2_replay_decode`.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -317,21 +319,28 @@ def gdn_replay_decode(
            num_accepted_tokens, R)
     if R == 0:
         return
-    bv = block_v or default_block_v(V, R)
-    route = route or default_route(R)
-    if route not in ("fused", "split"):
-        raise ValueError(f"route must be 'fused' or 'split', got {route!r}")
-    grid = (triton.cdiv(V, bv), Hk, R)
+    cfg = launch_config(R, Hv // Hk)
+    for key, val in (("block_v", block_v), ("num_warps", num_warps), ("route", route),
+                     ("heads_per_program", heads_per_program), ("num_stages", num_stages)):
+        if val is not None:
+            cfg[key] = val
+    if cfg["route"] not in ("fused", "split"):
+        raise ValueError(f"route must be 'fused' or 'split', got {cfg['route']!r}")
+    hpp = cfg["heads_per_program"]
+    if (Hv // Hk) % hpp:
+        raise ValueError(f"heads_per_program={hpp} must divide the {Hv // Hk} value heads "
+                         "per key head")
+    grid = (triton.cdiv(V, cfg["block_v"]), Hv // hpp, R)
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
-    for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
-        _launch(grid, mode, bv, num_warps, cache, lp, beta, ring_v, q, k, v, a, b, A_log,
+    for mode in (FUSED,) if cfg["route"] == "fused" else (FLUSH_ONLY, READOUT):
+        _launch(grid, mode, cfg, cache, lp, beta, ring_v, q, k, v, a, b, A_log,
                 dt_bias, state_indices, query_start_loc, num_accepted_tokens, out, scale,
                 null_block_id, K, V, Hv // Hk, Cn, window, buffer_len)
 
 
-def _launch(grid, mode, bv, num_warps, cache, lp, beta, ring_v, q, k, v, a, b, A_log, dt_bias,
+def _launch(grid, mode, cfg, cache, lp, beta, ring_v, q, k, v, a, b, A_log, dt_bias,
             state_indices, query_start_loc, num_accepted_tokens, out, scale, null_block_id,
             K, V, v_per_k, Cn, window, buffer_len) -> None:
     _gdn_replay_decode_kernel[grid](
@@ -344,13 +353,14 @@ def _launch(grid, mode, bv, num_warps, cache, lp, beta, ring_v, q, k, v, a, b, A
         *cache.ring_k.stride(), *cache.ring_d.stride(), *ring_v.stride(), *cache.meta.stride(),
         *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *out.stride(),
         head_k_dim=K, head_v_dim=V, v_per_k=v_per_k,
-        T=window, BLOCK_T=_pow2(window, 2), BLOCK_V=bv, BLOCK_K=_pow2(K),
+        T=window, BLOCK_T=_pow2(window, 2), BLOCK_V=cfg["block_v"], BLOCK_K=_pow2(K),
         BLOCK_H=_pow2(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
         EXACT_FLUSH=cache.exact_flush, HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None, MODE=mode,
-        num_warps=num_warps or 4,
+        HEADS_PER_PROGRAM=cfg["heads_per_program"], NUM_STAGES=cfg["num_stages"],
+        num_warps=cfg["num_warps"],
     )
 
 

@@ -12,6 +12,8 @@ Semantics: `reference.mamba2_replay_decode`.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -27,12 +29,13 @@ FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_
 
 
 @triton.jit
-def _fold_head(p_hp, p_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n, m_p, m_n, m_pn,
+def _fold_head(hp_base, off_hp, lp_base, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n,
+               m_p, m_n, m_pn,
                stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row, stride_rB_dstate,
                HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr):
     """Fold ring entries [fo, fo + fn) of one head into its HP tile; write HP and LP; return
     the folded tile (fp32). Rank-1 fp32 updates: a tensor-core dot costs more registers."""
-    S = tl.load(p_hp, mask=m_pn, other=0.0)
+    S = tl.load(hp_base + off_hp, mask=m_pn, other=0.0)
     lam_tot = tl.zeros([], dtype=tl.float32)
     for j in tl.range(fn, num_stages=1):
         lam_tot += tl.load(p_rdt + ((fo + j) % C) * stride_rdt_row)
@@ -47,21 +50,32 @@ def _fold_head(p_hp, p_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n, m_p, m_n, 
         B_j = tl.load(p_rB + row_j * stride_rB_row + o_n * stride_rB_dstate, mask=m_n,
                       other=0.0).to(tl.float32)
         S += (dt_j * tl.exp(A * (lam_tot - lam_j)) * x_j)[:, None] * B_j[None, :]
-    tl.store(p_hp, S, mask=m_pn)
+    tl.store(hp_base + off_hp, S, mask=m_pn)
     if HAS_LP:
         S_lp = S
         if LP_IS_FP16:
             S_lp = tl.minimum(tl.maximum(S, -65504.0), 65504.0)
-        tl.store(p_lp, S_lp.to(p_lp.dtype.element_ty), mask=m_pn)
+        tl.store(lp_base + off_lp, S_lp.to(lp_base.dtype.element_ty), mask=m_pn)
     return S
 
 
 @triton.jit
-def _load_checkpoint(p_hp, p_lp, m_pn, HAS_LP: tl.constexpr):
+def _dot_window(S, c_w, o_t, T: tl.constexpr):
+    """[BLOCK_T, BLOCK_P] = S . C_i for the window's tokens (S dies here: only this small
+    tile stays live in the readout)."""
+    sc = tl.zeros([c_w.shape[0], S.shape[0]], dtype=tl.float32)
+    for i in tl.static_range(T):
+        c_i = tl.sum(tl.where(o_t[:, None] == i, c_w, 0.0), axis=0)
+        sc = tl.where(o_t[:, None] == i, tl.sum(S * c_i[None, :], axis=1)[None, :], sc)
+    return sc
+
+
+@triton.jit
+def _load_checkpoint(hp_base, off_hp, lp_base, off_lp, m_pn, HAS_LP: tl.constexpr):
     if HAS_LP:
-        S = tl.load(p_lp, mask=m_pn, other=0.0).to(tl.float32)
+        S = tl.load(lp_base + off_lp, mask=m_pn, other=0.0).to(tl.float32)
     else:
-        S = tl.load(p_hp, mask=m_pn, other=0.0)
+        S = tl.load(hp_base + off_hp, mask=m_pn, other=0.0)
     return S
 
 
@@ -86,20 +100,22 @@ def _mamba2_replay_decode_kernel(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, HAS_D: tl.constexpr,
     HAS_ACC: tl.constexpr, IS_VARLEN: tl.constexpr, MODE: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
-    pid_g = tl.program_id(1).to(tl.int64)
+    pid_hb = tl.program_id(1).to(tl.int64)
     pid_r = tl.program_id(2).to(tl.int64)
     bos, q = row_tokens(qsl_ptr, pid_r, IS_VARLEN)
     o_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     m_p = o_p < headdim
-    h0 = pid_g * heads_per_group
+    h0 = pid_hb * HEADS_PER_PROGRAM
+    pid_g = h0 // heads_per_group
     slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
     if MODE == 1:  # noqa: SIM102 (constexpr, then runtime)  FLUSH_ONLY: no outputs
         if slot == null_block_id:
             return
     if slot == null_block_id:
-        for h in range(h0, h0 + heads_per_group):
+        for h in range(h0, h0 + HEADS_PER_PROGRAM):
             for i in tl.static_range(T):
                 p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
                 tl.store(p_out + o_p * stride_out_dim, tl.zeros([BLOCK_P], dtype=tl.float32),
@@ -112,14 +128,15 @@ def _mamba2_replay_decode_kernel(
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < dstate
     m_pn = m_p[:, None] & m_n[None, :]
+    # int32 offsets inside a head's tile; pointers are formed where they are used.
+    off_hp = (o_p[:, None] * stride_hp_dim + o_n[None, :] * stride_hp_dstate).to(tl.int32)
+    off_lp = (o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate).to(tl.int32)
     if MODE == 1:
         if flush:
-            for h in range(h0, h0 + heads_per_group):
+            for h in range(h0, h0 + HEADS_PER_PROGRAM):
                 _fold_head(
-                    hp_ptr + slot * stride_hp_slot + h * stride_hp_head
-                    + o_p[:, None] * stride_hp_dim + o_n[None, :] * stride_hp_dstate,
-                    lp_ptr + slot * stride_lp_slot + h * stride_lp_head
-                    + o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate,
+                    hp_ptr + slot * stride_hp_slot + h * stride_hp_head, off_hp,
+                    lp_ptr + slot * stride_lp_slot + h * stride_lp_head, off_lp,
                     ring_dt_ptr + slot * stride_rdt_slot + h * stride_rdt_head,
                     ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head,
                     ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group,
@@ -137,11 +154,13 @@ def _mamba2_replay_decode_kernel(
     # Group-shared dot products: bc_h[i, j] = B_j . C_i (history), bc_w[i, j] = B_j . C_i.
     B_h = tl.load(p_rB + row_h[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
                   mask=m_hist[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+    c_w = tl.load(C_ptr + (bos + o_t[:, None]) * stride_C_tok + pid_g * stride_C_group
+                  + o_n[None, :] * stride_C_dstate, mask=(o_t < q)[:, None] & m_n[None, :],
+                  other=0.0).to(tl.float32)  # [BLOCK_T, BLOCK_N]
     bc_h = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
     bc_w = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
     for i in tl.static_range(T):
-        c_i = tl.load(C_ptr + (bos + i) * stride_C_tok + pid_g * stride_C_group
-                      + o_n * stride_C_dstate, mask=m_n & (i < q), other=0.0).to(tl.float32)
+        c_i = tl.sum(tl.where(o_t[:, None] == i, c_w, 0.0), axis=0)
         bc_h = tl.where(o_t[:, None] == i, tl.sum(B_h * c_i[None, :], axis=1)[None, :], bc_h)
         for j in tl.static_range(i + 1):
             B_l = tl.load(B_ptr + (bos + j) * stride_B_tok + pid_g * stride_B_group
@@ -149,31 +168,33 @@ def _mamba2_replay_decode_kernel(
             bc_w = tl.where((o_t[:, None] == i) & (o_t[None, :] == j),
                             tl.sum(B_l.to(tl.float32) * c_i, axis=0), bc_w)
             if j == i:  # noqa: SIM102 (constexpr, then runtime)
-                if pid_p == 0:  # append B_i once per group
+                if (pid_p == 0) & (h0 % heads_per_group == 0):  # append B_i once per group
                     tl.store(p_rB + (o + n + i) % C * stride_rB_row + o_n * stride_rB_dstate,
                              B_l, mask=m_n & (i < q))
 
-    for h in range(h0, h0 + heads_per_group):
+    for h in tl.range(h0, h0 + HEADS_PER_PROGRAM, num_stages=NUM_STAGES):
         A = tl.load(A_ptr + h).to(tl.float32)
         dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
         p_rdt = ring_dt_ptr + slot * stride_rdt_slot + h * stride_rdt_head
         p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
-        p_hp = (hp_ptr + slot * stride_hp_slot + h * stride_hp_head
-                + o_p[:, None] * stride_hp_dim + o_n[None, :] * stride_hp_dstate)
-        p_lp = (lp_ptr + slot * stride_lp_slot + h * stride_lp_head
-                + o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate)
+        hp_h = hp_ptr + slot * stride_hp_slot + h * stride_hp_head
+        lp_h = lp_ptr + slot * stride_lp_slot + h * stride_lp_head
+        # sc[i] = checkpoint . C_i; the checkpoint tile is dead after this.
         if MODE == 0:  # FUSED: fold here, read out from the folded tile
             if flush:
-                S = _fold_head(p_hp, p_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n, m_p, m_n,
-                               m_pn, stride_rdt_row, stride_rx_row, stride_rx_dim,
-                               stride_rB_row, stride_rB_dstate, HAS_LP, LP_IS_FP16)
+                sc = _dot_window(_fold_head(
+                    hp_h, off_hp, lp_h, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n,
+                    m_p, m_n, m_pn, stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row,
+                    stride_rB_dstate, HAS_LP, LP_IS_FP16), c_w, o_t, T)
             else:
-                S = _load_checkpoint(p_hp, p_lp, m_pn, HAS_LP)
+                sc = _dot_window(
+                    _load_checkpoint(hp_h, off_hp, lp_h, off_lp, m_pn, HAS_LP), c_w, o_t, T)
         else:  # READOUT: FLUSH_ONLY just rewrote a flush row's HP; read it, as FUSED does
             if flush:
-                S = tl.load(p_hp, mask=m_pn, other=0.0)
+                sc = _dot_window(tl.load(hp_h + off_hp, mask=m_pn, other=0.0), c_w, o_t, T)
             else:
-                S = _load_checkpoint(p_hp, p_lp, m_pn, HAS_LP)
+                sc = _dot_window(
+                    _load_checkpoint(hp_h, off_hp, lp_h, off_lp, m_pn, HAS_LP), c_w, o_t, T)
         dt_h = tl.load(p_rdt + row_h * stride_rdt_row, mask=m_hist, other=0.0)
         lam_h = tl.cumsum(dt_h, axis=0)
         lam_n = tl.sum(dt_h, axis=0)
@@ -186,15 +207,13 @@ def _mamba2_replay_decode_kernel(
         for i in tl.static_range(T):
             tok_i = bos + i
             live_i = i < q
-            c_i = tl.load(C_ptr + tok_i * stride_C_tok + pid_g * stride_C_group
-                          + o_n * stride_C_dstate, mask=m_n & live_i, other=0.0).to(tl.float32)
             dt_i = softplus(tl.load(dt_ptr + tok_i * stride_dt_tok + h * stride_dt_head,
                                     mask=live_i, other=0.0).to(tl.float32) + dt_bias)
             lam_i += dt_i
             bc_hi = tl.sum(tl.where(o_t[:, None] == i, bc_h, 0.0), axis=0)  # [BLOCK_H]
             w_h = tl.where(m_hist, dt_h * tl.exp(tl.where(m_hist, A * (lam_i - lam_h), 0.0)),
                            0.0) * bc_hi
-            y = tl.sum(S * c_i[None, :], axis=1) * tl.exp(A * lam_i)
+            y = tl.sum(tl.where(o_t[:, None] == i, sc, 0.0), axis=0) * tl.exp(A * lam_i)
             y += tl.sum(w_h[:, None] * x_h, axis=0)
             lam_l = lam_n
             for j in tl.static_range(i + 1):
@@ -224,17 +243,17 @@ def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
-def default_route(num_rows: int) -> str:
-    """One launch at small batch (launch latency dominates), two at large batch (the
-    readout kernel's register footprint limits how many programs are in flight)."""
-    return "fused" if num_rows <= 16 else "split"
+def launch_config(num_rows: int, heads_per_group: int) -> dict:
+    """Launch configuration by batch size (measured on an H200, benchmarks/results/).
 
-
-def default_block_p(headdim: int, num_rows: int) -> int:
-    """Headdim tile: small tiles at small batch so that enough programs are in flight."""
-    if num_rows <= 8:
-        return 16
-    return min(_pow2(headdim), 32)
+    Small batches: one launch ("fused"; launch latency dominates) and one head per
+    program, for enough programs in flight. Large batches: flush + readout ("split"; the
+    readout kernel then needs fewer registers) and several heads of a group per program
+    (plan, ring B and B.C shared)."""
+    if num_rows <= 16:
+        return dict(route="fused", block_p=16, num_warps=4, heads_per_program=1, num_stages=1)
+    hpp = math.gcd(heads_per_group, 4)
+    return dict(route="split", block_p=32, num_warps=4, heads_per_program=hpp, num_stages=1)
 
 
 def mamba2_replay_decode(
@@ -257,13 +276,17 @@ def mamba2_replay_decode(
     block_p: int | None = None,
     num_warps: int | None = None,
     route: str | None = None,
+    heads_per_program: int | None = None,
+    num_stages: int | None = None,
 ) -> None:
     """Triton twin of `reference.mamba2_replay_decode` (same arguments and effects).
 
     route: "fused" (one launch; flush rows fold in the readout kernel) or "split" (a flush
     launch, then the readout launch, whose flush rows re-read the fresh HP; the readout
     kernel then carries no fold code and runs with fewer registers). Default: by batch
-    size (`default_route`). block_p / num_warps override the launch configuration.
+    size (`launch_config`). block_p, num_warps, heads_per_program (a divisor of the heads
+    per group; the heads one program loops over) and num_stages (software pipelining of
+    that loop) override the launch configuration (`launch_config`).
     """
     H, P = x.shape[1], x.shape[2]
     G, N = B.shape[1], B.shape[2]
@@ -273,20 +296,26 @@ def mamba2_replay_decode(
            num_accepted_tokens, R)
     if R == 0:
         return
-    bp = block_p or default_block_p(P, R)
-    route = route or default_route(R)
-    if route not in ("fused", "split"):
-        raise ValueError(f"route must be 'fused' or 'split', got {route!r}")
-    grid = (triton.cdiv(P, bp), G, R)
+    cfg = launch_config(R, H // G)
+    for key, val in (("block_p", block_p), ("num_warps", num_warps), ("route", route),
+                     ("heads_per_program", heads_per_program), ("num_stages", num_stages)):
+        if val is not None:
+            cfg[key] = val
+    if cfg["route"] not in ("fused", "split"):
+        raise ValueError(f"route must be 'fused' or 'split', got {cfg['route']!r}")
+    hpp = cfg["heads_per_program"]
+    if (H // G) % hpp:
+        raise ValueError(f"heads_per_program={hpp} must divide the {H // G} heads per group")
+    grid = (triton.cdiv(P, cfg["block_p"]), H // hpp, R)
     lp = cache.lp if cache.lp is not None else cache.hp
-    modes = (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT)
+    modes = (FUSED,) if cfg["route"] == "fused" else (FLUSH_ONLY, READOUT)
     for mode in modes:
-        _launch(grid, mode, bp, num_warps, cache, lp, x, dt, A, B, C, D, dt_bias,
+        _launch(grid, mode, cfg, cache, lp, x, dt, A, B, C, D, dt_bias,
                 state_indices, query_start_loc, num_accepted_tokens, out, null_block_id,
                 H, G, P, N, Cn, window, buffer_len)
 
 
-def _launch(grid, mode, bp, num_warps, cache, lp, x, dt, A, B, C, D, dt_bias, state_indices,
+def _launch(grid, mode, cfg, cache, lp, x, dt, A, B, C, D, dt_bias, state_indices,
             query_start_loc, num_accepted_tokens, out, null_block_id, H, G, P, N, Cn, window,
             buffer_len) -> None:
     _mamba2_replay_decode_kernel[grid](
@@ -294,17 +323,18 @@ def _launch(grid, mode, bp, num_warps, cache, lp, x, dt, A, B, C, D, dt_bias, st
         x, dt, A, B, C, D if D is not None else A, dt_bias,
         state_indices, query_start_loc if query_start_loc is not None else state_indices,
         num_accepted_tokens if num_accepted_tokens is not None else state_indices, out,
-        null_block_id, H // G, grid[0] * G, Cn,
+        null_block_id, H // G, grid[0] * grid[1], Cn,
         *cache.hp.stride(), *lp.stride(), *cache.ring_dt.stride(), *cache.ring_x.stride(),
         *cache.ring_B.stride(), *cache.meta.stride(),
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *out.stride(),
-        headdim=P, dstate=N, T=window, BLOCK_T=_pow2(window, 2), BLOCK_P=bp, BLOCK_N=_pow2(N),
-        BLOCK_H=_pow2(buffer_len),
+        headdim=P, dstate=N, T=window, BLOCK_T=_pow2(window, 2), BLOCK_P=cfg["block_p"],
+        BLOCK_N=_pow2(N), BLOCK_H=_pow2(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
         HAS_D=D is not None, HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None, MODE=mode,
-        num_warps=num_warps or 4,
+        HEADS_PER_PROGRAM=cfg["heads_per_program"], NUM_STAGES=cfg["num_stages"],
+        num_warps=cfg["num_warps"],
     )
 
 

@@ -1,0 +1,45 @@
+"""Run a few decode steps of one kernel configuration for a profiler (Nsight Compute):
+
+    ncu --clock-control none --section SpeedOfLight --section Occupancy \\
+        --section WarpStateStats -k regex:replay -c 4 --launch-skip 32 \\
+        python3 benchmarks/kernels/profile_decode.py --geom nemotron3_super --bs 256
+
+Builds one layer as bench_decode.py does (pages, stagger, LP) and calls our decode kernel
+`--steps` times (flush rows included: about 1/16 of the rows per step)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import bench_decode as bench
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--geom", default="nemotron3_super", choices=list(bench.GEOMETRIES))
+    p.add_argument("--bs", type=int, default=256)
+    p.add_argument("--lp", default="bf16", choices=list(bench.LP_DTYPES))
+    p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--route", default=None, choices=("fused", "split"))
+    args = p.parse_args()
+    geom = bench.GEOMETRIES[args.geom]
+    slots = torch.arange(1, args.bs + 1, dtype=torch.int32, device="cuda")
+    layers = bench.our_layers(geom, args.bs, 1, bench.LP_DTYPES[args.lp], slots)
+    config = {"route": args.route} if args.route else {}
+    calls = bench.our_calls(geom, layers, slots, config)
+    for _ in range(args.steps):
+        for fn, a, kw in calls:
+            fn(*a, **kw)
+    torch.cuda.synchronize()
+    print(f"ran {args.steps} steps of {args.geom} bs={args.bs} lp={args.lp}")
+
+
+if __name__ == "__main__":
+    main()
