@@ -354,7 +354,7 @@ def _launch(grid, mode, cfg, cache, lp, beta, ring_v, q, k, v, a, b, A_log, dt_b
         *cache.ring_k.stride(), *cache.ring_d.stride(), *ring_v.stride(), *cache.meta.stride(),
         *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *out.stride(),
         head_k_dim=K, head_v_dim=V, v_per_k=v_per_k,
-        T=window, BLOCK_T=_pow2(window, 2), BLOCK_V=cfg["block_v"], BLOCK_K=_pow2(K),
+        T=window, BLOCK_T=_pow2(window, 1), BLOCK_V=cfg["block_v"], BLOCK_K=_pow2(K),
         BLOCK_H=_pow2(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,

@@ -329,7 +329,7 @@ def _launch(grid, mode, cfg, cache, lp, x, dt, A, B, C, D, dt_bias, state_indice
         *cache.hp.stride(), *lp.stride(), *cache.ring_dt.stride(), *cache.ring_x.stride(),
         *cache.ring_B.stride(), *cache.meta.stride(),
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *out.stride(),
-        headdim=P, dstate=N, T=window, BLOCK_T=_pow2(window, 2), BLOCK_P=cfg["block_p"],
+        headdim=P, dstate=N, T=window, BLOCK_T=_pow2(window, 1), BLOCK_P=cfg["block_p"],
         BLOCK_N=_pow2(N), BLOCK_H=_pow2(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
