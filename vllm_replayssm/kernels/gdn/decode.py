@@ -274,11 +274,12 @@ def _pow2(x: int, lo: int = 16) -> int:
 
 def launch_config(num_rows: int, v_per_k: int) -> dict:
     """Launch configuration by batch size, from the H200 sweeps in benchmarks/results/:
-    one fused launch and one head per program up to 16 rows; above, flush + readout with
-    all value heads of a key head per program (keys, norms and Gram products shared)."""
+    one warp per program and a 16-row value tile; one fused launch and one head per
+    program up to 16 rows; above, flush + readout with all value heads of a key head per
+    program (keys, norms and Gram products shared)."""
     if num_rows <= 16:
-        return dict(route="fused", block_v=32, num_warps=4, heads_per_program=1, num_stages=1)
-    return dict(route="split", block_v=32, num_warps=4,
+        return dict(route="fused", block_v=16, num_warps=1, heads_per_program=1, num_stages=1)
+    return dict(route="split", block_v=16, num_warps=1,
                 heads_per_program=v_per_k if num_rows >= 64 else 1, num_stages=1)
 
 

@@ -242,19 +242,19 @@ def _pow2(x: int, lo: int = 16) -> int:
 
 
 def launch_config(num_rows: int, heads_per_group: int) -> dict:
-    """Launch configuration by batch size, from the H200 sweeps in benchmarks/results/.
+    """Launch configuration by batch size, from the H200 sweeps in benchmarks/results/
+    (one warp per program won at bs 1 and 256: no cross-warp reductions, no barriers).
 
-    Up to 16 rows: one launch ("fused"; latency dominates), one head per program and a
-    16-row headdim tile, for enough programs in flight. Above: flush + readout ("split";
-    the readout kernel then needs fewer registers), 32-row tiles, and as many heads of a
-    group per program (plan, ring B and B.C shared; head loop pipelined) as keep
-    rows x heads_per_group / heads_per_program >= 512 (about 8k programs for 8 groups)."""
+    Up to 16 rows: one launch ("fused"; latency dominates) and one head per program.
+    Above: flush + readout ("split"; the readout kernel then needs fewer registers) and as
+    many heads of a group per program (plan, ring B and B.C shared; head loop pipelined)
+    as keep rows x heads_per_group / heads_per_program >= 512."""
     if num_rows <= 16:
-        return dict(route="fused", block_p=16, num_warps=4, heads_per_program=1, num_stages=1)
+        return dict(route="fused", block_p=16, num_warps=1, heads_per_program=1, num_stages=1)
     hpp = 1
     while heads_per_group % (hpp * 2) == 0 and num_rows * heads_per_group // (hpp * 2) >= 512:
         hpp *= 2
-    return dict(route="split", block_p=32, num_warps=4, heads_per_program=hpp,
+    return dict(route="split", block_p=16, num_warps=1, heads_per_program=hpp,
                 num_stages=2 if hpp > 1 else 1)
 
 
