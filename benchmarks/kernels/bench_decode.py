@@ -380,7 +380,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tile", default=None,
                    help="our kernels' row tiles (Mamba-2 block_p, GDN block_v), comma list")
     p.add_argument("--num-warps", default=None, help="our kernels' num_warps, comma list")
-    p.add_argument("--route", default=None, help="fused, split (comma list)")
+    p.add_argument("--route", default=None, help="fused, split, stock (comma list)")
     p.add_argument("--heads-per-program", default=None,
                    help="heads per program, comma list; 0 = a whole group / key head")
     p.add_argument("--num-stages", default=None, help="head-loop pipelining, comma list")
@@ -399,8 +399,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if raw is not None:
             vals = [x.strip() for x in raw.split(",") if x.strip()]
             setattr(args, knob, vals if knob == "route" else [int(x) for x in vals])
-    if args.route and set(args.route) - {"fused", "split"}:
-        sys.exit(f"--route: bad value(s) {args.route}; allowed: fused, split")
+    if args.route and set(args.route) - {"fused", "split", "stock"}:
+        sys.exit(f"--route: bad value(s) {args.route}; allowed: fused, split, stock")
     args.replays = args.replays or (5 if args.quick else 20)
     args.warmup = 1 if args.quick else 3
     return args

@@ -32,6 +32,32 @@ def check_scenario(
         assert res.flushes >= requests * (cycles - 1), f"only {res.flushes} flushes"
 
 
+def check_mixed_routes(fam, *, L: int, lp: torch.dtype | None, seed: int = 0,
+                       stock_share: float = 0.4, rounding: torch.dtype | None = None) -> None:
+    """Plain decode where each step takes the stock route (HP read + write, LP marked stale)
+    or the replay route at random: every output and the final state against the oracle. A
+    replay step that read a stale LP would be off by the whole LP-vs-HP difference."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    replay = fam.decode
+    routes: list[str] = []
+
+    def decode(cache, tok, state_indices, out, L_, T_, qsl=None, acc=None) -> None:
+        if float(torch.rand(1, generator=gen)) < stock_share:
+            routes.append("stock")
+            fam.decode_stock_route(cache, tok, state_indices, out, L_, T_)
+        else:
+            routes.append("replay")
+            replay(cache, tok, state_indices, out, L_, T_, qsl, acc)
+
+    fam.decode = decode
+    try:
+        check_scenario(fam, L=L, T=1, lp=lp, spec=False, churn=True, seed=seed,
+                       rounding=rounding, check_untouched=False)
+    finally:
+        del fam.decode
+    assert {"stock", "replay"} <= set(routes), routes
+
+
 def check_hp_independent_of_lp(make_fam, *, L: int, T: int, spec: bool, seed: int = 0) -> None:
     """HP written at every flush is bitwise the same with LP off, bf16 and fp16."""
     gen = torch.Generator().manual_seed(seed)
@@ -86,14 +112,19 @@ def out_tolerance(lp: torch.dtype | None, device: str) -> float:
 
 def check_kernel_matches_reference(make_fam, kernel_op, *, L: int, T: int,
                                    lp: torch.dtype | None, requests: int = 4, seed: int = 0,
-                                   out_tol: float = 1e-4, hp_tol: float = 1e-5) -> None:
+                                   out_tol: float = 1e-4, hp_tol: float = 1e-5,
+                                   stock_route_op=None, stock_share: float = 0.0) -> None:
     """Run the torch reference and a kernel in lockstep on identical pages and inputs and
     compare everything each step: outputs, cursor words (exact), records copied from the
-    inputs (exact), computed records, HP and LP (to rounding)."""
+    inputs (exact), computed records, HP and LP (to rounding). With stock_share > 0 (plain
+    decode), a random share of steps takes the stock route on both sides."""
     from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
 
     ref, ker = make_fam(None), make_fam(kernel_op)
+    if stock_route_op is not None:
+        ker.stock_route_op = stock_route_op
     gen = torch.Generator().manual_seed(seed)
+    route_gen = torch.Generator().manual_seed(seed + 7)
     spec = T > 1
     steps = 3 * L + 2
     sched = random_schedule(requests, steps, T, gen, spec=spec)
@@ -119,10 +150,14 @@ def check_kernel_matches_reference(make_fam, kernel_op, *, L: int, T: int,
                                device=dev)
             acc = torch.tensor([st.acc.get(r, 1) if r >= 0 else 1 for r in st.order],
                                dtype=torch.int32, device=dev)
+        stock = not spec and float(torch.rand(1, generator=route_gen)) < stock_share
         outs = []
         for fam, cache in zip((ref, ker), caches, strict=True):
             out = torch.full(fam.out_shape(sum(qs)), float("nan"), device=dev)
-            fam.decode(cache, tok, state_indices, out, L, T, qsl, acc)
+            if stock:
+                fam.decode_stock_route(cache, tok, state_indices, out, L, T)
+            else:
+                fam.decode(cache, tok, state_indices, out, L, T, qsl, acc)
             outs.append(out)
         err = float((outs[1] - outs[0]).norm() / outs[0].norm())
         assert err <= out_tol, f"step {si}: kernel vs reference output error {err:.3g}"

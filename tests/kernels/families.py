@@ -45,6 +45,7 @@ class Mamba2Family:
     seed: int = 0
     decode_op: Callable = m2_ref.mamba2_replay_decode
     materialise_op: Callable = m2_ref.mamba2_replay_materialise
+    stock_route_op: Callable = m2_ref.mamba2_stock_route_decode
     device: str = "cpu"
     params: dict = field(init=False)
     name = "mamba2"
@@ -102,6 +103,13 @@ class Mamba2Family:
             num_accepted_tokens=acc,
         )
 
+    def decode_stock_route(self, cache, tok, state_indices, out, L, T, stagger=True) -> None:
+        p = self.params
+        self.stock_route_op(
+            cache, tok["x"], tok["dt"], p["A"], tok["B"], tok["C"], p["D"], p["dt_bias"],
+            state_indices, out, buffer_len=L, window=T, stagger=stagger,
+        )
+
     def stock(self, state, tok, state_indices, out) -> None:
         p = self.params
         m2_ref.mamba2_stock_decode(
@@ -127,6 +135,7 @@ class GDNFamily:
     exact_flush: bool = True
     decode_op: Callable = gdn_ref.gdn_replay_decode
     materialise_op: Callable = gdn_ref.gdn_replay_materialise
+    stock_route_op: Callable = gdn_ref.gdn_stock_route_decode
     device: str = "cpu"
     params: dict = field(init=False)
     name = "gdn"
@@ -183,6 +192,13 @@ class GDNFamily:
             cache, tok["q"], tok["k"], tok["v"], tok["a"], tok["b"], p["A_log"], p["dt_bias"],
             state_indices, out, scale=self.scale, buffer_len=L, window=T, query_start_loc=qsl,
             num_accepted_tokens=acc,
+        )
+
+    def decode_stock_route(self, cache, tok, state_indices, out, L, T, stagger=True) -> None:
+        p = self.params
+        self.stock_route_op(
+            cache, tok["q"], tok["k"], tok["v"], tok["a"], tok["b"], p["A_log"], p["dt_bias"],
+            state_indices, out, scale=self.scale, buffer_len=L, window=T, stagger=stagger,
         )
 
     def stock(self, state, tok, state_indices, out) -> None:

@@ -9,9 +9,15 @@ import pytest
 import torch
 
 from vllm_replayssm.kernels.gdn import decode as gdn_triton
+from vllm_replayssm.kernels.gdn import stock_step as gdn_stock
 from vllm_replayssm.layout import GDNGeometry
 
-from ..checks import check_kernel_matches_reference, check_scenario, out_tolerance
+from ..checks import (
+    check_kernel_matches_reference,
+    check_mixed_routes,
+    check_scenario,
+    out_tolerance,
+)
 from ..families import GDNFamily
 from .test_reference import GEOMS
 
@@ -55,6 +61,22 @@ def test_kernel_matches_reference_buffers(lp, T, exact, route, device):
         hp_tol=1e-5 if exact else max(1e-3, out_tolerance(lp, device)))
 
 
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fold"])
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["none", "bf16"])
+def test_stock_route_interleaved(lp, exact, device):
+    """Stock-route steps (HP alone, LP marked stale) between replay steps: vs the oracle,
+    and in lockstep with the torch reference (cursor words exact)."""
+    fam = GDNFamily(GEOMS["tiny"], act_dtype=torch.bfloat16, device=device, seed=9,
+                    exact_flush=exact, decode_op=_op("split"),
+                    stock_route_op=gdn_stock.gdn_stock_route_decode)
+    check_mixed_routes(fam, L=4, lp=lp, rounding=torch.bfloat16)
+    tol = out_tolerance(lp, device) if exact else max(1e-3, out_tolerance(lp, device))
+    check_kernel_matches_reference(
+        lambda op: GDNFamily(GEOMS["qwen35_122b"], act_dtype=torch.float16, device=device,
+                             exact_flush=exact, decode_op=op, seed=4),
+        _op("fused"), L=4, T=1, lp=lp, out_tol=tol, hp_tol=1e-5 if exact else tol,
+        stock_route_op=gdn_stock.gdn_stock_route_decode, stock_share=0.4)
+
 REAL = {
     "qwen35_4b": GDNGeometry(16, 32, 128, 128),
     "qwen35_122b": GDNGeometry(16, 64, 128, 128),
@@ -71,3 +93,12 @@ def test_real_geometry_on_gpu(geom, lp, T, route):
                     decode_op=_op(route))
     check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2,
                    rounding=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geom", list(REAL))
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
+def test_real_geometry_stock_route_on_gpu(geom, lp):
+    fam = GDNFamily(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=2,
+                       decode_op=_op("split"), stock_route_op=gdn_stock.gdn_stock_route_decode)
+    check_mixed_routes(fam, L=16, lp=lp, rounding=torch.bfloat16)

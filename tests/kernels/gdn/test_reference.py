@@ -8,7 +8,12 @@ from vllm_replayssm.kernels.common.cursor import plan_step
 from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
 from vllm_replayssm.layout import GDNGeometry
 
-from ..checks import check_hp_independent_of_lp, check_perturbed_history_fails, check_scenario
+from ..checks import (
+    check_hp_independent_of_lp,
+    check_mixed_routes,
+    check_perturbed_history_fails,
+    check_scenario,
+)
 from ..families import GDNFamily
 
 GEOMS = {
@@ -97,3 +102,9 @@ def test_exact_flush_equals_stock_fp32_path_bitwise(lp, act):
 
 def test_perturbed_history_fails():
     check_perturbed_history_fails(lambda: GDNFamily(GEOMS["tiny"], seed=5), L=8, T=1)
+
+
+@pytest.mark.parametrize("lp", [None, torch.bfloat16, torch.float16], ids=["none", "bf16", "fp16"])
+def test_stock_route_interleaved_with_replay(lp):
+    fam = GDNFamily(GEOMS["tiny"], act_dtype=torch.bfloat16, seed=9)
+    check_mixed_routes(fam, L=4, lp=lp, rounding=torch.bfloat16)

@@ -9,9 +9,15 @@ import pytest
 import torch
 
 from vllm_replayssm.kernels.mamba2 import decode as m2_triton
+from vllm_replayssm.kernels.mamba2 import stock_step as m2_stock
 from vllm_replayssm.layout import Mamba2Geometry
 
-from ..checks import check_kernel_matches_reference, check_scenario, out_tolerance
+from ..checks import (
+    check_kernel_matches_reference,
+    check_mixed_routes,
+    check_scenario,
+    out_tolerance,
+)
 from ..families import Mamba2Family
 from .test_reference import GEOMS
 
@@ -48,6 +54,19 @@ def test_kernel_matches_reference_buffers(lp, T, route, device):
         _op(route), L=4, T=T, lp=lp, out_tol=out_tolerance(lp, device))
 
 
+@pytest.mark.parametrize("lp", [None, torch.float16, torch.bfloat16], ids=["none", "fp16", "bf16"])
+def test_stock_route_interleaved(lp, device):
+    """Stock-route steps (HP alone, LP marked stale) between replay steps: vs the oracle,
+    and in lockstep with the torch reference (cursor words exact)."""
+    fam = Mamba2Family(GEOMS["tiny"], act_dtype=torch.bfloat16, device=device, seed=9,
+                       decode_op=_op("split"), stock_route_op=m2_stock.mamba2_stock_route_decode)
+    check_mixed_routes(fam, L=4, lp=lp)
+    check_kernel_matches_reference(
+        lambda op: Mamba2Family(GEOMS["tp_groups"], act_dtype=torch.float16, device=device,
+                                decode_op=op, seed=4),
+        _op("fused"), L=4, T=1, lp=lp, out_tol=out_tolerance(lp, device),
+        stock_route_op=m2_stock.mamba2_stock_route_decode, stock_share=0.4)
+
 REAL = {
     "nemotron3_super": Mamba2Geometry(128, 64, 128, 8),
     "nemotron3_nano4b": Mamba2Geometry(96, 80, 128, 8),
@@ -63,3 +82,12 @@ def test_real_geometry_on_gpu(geom, lp, T, route):
     fam = Mamba2Family(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=1,
                        decode_op=_op(route))
     check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geom", list(REAL))
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
+def test_real_geometry_stock_route_on_gpu(geom, lp):
+    fam = Mamba2Family(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=2,
+                       decode_op=_op("split"), stock_route_op=m2_stock.mamba2_stock_route_decode)
+    check_mixed_routes(fam, L=16, lp=lp, rounding=None)

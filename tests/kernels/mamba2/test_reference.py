@@ -5,7 +5,12 @@ import torch
 
 from vllm_replayssm.layout import Mamba2Geometry
 
-from ..checks import check_hp_independent_of_lp, check_perturbed_history_fails, check_scenario
+from ..checks import (
+    check_hp_independent_of_lp,
+    check_mixed_routes,
+    check_perturbed_history_fails,
+    check_scenario,
+)
 from ..families import Mamba2Family
 
 GEOMS = {
@@ -55,3 +60,9 @@ def test_hp_bitwise_independent_of_lp(spec):
 
 def test_perturbed_history_fails():
     check_perturbed_history_fails(lambda: Mamba2Family(GEOMS["tiny"], seed=5), L=8, T=1)
+
+
+@pytest.mark.parametrize("lp", [None, torch.bfloat16, torch.float16], ids=["none", "bf16", "fp16"])
+def test_stock_route_interleaved_with_replay(lp):
+    fam = Mamba2Family(GEOMS["tiny"], act_dtype=torch.bfloat16, seed=9)
+    check_mixed_routes(fam, L=4, lp=lp, rounding=None)

@@ -17,6 +17,9 @@ window always fits and a fold region never overlaps the window written in the sa
 A page whose words break the invariant (garbage, never reset) is read as freshly reset
 (empty ring over whatever the checkpoint holds): kernels stay memory-safe for any meta.
 
+The MAGIC word also says whether LP equals HP: META_MAGIC (LP fresh) or META_MAGIC_LP_STALE
+(the stock route updated HP alone; readouts read HP until the next flush writes LP).
+
 The Triton kernels implement the same rules; `plan_step` is their oracle.
 """
 
@@ -28,7 +31,8 @@ import torch
 
 META_LEN = 8
 ORIGIN, COMMITTED, PENDING, CAPACITY, FOLD_ORIGIN, FOLD_COUNT, MAGIC, TICKET = range(META_LEN)
-META_MAGIC = 0x52504C59  # "RPLY": the page was reset by ReplaySSM
+META_MAGIC = 0x52504C59  # "RPLY": the page was reset by ReplaySSM, LP == HP
+META_MAGIC_LP_STALE = 0x52504C53  # "RPLS": as above, but LP is stale (HP was updated alone)
 
 
 def ring_rows(buffer_len: int, window: int) -> int:
@@ -46,9 +50,11 @@ def stagger_phase(slots: torch.Tensor, buffer_len: int, window: int, stagger: bo
 
 
 def reset_meta(
-    meta: torch.Tensor, slots: torch.Tensor, buffer_len: int, window: int, stagger: bool
+    meta: torch.Tensor, slots: torch.Tensor, buffer_len: int, window: int, stagger: bool,
+    lp_stale: bool = False,
 ) -> None:
-    """Reset the cursor words of `slots` in place (after a checkpoint write by prefill).
+    """Reset the cursor words of `slots` in place (after a checkpoint write by prefill, a
+    materialise, or a stock-route step with lp_stale=True).
 
     meta: [num_slots, META_LEN] int32 (any strides); slots: [R] int, NULL rows excluded.
     """
@@ -57,7 +63,7 @@ def reset_meta(
     phi = stagger_phase(slots, buffer_len, window, stagger)
     words = torch.zeros(slots.numel(), META_LEN, dtype=torch.int64, device=meta.device)
     words[:, CAPACITY] = C - phi
-    words[:, MAGIC] = META_MAGIC
+    words[:, MAGIC] = META_MAGIC_LP_STALE if lp_stale else META_MAGIC
     meta[slots] = words.to(meta.dtype)
 
 
@@ -67,7 +73,7 @@ def meta_is_valid(meta_rows: torch.Tensor, buffer_len: int, window: int) -> torc
     m = meta_rows.to(torch.int64)
     o, n, p, kap = m[:, ORIGIN], m[:, COMMITTED], m[:, PENDING], m[:, CAPACITY]
     return (
-        (m[:, MAGIC] == META_MAGIC)
+        ((m[:, MAGIC] == META_MAGIC) | (m[:, MAGIC] == META_MAGIC_LP_STALE))
         & (o >= 0) & (o < C)
         & (n >= 0)
         & (p >= 0) & (p <= window)
@@ -92,6 +98,7 @@ class StepPlan:
     fold_count: torch.Tensor
     flush: torch.Tensor  # bool
     valid: torch.Tensor  # bool: the incoming words were sane
+    lp_stale: torch.Tensor  # bool: LP is stale after this step (a flush makes it fresh)
 
     def meta(self) -> torch.Tensor:
         """[R, META_LEN] int32 words to store back."""
@@ -103,7 +110,7 @@ class StepPlan:
         words[:, CAPACITY] = self.capacity
         words[:, FOLD_ORIGIN] = self.fold_origin
         words[:, FOLD_COUNT] = self.fold_count
-        words[:, MAGIC] = META_MAGIC
+        words[:, MAGIC] = torch.where(self.lp_stale, META_MAGIC_LP_STALE, META_MAGIC)
         return words.to(torch.int32)
 
 
@@ -144,7 +151,8 @@ def plan_step(
     o = torch.where(flush, torch.remainder(o + n, C), o)
     n = torch.where(flush, zero, n)
     kap = torch.where(flush, zero + C, kap)
-    return StepPlan(o, n, q, kap, fold_o, fold_n, flush, valid)
+    stale = valid & (m[:, MAGIC] == META_MAGIC_LP_STALE) & ~flush
+    return StepPlan(o, n, q, kap, fold_o, fold_n, flush, valid, stale)
 
 
 def logical_to_row(origin: torch.Tensor, logical: torch.Tensor, C: int) -> torch.Tensor:

@@ -28,5 +28,8 @@ def refresh_after_prefill(
     if slots.numel() == 0:
         return
     if lp is not None:
-        lp[slots] = hp[slots].to(lp.dtype)
+        S = hp[slots]
+        if lp.dtype == torch.float16:  # saturating, like every LP write
+            S = S.clamp(-65504.0, 65504.0)
+        lp[slots] = S.to(lp.dtype)
     reset_meta(meta, slots, buffer_len, window, stagger)

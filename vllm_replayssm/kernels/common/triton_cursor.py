@@ -19,6 +19,7 @@ from vllm_replayssm.kernels.common.cursor import (
     FOLD_ORIGIN,
     MAGIC,
     META_MAGIC,
+    META_MAGIC_LP_STALE,
     ORIGIN,
     PENDING,
     TICKET,
@@ -33,6 +34,7 @@ W_FOLD_COUNT = tl.constexpr(FOLD_COUNT)
 W_MAGIC = tl.constexpr(MAGIC)
 W_TICKET = tl.constexpr(TICKET)
 MAGIC_WORD = tl.constexpr(META_MAGIC)
+MAGIC_WORD_LP_STALE = tl.constexpr(META_MAGIC_LP_STALE)
 
 
 @triton.jit
@@ -49,8 +51,9 @@ def row_tokens(qsl_ptr, pid_r, IS_VARLEN: tl.constexpr):
 
 @triton.jit
 def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC: tl.constexpr):
-    """Commit and the flush rule for one row (see cursor.py). Returns
-    (origin, committed, capacity, fold_origin, fold_count, flush) after commit and flush."""
+    """Commit and the flush rule for one row (see cursor.py). Returns (origin, committed,
+    capacity, fold_origin, fold_count, flush, lp_stale) after commit and flush; lp_stale:
+    LP lags HP (a stock-route step) and no flush rewrites it this step."""
     o = tl.load(p_meta + W_ORIGIN * stride_word).to(tl.int64)
     n = tl.load(p_meta + W_COMMITTED * stride_word).to(tl.int64)
     p = tl.load(p_meta + W_PENDING * stride_word).to(tl.int64)
@@ -59,7 +62,8 @@ def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC
     fn = tl.load(p_meta + W_FOLD_COUNT * stride_word).to(tl.int64)
     magic = tl.load(p_meta + W_MAGIC * stride_word)
     valid = (
-        (magic == MAGIC_WORD) & (o >= 0) & (o < C) & (n >= 0) & (p >= 0) & (p <= T)
+        ((magic == MAGIC_WORD) | (magic == MAGIC_WORD_LP_STALE))
+        & (o >= 0) & (o < C) & (n >= 0) & (p >= 0) & (p <= T)
         & (kap >= 2 * T) & (kap <= C) & (n + p + T <= kap)
     )
     o = tl.where(valid, o, 0)
@@ -80,11 +84,12 @@ def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC
     o = tl.where(flush, (o + n) % C, o)
     n = tl.where(flush, 0, n)
     kap = tl.where(flush, C, kap)
-    return o, n, kap, fo, fn, flush
+    stale = valid & (magic == MAGIC_WORD_LP_STALE) & (flush == 0)
+    return o, n, kap, fo, fn, flush, stale
 
 
 @triton.jit
-def finish_row(p_meta, stride_word, num_programs, o, n, q, kap, fo, fn):
+def finish_row(p_meta, stride_word, num_programs, o, n, q, kap, fo, fn, stale):
     """Take a ticket; the row's last program stores the new words (and a zero ticket)."""
     ticket = tl.atomic_add(p_meta + W_TICKET * stride_word, 1, sem="relaxed")
     if ticket == num_programs - 1:
@@ -94,7 +99,8 @@ def finish_row(p_meta, stride_word, num_programs, o, n, q, kap, fo, fn):
         tl.store(p_meta + W_CAPACITY * stride_word, kap.to(tl.int32))
         tl.store(p_meta + W_FOLD_ORIGIN * stride_word, fo.to(tl.int32))
         tl.store(p_meta + W_FOLD_COUNT * stride_word, fn.to(tl.int32))
-        tl.store(p_meta + W_MAGIC * stride_word, MAGIC_WORD)
+        tl.store(p_meta + W_MAGIC * stride_word,
+                 tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD).to(tl.int32))
         tl.store(p_meta + W_TICKET * stride_word, 0)
 
 
@@ -107,3 +113,43 @@ def softplus(x):
     w = 1.0 + u
     log1p_u = tl.where(w == 1.0, u, tl.log(w) * (u / (w - 1.0)))
     return tl.where(x <= 20.0, log1p_u, x)
+
+
+@triton.jit
+def stock_route_row(p_meta, stride_word, slot, C, stagger_mod, T: tl.constexpr):
+    """Cursor of a stock-route step (one token, everything pending committed): returns
+    (origin, committed count to fold first, capacity after the reset, reset needed). A row
+    already in the stock steady state (empty ring, LP stale, reset words) needs no write."""
+    o = tl.load(p_meta + W_ORIGIN * stride_word).to(tl.int64)
+    n = tl.load(p_meta + W_COMMITTED * stride_word).to(tl.int64)
+    p = tl.load(p_meta + W_PENDING * stride_word).to(tl.int64)
+    kap = tl.load(p_meta + W_CAPACITY * stride_word).to(tl.int64)
+    fo = tl.load(p_meta + W_FOLD_ORIGIN * stride_word).to(tl.int64)
+    fn = tl.load(p_meta + W_FOLD_COUNT * stride_word).to(tl.int64)
+    magic = tl.load(p_meta + W_MAGIC * stride_word)
+    valid = (
+        ((magic == MAGIC_WORD) | (magic == MAGIC_WORD_LP_STALE))
+        & (o >= 0) & (o < C) & (n >= 0) & (p >= 0) & (p <= T)
+        & (kap >= 2 * T) & (kap <= C) & (n + p + T <= kap)
+    )
+    o = tl.where(valid, o, 0)
+    n_c = tl.where(valid, n + p, 0)
+    kap_reset = C - slot % stagger_mod
+    steady = (valid & (o == 0) & (n_c == 0) & (kap == kap_reset) & (fo == 0) & (fn == 0)
+              & (magic == MAGIC_WORD_LP_STALE))
+    return o, n_c, kap_reset, steady == 0
+
+
+@triton.jit
+def finish_stock_row(p_meta, stride_word, num_programs, kap_reset):
+    """Take a ticket; the row's last program stores the reset words with LP marked stale."""
+    ticket = tl.atomic_add(p_meta + W_TICKET * stride_word, 1, sem="relaxed")
+    if ticket == num_programs - 1:
+        tl.store(p_meta + W_ORIGIN * stride_word, 0)
+        tl.store(p_meta + W_COMMITTED * stride_word, 0)
+        tl.store(p_meta + W_PENDING * stride_word, 0)
+        tl.store(p_meta + W_CAPACITY * stride_word, kap_reset.to(tl.int32))
+        tl.store(p_meta + W_FOLD_ORIGIN * stride_word, 0)
+        tl.store(p_meta + W_FOLD_COUNT * stride_word, 0)
+        tl.store(p_meta + W_MAGIC * stride_word, MAGIC_WORD_LP_STALE)
+        tl.store(p_meta + W_TICKET * stride_word, 0)

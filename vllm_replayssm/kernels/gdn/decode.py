@@ -43,15 +43,14 @@ def _l2norm_rows(x):
 
 
 @triton.jit
-def _flush_head(p_hp, p_lp, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, C, o_v, o_k, m_v, m_k,
-                m_vk, stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k,
-                stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v,
-                HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, EXACT_FLUSH: tl.constexpr):
-    """Advance one value head's HP tile over ring entries [fo, fo + fn); write HP and LP;
-    return the new tile (fp32)."""
-    S = tl.load(p_hp, mask=m_vk, other=0.0)  # [BLOCK_V, BLOCK_K]
+def _advance_tile(S, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, C, o_v, o_k, m_v, m_k,
+                  stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k,
+                  stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v,
+                  EXACT_FLUSH: tl.constexpr):
+    """S (one value head's [BLOCK_V, BLOCK_K] fp32 tile) advanced over ring entries
+    [fo, fo + fn): exact, the delta rule replayed in the stock order; else the weighted sum
+    of cached corrected values."""
     if EXACT_FLUSH:
-        # The delta rule from HP over the committed (k, v, g, beta), in the stock order.
         for j in tl.range(fn, num_stages=1):
             row = (fo + j) % C
             k_j = tl.load(p_rk + row * stride_rk_row + o_k * stride_rk_k, mask=m_k,
@@ -78,6 +77,20 @@ def _flush_head(p_hp, p_lp, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, C, o_v, o_k
             d_j = tl.load(p_rd + row * stride_rd_row + o_v * stride_rd_v, mask=m_v,
                           other=0.0).to(tl.float32)
             S += (tl.exp(gam_tot - gam_j) * d_j)[:, None] * k_j[None, :]
+    return S
+
+
+@triton.jit
+def _flush_head(p_hp, p_lp, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, C, o_v, o_k, m_v, m_k,
+                m_vk, stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k,
+                stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v,
+                HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, EXACT_FLUSH: tl.constexpr):
+    """Advance one value head's HP tile over ring entries [fo, fo + fn); write HP and LP;
+    return the new tile (fp32)."""
+    S = _advance_tile(tl.load(p_hp, mask=m_vk, other=0.0), p_rg, p_rbeta, p_rk, p_rd, p_rv,
+                      fo, fn, C, o_v, o_k, m_v, m_k, stride_rg_row, stride_rbeta_row,
+                      stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v, stride_rv_row,
+                      stride_rv_v, EXACT_FLUSH)
     tl.store(p_hp, S, mask=m_vk)
     if HAS_LP:
         S_lp = S
@@ -135,7 +148,7 @@ def _gdn_replay_decode_kernel(
         return
 
     p_meta = meta_ptr + slot * stride_meta_slot
-    o, n, kap, fo, fn, flush = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T,
+    o, n, kap, fo, fn, flush, stale = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T,
                                         HAS_ACC)
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
@@ -195,18 +208,22 @@ def _gdn_replay_decode_kernel(
                 + o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
         p_lp = (lp_ptr + slot * stride_lp_slot + h * stride_lp_head
                 + o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k)
+        # Flush rows use the advanced HP (FUSED: in registers; READOUT: just rewritten by
+        # FLUSH_ONLY); rows whose LP is stale (a stock-route step) read HP; others read LP.
         if MODE == 0:
             if flush:
                 S = _flush_head(p_hp, p_lp, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, C, o_v,
                                 o_k, m_v, m_k, m_vk, stride_rg_row, stride_rbeta_row,
                                 stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v,
                                 stride_rv_row, stride_rv_v, HAS_LP, LP_IS_FP16, EXACT_FLUSH)
+            elif stale:
+                S = tl.load(p_hp, mask=m_vk, other=0.0)
             elif HAS_LP:
                 S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
             else:
                 S = tl.load(p_hp, mask=m_vk, other=0.0)
-        else:  # READOUT: FLUSH_ONLY just rewrote a flush row's HP; read it, as FUSED does
-            if flush:
+        else:
+            if flush | stale:
                 S = tl.load(p_hp, mask=m_vk, other=0.0)
             elif HAS_LP:
                 S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
@@ -265,7 +282,7 @@ def _gdn_replay_decode_kernel(
             tl.store(p_rg + row_w * stride_rg_row, g_w, mask=m_t)
             if EXACT_FLUSH:
                 tl.store(p_rbeta + row_w * stride_rbeta_row, beta_w, mask=m_t)
-    finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn)
+    finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn, stale)
 
 
 def _pow2(x: int, lo: int = 16) -> int:
@@ -306,12 +323,13 @@ def gdn_replay_decode(
     route: str | None = None,
     heads_per_program: int | None = None,
     num_stages: int | None = None,
+    stagger: bool = True,
 ) -> None:
     """Triton twin of `reference.gdn_replay_decode` (same arguments and effects).
 
-    route, block_v (value-dim tile), num_warps, heads_per_program (a divisor of the value
-    heads per key head) and num_stages override `launch_config`, as in
-    `mamba2_replay_decode`.
+    route ("fused", "split" or "stock"), block_v (value-dim tile), num_warps,
+    heads_per_program (a divisor of the value heads per key head), num_stages and stagger
+    (stock route) override `launch_config`, as in `mamba2_replay_decode`.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -326,8 +344,18 @@ def gdn_replay_decode(
                      ("heads_per_program", heads_per_program), ("num_stages", num_stages)):
         if val is not None:
             cfg[key] = val
+    if cfg["route"] == "stock":
+        if query_start_loc is not None or num_accepted_tokens is not None:
+            raise ValueError("the stock route is for plain decode (one token per row)")
+        from vllm_replayssm.kernels.gdn.stock_step import gdn_stock_route_decode
+
+        gdn_stock_route_decode(
+            cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, scale=scale,
+            buffer_len=buffer_len, window=window, stagger=stagger,
+            null_block_id=null_block_id, block_v=block_v, num_warps=num_warps)
+        return
     if cfg["route"] not in ("fused", "split"):
-        raise ValueError(f"route must be 'fused' or 'split', got {cfg['route']!r}")
+        raise ValueError(f"route must be 'fused', 'split' or 'stock', got {cfg['route']!r}")
     hpp = cfg["heads_per_program"]
     if (Hv // Hk) % hpp:
         raise ValueError(f"heads_per_program={hpp} must divide the {Hv // Hk} value heads "

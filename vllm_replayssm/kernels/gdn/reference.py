@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_replayssm.kernels.common.checkpoint import read_checkpoint, write_checkpoint
 from vllm_replayssm.kernels.common.cursor import plan_step, reset_meta, ring_rows
 from vllm_replayssm.kernels.common.ring import gather_logical, scatter_window, window_tokens
 from vllm_replayssm.kernels.gdn.naive import gdn_gates, l2norm
@@ -31,6 +32,20 @@ def delta_rule_step(
 
 def _heads(x: torch.Tensor, rep: int, dim: int) -> torch.Tensor:
     return x.repeat_interleave(rep, dim=dim) if rep > 1 else x
+
+
+def _stock_update(
+    S: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+    b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One delta-rule step in fp32. S: [R, Hv, V, K]; q, k: [R, Hk, K]; v: [R, Hv, V];
+    a, b: [R, Hv]. Returns the new state and o: [R, Hv, V] (fp32)."""
+    rep = v.shape[1] // k.shape[1]
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
+    kn = _heads(l2norm(k.float()), rep, 1)
+    qn = _heads(l2norm(q.float()), rep, 1) * scale
+    S = delta_rule_step(S, kn, v.float(), g, beta)
+    return S, (S * qn[:, :, None, :]).sum(-1)
 
 
 def gdn_stock_decode(
@@ -59,12 +74,9 @@ def gdn_stock_decode(
     if not bool(active.any()):
         return
     slots = state_indices[active].long()
-    rep = v.shape[1] // k.shape[1]
-    g, beta = gdn_gates(a[active], b[active], A_log, dt_bias)
-    kn = _heads(l2norm(k[active].float()), rep, 1)
-    qn = _heads(l2norm(q[active].float()), rep, 1) * scale
-    S = delta_rule_step(ssm_state[slots].float(), kn, v[active].float(), g, beta)
-    out[active] = (S * qn[:, :, None, :]).sum(-1).to(out.dtype)
+    S, o = _stock_update(ssm_state[slots].float(), q[active], k[active], v[active], a[active],
+                         b[active], A_log, dt_bias, scale)
+    out[active] = o.to(out.dtype)
     ssm_state[slots] = S.to(ssm_state.dtype)
 
 
@@ -99,12 +111,6 @@ def _fold(
     gam_n = gam[..., -1:]
     w = torch.where(keep[:, None, :], torch.exp(gam_n - gam), 0.0)  # [R, Hv, C]
     return torch.exp(gam_n)[..., None] * S + torch.einsum("rhc,rhcv,rhck->rhvk", w, ds, kn)
-
-
-def _write_checkpoint(cache: GDNReplayCache, slots: torch.Tensor, S: torch.Tensor) -> None:
-    cache.hp[slots] = S
-    if cache.lp is not None:
-        cache.lp[slots] = S.to(cache.lp.dtype)
 
 
 def gdn_replay_decode(
@@ -153,11 +159,11 @@ def gdn_replay_decode(
     acc = None if num_accepted_tokens is None else num_accepted_tokens.to(dev)[active]
     plan = plan_step(cache.meta[slots], q_len, acc, L, T)
 
-    S0 = (cache.lp if cache.lp is not None else cache.hp)[slots].float()
+    S0 = read_checkpoint(cache, slots, plan.lp_stale)
     if bool(plan.flush.any()):
         f = plan.flush
         S_new = _fold(cache, slots[f], plan.fold_origin[f], plan.fold_count[f])
-        _write_checkpoint(cache, slots[f], S_new)
+        write_checkpoint(cache, slots[f], S_new)
         S0[f] = S_new
 
     # Window quantities, fp32: [R, T, Hv, ...].
@@ -232,5 +238,41 @@ def gdn_replay_materialise(
     acc = None if num_accepted_tokens is None else num_accepted_tokens[active]
     zero_q = torch.zeros_like(slots)
     plan = plan_step(cache.meta[slots], zero_q, acc, buffer_len, window, force_flush=True)
-    _write_checkpoint(cache, slots, _fold(cache, slots, plan.fold_origin, plan.fold_count))
+    write_checkpoint(cache, slots, _fold(cache, slots, plan.fold_origin, plan.fold_count))
     reset_meta(cache.meta, slots, buffer_len, window, stagger)
+
+
+def gdn_stock_route_decode(
+    cache: GDNReplayCache,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_indices: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    scale: float,
+    buffer_len: int,
+    window: int,
+    stagger: bool,
+    null_block_id: int = NULL_BLOCK_ID,
+) -> None:
+    """The stock read + write step on a ReplaySSM page (see `mamba2_stock_route_decode`):
+    committed ring entries folded first, then one delta-rule step on HP, written alone; LP
+    marked stale and the cursor reset. Arguments as in `gdn_replay_decode` (plain decode)."""
+    active = state_indices != null_block_id
+    out[~active] = 0
+    if not bool(active.any()):
+        return
+    slots = state_indices[active].long()
+    zero_q = torch.zeros_like(slots)
+    plan = plan_step(cache.meta[slots], zero_q, None, buffer_len, window, force_flush=True)
+    S = _fold(cache, slots, plan.fold_origin, plan.fold_count)
+    S, o = _stock_update(S, q[active], k[active], v[active], a[active], b[active], A_log,
+                         dt_bias, scale)
+    out[active] = o.to(out.dtype)
+    cache.hp[slots] = S
+    reset_meta(cache.meta, slots, buffer_len, window, stagger, lp_stale=True)

@@ -27,13 +27,10 @@ FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_
 
 
 @triton.jit
-def _fold_head(hp_base, off_hp, lp_base, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n,
-               m_p, m_n, m_pn,
-               stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row, stride_rB_dstate,
-               HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr):
-    """Fold ring entries [fo, fo + fn) of one head into its HP tile; write HP and LP; return
-    the folded tile (fp32). Rank-1 fp32 updates: a tensor-core dot costs more registers."""
-    S = tl.load(hp_base + off_hp, mask=m_pn, other=0.0)
+def _fold_tile(S, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n, m_p, m_n,
+               stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row, stride_rB_dstate):
+    """S (one head's [BLOCK_P, BLOCK_N] fp32 tile) folded over ring entries [fo, fo + fn).
+    Rank-1 fp32 updates: a tensor-core dot costs registers in every program."""
     lam_tot = tl.zeros([], dtype=tl.float32)
     for j in tl.range(fn, num_stages=1):
         lam_tot += tl.load(p_rdt + ((fo + j) % C) * stride_rdt_row)
@@ -48,6 +45,19 @@ def _fold_head(hp_base, off_hp, lp_base, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C
         B_j = tl.load(p_rB + row_j * stride_rB_row + o_n * stride_rB_dstate, mask=m_n,
                       other=0.0).to(tl.float32)
         S += (dt_j * tl.exp(A * (lam_tot - lam_j)) * x_j)[:, None] * B_j[None, :]
+    return S
+
+
+@triton.jit
+def _fold_head(hp_base, off_hp, lp_base, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n,
+               m_p, m_n, m_pn,
+               stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row, stride_rB_dstate,
+               HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr):
+    """Fold ring entries [fo, fo + fn) of one head into its HP tile; write HP and LP; return
+    the folded tile (fp32)."""
+    S = _fold_tile(tl.load(hp_base + off_hp, mask=m_pn, other=0.0), p_rdt, p_rx, p_rB, A, fo,
+                   fn, C, o_p, o_n, m_p, m_n, stride_rdt_row, stride_rx_row, stride_rx_dim,
+                   stride_rB_row, stride_rB_dstate)
     tl.store(hp_base + off_hp, S, mask=m_pn)
     if HAS_LP:
         S_lp = S
@@ -121,7 +131,7 @@ def _mamba2_replay_decode_kernel(
         return
 
     p_meta = meta_ptr + slot * stride_meta_slot
-    o, n, kap, fo, fn, flush = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T,
+    o, n, kap, fo, fn, flush, stale = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T,
                                         HAS_ACC)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < dstate
@@ -177,18 +187,22 @@ def _mamba2_replay_decode_kernel(
         p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
         hp_h = hp_ptr + slot * stride_hp_slot + h * stride_hp_head
         lp_h = lp_ptr + slot * stride_lp_slot + h * stride_lp_head
-        # sc[i] = checkpoint . C_i; the checkpoint tile is dead after this.
-        if MODE == 0:  # FUSED: fold here, read out from the folded tile
+        # sc[i] = checkpoint . C_i; the checkpoint tile is dead after this. Flush rows use
+        # the folded HP (FUSED: in registers; READOUT: just rewritten by FLUSH_ONLY); rows
+        # whose LP is stale (a stock-route step) read HP; the others read LP (or HP).
+        if MODE == 0:
             if flush:
                 sc = _dot_window(_fold_head(
                     hp_h, off_hp, lp_h, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n,
                     m_p, m_n, m_pn, stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row,
                     stride_rB_dstate, HAS_LP, LP_IS_FP16), c_w, o_t, T)
+            elif stale:
+                sc = _dot_window(tl.load(hp_h + off_hp, mask=m_pn, other=0.0), c_w, o_t, T)
             else:
                 sc = _dot_window(
                     _load_checkpoint(hp_h, off_hp, lp_h, off_lp, m_pn, HAS_LP), c_w, o_t, T)
-        else:  # READOUT: FLUSH_ONLY just rewrote a flush row's HP; read it, as FUSED does
-            if flush:
+        else:
+            if flush | stale:
                 sc = _dot_window(tl.load(hp_h + off_hp, mask=m_pn, other=0.0), c_w, o_t, T)
             else:
                 sc = _dot_window(
@@ -234,7 +248,7 @@ def _mamba2_replay_decode_kernel(
                         tl.store(p_rdt + row_i * stride_rdt_row, dt_l, mask=live_i)
             p_out = out_ptr + tok_i * stride_out_tok + h * stride_out_head
             tl.store(p_out + o_p * stride_out_dim, y, mask=m_p & live_i)
-    finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn)
+    finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn, stale)
 
 
 def _pow2(x: int, lo: int = 16) -> int:
@@ -280,13 +294,16 @@ def mamba2_replay_decode(
     route: str | None = None,
     heads_per_program: int | None = None,
     num_stages: int | None = None,
+    stagger: bool = True,
 ) -> None:
     """Triton twin of `reference.mamba2_replay_decode` (same arguments and effects).
 
-    route: "fused" (one launch; flush rows fold in the readout kernel) or "split" (a flush
+    route: "fused" (one launch; flush rows fold in the readout kernel), "split" (a flush
     launch, then the readout launch, whose flush rows re-read the fresh HP; the readout
-    kernel then carries no fold code and runs with fewer registers). Default: by batch
-    size (`launch_config`). block_p, num_warps, heads_per_program (a divisor of the heads
+    kernel then carries no fold code and runs with fewer registers) or "stock" (plain
+    decode only: the stock read + write step on the page, `stock_step.py`; `stagger`
+    spreads the flushes of the replay steps after it). Default: by batch size
+    (`launch_config`). block_p, num_warps, heads_per_program (a divisor of the heads
     per group; the heads one program loops over) and num_stages (software pipelining of
     that loop) override the launch configuration (`launch_config`).
     """
@@ -303,8 +320,18 @@ def mamba2_replay_decode(
                      ("heads_per_program", heads_per_program), ("num_stages", num_stages)):
         if val is not None:
             cfg[key] = val
+    if cfg["route"] == "stock":
+        if query_start_loc is not None or num_accepted_tokens is not None:
+            raise ValueError("the stock route is for plain decode (one token per row)")
+        from vllm_replayssm.kernels.mamba2.stock_step import mamba2_stock_route_decode
+
+        mamba2_stock_route_decode(
+            cache, x, dt, A, B, C, D, dt_bias, state_indices, out, buffer_len=buffer_len,
+            window=window, stagger=stagger, null_block_id=null_block_id,
+            block_p=block_p, num_warps=num_warps)
+        return
     if cfg["route"] not in ("fused", "split"):
-        raise ValueError(f"route must be 'fused' or 'split', got {cfg['route']!r}")
+        raise ValueError(f"route must be 'fused', 'split' or 'stock', got {cfg['route']!r}")
     hpp = cfg["heads_per_program"]
     if (H // G) % hpp:
         raise ValueError(f"heads_per_program={hpp} must divide the {H // G} heads per group")

