@@ -289,11 +289,16 @@ def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
-def launch_config(num_rows: int, v_per_k: int) -> dict:
-    """Launch configuration by batch size, from the H200 sweeps in benchmarks/results/:
-    one warp per program and a 16-row value tile; one fused launch and one head per
-    program up to 16 rows; above, flush + readout with all value heads of a key head per
-    program (keys, norms and Gram products shared)."""
+def launch_config(num_rows: int, v_per_k: int, plain: bool = True) -> dict:
+    """Launch configuration by batch size, from the H200 sweeps in benchmarks/results/.
+
+    Plain decode takes the stock route at every batch size: the GDN replay kernels lost to
+    vLLM's decode kernel at bs 1, 32 and 256 (0.72x / 0.46x / 0.93x on Qwen3.5-122B), the
+    stock route ran at 1.42x / 1.03x of it at bs 1 / 32. Speculative decode (which the stock
+    route cannot do): one warp per program, 16-row value tiles, fused up to 16 rows, else
+    flush + readout with all value heads of a key head per program."""
+    if plain:
+        return dict(route="stock", block_v=8, num_warps=1, heads_per_program=1, num_stages=1)
     if num_rows <= 16:
         return dict(route="fused", block_v=16, num_warps=1, heads_per_program=1, num_stages=1)
     return dict(route="split", block_v=16, num_warps=1,
@@ -339,7 +344,7 @@ def gdn_replay_decode(
            num_accepted_tokens, R)
     if R == 0:
         return
-    cfg = launch_config(R, Hv // Hk)
+    cfg = launch_config(R, Hv // Hk, plain=query_start_loc is None and num_accepted_tokens is None)
     for key, val in (("block_v", block_v), ("num_warps", num_warps), ("route", route),
                      ("heads_per_program", heads_per_program), ("num_stages", num_stages)):
         if val is not None:

@@ -255,14 +255,20 @@ def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
-def launch_config(num_rows: int, heads_per_group: int) -> dict:
-    """Launch configuration by batch size, from the H200 sweeps in benchmarks/results/
-    (one warp per program won at bs 1 and 256: no cross-warp reductions, no barriers).
+STOCK_ROUTE_MAX_ROWS = 64  # plain decode up to this many rows takes the stock route
 
-    Up to 16 rows: one launch ("fused"; latency dominates) and one head per program.
-    Above: flush + readout ("split"; the readout kernel then needs fewer registers) and as
-    many heads of a group per program (plan, ring B and B.C shared; head loop pipelined)
-    as keep rows x heads_per_group / heads_per_program >= 512."""
+
+def launch_config(num_rows: int, heads_per_group: int, plain: bool = True) -> dict:
+    """Launch configuration by batch size, from the H200 sweeps in benchmarks/results/.
+
+    Plain decode of up to STOCK_ROUTE_MAX_ROWS rows: the stock route (HP read + write; at
+    bs 1 / 32 it ran at 0.89-0.96x / 1.03x of vLLM's kernel on Nemotron-3 Super, where the
+    replay kernels ran at 0.55x / 0.72x). Speculative decode, or small batches that are not
+    plain: one fused launch, one head per program. Larger batches: flush + readout
+    ("split"), one warp per program (no cross-warp reductions), as many heads of a group
+    per program as keep rows x heads_per_group / heads_per_program >= 512."""
+    if plain and num_rows <= STOCK_ROUTE_MAX_ROWS:
+        return dict(route="stock", block_p=8, num_warps=1, heads_per_program=1, num_stages=1)
     if num_rows <= 16:
         return dict(route="fused", block_p=16, num_warps=1, heads_per_program=1, num_stages=1)
     hpp = 1
@@ -315,7 +321,7 @@ def mamba2_replay_decode(
            num_accepted_tokens, R)
     if R == 0:
         return
-    cfg = launch_config(R, H // G)
+    cfg = launch_config(R, H // G, plain=query_start_loc is None and num_accepted_tokens is None)
     for key, val in (("block_p", block_p), ("num_warps", num_warps), ("route", route),
                      ("heads_per_program", heads_per_program), ("num_stages", num_stages)):
         if val is not None:
