@@ -1,6 +1,8 @@
 """The `additional_config["replayssm"]` schema: defaults, aliases, and one clear error per bad
 value."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -44,3 +46,18 @@ def test_window_must_fit_buffer():
     cfg.check_window(3)
     with pytest.raises(ReplayConfigError, match="buffer_len=4 is smaller than the verify window"):
         cfg.check_window(4)
+
+
+def test_route():
+    assert ReplayConfig.from_dict({"route": "stock"}).route == "stock"
+    with pytest.raises(ReplayConfigError, match="route must be one of"):
+        ReplayConfig.from_dict({"route": "fast"})
+
+
+def test_from_vllm_config_reads_additional_config():
+    # the one attribute read is VllmConfig.additional_config (the engine tests use the real one)
+    vllm_config = SimpleNamespace(additional_config={"replayssm": {"enabled": True,
+                                                                   "buffer_len": 8}})
+    cfg = ReplayConfig.from_vllm_config(vllm_config)
+    assert cfg.enabled and cfg.buffer_len == 8
+    assert not ReplayConfig.from_vllm_config(SimpleNamespace(additional_config={})).enabled

@@ -11,8 +11,14 @@ _registered = False
 
 
 def register() -> None:
-    """Entry point for `vllm.general_plugins`. Idempotent; no CUDA, no config."""
+    """Entry point for `vllm.general_plugins`: check the vLLM release, register our model
+    classes (by string). Idempotent; no CUDA, no config."""
     global _registered
     if _registered:
         return
+    from vllm_replayssm.compat import check_vllm_version
+    from vllm_replayssm.registry import register_models
+
+    check_vllm_version()
+    register_models()
     _registered = True

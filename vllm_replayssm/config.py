@@ -14,7 +14,9 @@ LP_DTYPES: dict[str, torch.dtype | None] = {
 }
 _LP_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 GDN_FLUSH_MODES = ("exact", "fold")
+ROUTES = ("auto", "replay", "stock")
 MAX_BUFFER_LEN = 256
+CONFIG_KEY = "replayssm"  # additional_config[CONFIG_KEY]
 
 
 class ReplayConfigError(ValueError):
@@ -31,6 +33,8 @@ class ReplayConfig:
     gdn_flush: "exact" replays the delta rule from HP over (k, v, g, beta) at a flush;
         "fold" sums cached corrected values (ablation only: LP rounding enters HP).
     stagger: spread first flushes of co-admitted requests over a cycle.
+    route: "auto" (the measured policy: the stock read + write route where replay is slower),
+        "replay" or "stock" (forced; speculative steps always replay).
     debug_checks: extra host-side checks in the torch paths (slow).
     """
 
@@ -40,6 +44,7 @@ class ReplayConfig:
     hp_dtype: str = "float32"
     gdn_flush: str = "exact"
     stagger: bool = True
+    route: str = "auto"
     debug_checks: bool = False
 
     @property
@@ -61,6 +66,12 @@ class ReplayConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> ReplayConfig:
+        """The validated `additional_config["replayssm"]` of a VllmConfig (defaults if absent)."""
+        extra = getattr(vllm_config, "additional_config", None) or {}
+        return cls.from_dict(extra.get(CONFIG_KEY))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> ReplayConfig:
@@ -106,5 +117,9 @@ class ReplayConfig:
             raise ReplayConfigError(
                 f"replayssm.gdn_flush must be one of {list(GDN_FLUSH_MODES)}, "
                 f"got {vals['gdn_flush']!r}"
+            )
+        if "route" in vals and vals["route"] not in ROUTES:
+            raise ReplayConfigError(
+                f"replayssm.route must be one of {list(ROUTES)}, got {vals['route']!r}"
             )
         return cls(**vals)

@@ -152,11 +152,13 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
 
 
 def greedy_outputs(
-    model_dir: Path | str, prompts: list[list[int]], max_tokens: int, **llm_kwargs: Any
-) -> list[list[int]]:
+    model_dir: Path | str, prompts: list[list[int]], max_tokens: int, *, logprobs: int = 0,
+    **llm_kwargs: Any,
+) -> list[list[int]] | list[tuple[list[int], list[dict[int, float]]]]:
     """Greedy token ids from `vllm.LLM` on `model_dir` for token-id `prompts`, `max_tokens`
-    new tokens each (EOS ignored). Defaults are design §7.1's CPU settings; `llm_kwargs`
-    overrides them. Call under `if __name__ == "__main__":` in scripts."""
+    new tokens each (EOS ignored). With logprobs=k, each prompt gives (token ids, per
+    position {token id: logprob} of the top k). Defaults are design §7.1's CPU settings;
+    `llm_kwargs` overrides them. Call under `if __name__ == "__main__":` in scripts."""
     from vllm import LLM, SamplingParams
 
     kwargs: dict[str, Any] = {
@@ -170,9 +172,14 @@ def greedy_outputs(
         **llm_kwargs,
     }
     llm = LLM(model=str(model_dir), **kwargs)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            logprobs=logprobs or None)
     try:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
+        if not logprobs:
+            return [list(o.outputs[0].token_ids) for o in outs]
+        return [(list(o.outputs[0].token_ids),
+                 [{t: lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs])
+                for o in outs]
     finally:  # stop the engine process now rather than at garbage collection
         llm.llm_engine.engine_core.shutdown()

@@ -1,0 +1,1 @@
+"""vLLM layer subclasses that carry ReplaySSM (registered with PluggableLayer.register_oot)."""

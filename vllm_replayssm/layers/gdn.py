@@ -1,0 +1,188 @@
+"""ReplaySSM for Qwen Gated DeltaNet layers (Qwen3-Next, Qwen3.5).
+
+`ReplayQwenGatedDeltaNetAttention`: with `replayssm.enabled` off, the layer is the stock one
+(every override defers to it). On, its page holds the ReplaySSM tensors (`layers/pages.py`),
+and on CPU (tests, CI) its core runs decode rows through the torch reference
+(`kernels/gdn/reference.py`) and delegates prefill rows to vLLM's own CPU op, then resets
+their cursors and LP (the prefill hook).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from vllm.forward_context import get_forward_context
+from vllm.logger import init_logger
+from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
+    QwenGatedDeltaNetAttention,
+)
+from vllm.platforms import current_platform
+from vllm.utils.torch_utils import (
+    LayerNameType,
+    _encode_layer_name,
+    _resolve_layer_name,
+    direct_register_custom_op,
+)
+
+from vllm_replayssm.config import ReplayConfig
+from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+from vllm_replayssm.kernels.gdn.reference import gdn_replay_decode, gdn_stock_route_decode
+from vllm_replayssm.layers.pages import gdn_cache_from_kv, gdn_page_specs, shapes_and_dtypes
+
+logger = init_logger(__name__)
+
+
+class ReplayQwenGatedDeltaNetAttention(QwenGatedDeltaNetAttention):
+    """QwenGatedDeltaNetAttention with ReplaySSM state and decode (see module docstring)."""
+
+    def __init__(self, config, vllm_config, prefix: str = "", *args, **kwargs) -> None:
+        super().__init__(config, vllm_config, prefix, *args, **kwargs)
+        self.replay = ReplayConfig.from_vllm_config(vllm_config)
+        if not self.replay.enabled:
+            return
+        self.replay.check_window(self.num_spec)
+        if self.num_spec:
+            raise NotImplementedError(
+                "replayssm with speculative decoding is not available for GDN layers yet; "
+                "drop --speculative-config or replayssm.enabled")
+        if not current_platform.is_cpu():
+            raise NotImplementedError(
+                "replayssm for GDN layers runs on the CPU platform only in this release "
+                "(the Triton decode path is not wired into the layer yet)")
+        self.replay_specs = gdn_page_specs(vllm_config, config)
+        self.replay_window = 1 + self.num_spec
+        logger.info_once("ReplaySSM active for GDN layers: buffer_len=%d, lp_dtype=%s, "
+                         "gdn_flush=%s", self.replay.buffer_len, self.replay.lp_dtype,
+                         self.replay.gdn_flush)
+
+    # --- page -------------------------------------------------------------------------------
+
+    def get_state_shape(self):
+        if not getattr(self, "replay", None) or not self.replay.enabled:
+            return super().get_state_shape()
+        return shapes_and_dtypes(self.replay_specs)[0]
+
+    def get_state_dtype(self):
+        if not getattr(self, "replay", None) or not self.replay.enabled:
+            return super().get_state_dtype()
+        return shapes_and_dtypes(self.replay_specs)[1]
+
+    # --- CPU forward ------------------------------------------------------------------------
+
+    def forward_cpu(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not self.replay.enabled:
+            return super().forward_cpu(hidden_states)
+        mixed_qkv, z, b, a = self._project(hidden_states)
+        core_attn_out = torch.zeros(
+            (hidden_states.size(0), self.num_v_heads // self.tp_size, self.head_v_dim),
+            dtype=hidden_states.dtype, device=hidden_states.device)
+        torch.ops.vllm.replayssm_cpu_gdn_core(mixed_qkv, b, a, core_attn_out,
+                                              _encode_layer_name(self.prefix))
+        return self._output_projection(core_attn_out, z)
+
+    def _project(self, hidden_states: torch.Tensor):
+        """(mixed_qkv [T, 2*Hk*K + Hv*V], z [T, Hv, V], b [T, Hv], a [T, Hv]) of this rank, from
+        the layer's own projections and its layout helpers."""
+        mixed_qkvz, _ = self.in_proj_qkvz(hidden_states)
+        ba, _ = self.in_proj_ba(hidden_states)
+        if self.gqa_interleaved_layout:  # Qwen3-Next's interleaved GQA layout
+            q, k, v, z, b, a = self.fix_query_key_value_ordering(mixed_qkvz, ba)
+            mixed_qkv = torch.cat([t.reshape(t.size(0), -1) for t in (q, k, v)], dim=-1)
+            return mixed_qkv, z, b, a
+        qkv_size = (self.key_dim * 2 + self.value_dim) // self.tp_size
+        mixed_qkv, z = mixed_qkvz.split([qkv_size, self.value_dim // self.tp_size], dim=-1)
+        b, a = self.split_ba(ba)
+        return mixed_qkv, z.reshape(z.size(0), -1, self.head_v_dim), b, a
+
+    def replay_core_cpu(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                        core_attn_out: torch.Tensor) -> None:
+        """Decode rows: stock conv update, then the ReplaySSM reference step. Prefill rows:
+        vLLM's CPU op on a prefill-only view of the metadata, then the prefill hook."""
+        attn_metadata = get_forward_context().attn_metadata
+        if attn_metadata is None:  # profile run
+            return
+        md = attn_metadata[self.prefix]
+        if md.num_actual_tokens == 0:
+            return
+        if md.spec_sequence_masks is not None or md.num_accepted_tokens is not None:
+            raise RuntimeError("replayssm: speculative GDN metadata reached a plain-decode layer")
+        cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
+        cfg, window = self.replay, self.replay_window
+        nd, ndt = md.num_decodes, md.num_decode_tokens
+        npf, npt = md.num_prefills, md.num_prefill_tokens
+        state_indices = md.non_spec_state_indices_tensor
+        qsl = md.non_spec_query_start_loc
+        if nd:
+            x = self._conv_update_cpu(mixed_qkv[:ndt], state_indices[:nd])
+            kd, vd = self.key_dim // self.tp_size, self.value_dim // self.tp_size
+            q, k, v = (t.reshape(ndt, -1, d) for t, d in zip(
+                x.split([kd, kd, vd], dim=-1),
+                (self.head_k_dim, self.head_k_dim, self.head_v_dim), strict=True))
+            common = dict(scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
+                          window=window)
+            args = (cache, q, k, v, a[:ndt], b[:ndt], self.A_log, self.dt_bias,
+                    state_indices[:nd], core_attn_out[:ndt])
+            if cfg.route == "stock" and ndt == nd:  # torch paths: "auto" replays
+                gdn_stock_route_decode(*args, stagger=cfg.stagger, **common)
+            else:
+                gdn_replay_decode(*args, query_start_loc=None if ndt == nd else qsl[: nd + 1],
+                                  **common)
+        if npf:
+            prefill_md = dataclasses.replace(
+                md, num_decodes=0, num_decode_tokens=0, num_actual_tokens=npt,
+                non_spec_state_indices_tensor=state_indices[nd: nd + npf],
+                non_spec_query_start_loc=qsl[nd: nd + npf + 1] - ndt,
+                has_initial_state=None if md.has_initial_state is None
+                else md.has_initial_state[nd: nd + npf])
+            tokens = slice(ndt, ndt + npt)
+            attn_metadata[self.prefix] = prefill_md
+            try:
+                torch.ops.vllm.cpu_gdn_attention_core(
+                    mixed_qkv[tokens], b[tokens], a[tokens], core_attn_out[tokens],
+                    _encode_layer_name(self.prefix))
+            finally:
+                attn_metadata[self.prefix] = md
+            refresh_after_prefill(cache.hp, cache.lp, cache.meta, state_indices[nd: nd + npf],
+                                  buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger)
+
+    def _conv_update_cpu(self, x: torch.Tensor, state_indices: torch.Tensor) -> torch.Tensor:
+        """One conv step for decode rows, as vLLM's CPU GDN op does it (non-AMX path)."""
+        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+        from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import (
+            causal_conv1d_update_torch,
+        )
+
+        if torch.cpu._is_amx_tile_supported():
+            raise NotImplementedError("replayssm's CPU path does not handle vLLM's AMX conv "
+                                      "layout yet; run it on a CPU without AMX")
+        conv_state = self.kv_cache[0]
+        if not is_conv_state_dim_first():
+            conv_state = conv_state.transpose(-1, -2)
+        weight = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
+        rows = conv_state[state_indices].contiguous()
+        out = causal_conv1d_update_torch(x=x.unsqueeze(-1), conv_state=rows, weight=weight,
+                                         bias=self.conv1d.bias, activation=self.activation)
+        conv_state[state_indices] = rows
+        return out.squeeze(-1)
+
+
+def _replayssm_cpu_gdn_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                            core_attn_out: torch.Tensor, layer_name: LayerNameType) -> None:
+    layer = get_forward_context().no_compile_layers[_resolve_layer_name(layer_name)]
+    layer.replay_core_cpu(mixed_qkv, b, a, core_attn_out)
+
+
+def _replayssm_cpu_gdn_core_fake(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                                 core_attn_out: torch.Tensor, layer_name: LayerNameType) -> None:
+    return
+
+
+# An opaque op, like vLLM's own CPU GDN core, so torch.compile never traces the per-step
+# control flow. CPU only: on GPUs the design keeps the core inside vLLM's op.
+direct_register_custom_op(
+    op_name="replayssm_cpu_gdn_core",
+    op_func=_replayssm_cpu_gdn_core,
+    mutates_args=["core_attn_out"],
+    fake_impl=_replayssm_cpu_gdn_core_fake,
+)

@@ -1,0 +1,73 @@
+"""The ReplaySSM page of a layer as vLLM sees it: state shapes and dtypes for MambaSpec (one
+function for the layer and the model classmethod, so page sizes agree), and the bound
+kv_cache tensors named and typed as our caches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vllm_replayssm.config import ReplayConfig
+from vllm_replayssm.layout import (
+    GDNGeometry,
+    GDNReplayCache,
+    StateTensorSpec,
+    gdn_state_specs,
+)
+
+
+def _num_spec(vllm_config: Any) -> int:
+    spec = vllm_config.speculative_config
+    return spec.num_speculative_tokens if spec else 0
+
+
+def gdn_page_specs(vllm_config: Any, hf_config: Any) -> list[StateTensorSpec]:
+    """Page of one GDN layer of `hf_config` (Qwen3-Next / Qwen3.5 text config) on one TP
+    rank: the stock conv state first, then HP in the stock state's place, then ours."""
+    from vllm.model_executor.layers.mamba.mamba_utils import (
+        MambaStateDtypeCalculator,
+        MambaStateShapeCalculator,
+    )
+
+    cfg = ReplayConfig.from_vllm_config(vllm_config)
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    num_spec = _num_spec(vllm_config)
+    Hk, Hv = hf_config.linear_num_key_heads, hf_config.linear_num_value_heads
+    K, V = hf_config.linear_key_head_dim, hf_config.linear_value_head_dim
+    conv_shape, _ = MambaStateShapeCalculator.gated_delta_net_state_shape(
+        tp, Hk, Hv, K, V, hf_config.linear_conv_kernel_dim, num_spec)
+    model_config = vllm_config.model_config
+    cache_config = vllm_config.cache_config
+    conv_dtype = MambaStateDtypeCalculator.gated_delta_net_state_dtype(
+        model_config.dtype, cache_config.mamba_cache_dtype, cache_config.mamba_ssm_cache_dtype
+    )[0]
+    if Hk % tp or Hv % tp:
+        raise ValueError(f"GDN heads ({Hk} key, {Hv} value) not divisible by TP size {tp}")
+    geom = GDNGeometry(Hk // tp, Hv // tp, K, V)
+    return gdn_state_specs(geom, cfg.buffer_len, 1 + num_spec, model_config.dtype,
+                           cfg.lp_torch_dtype, cfg.gdn_flush == "exact", tuple(conv_shape),
+                           conv_dtype)
+
+
+def shapes_and_dtypes(specs: list[StateTensorSpec]) -> tuple[tuple, tuple]:
+    return tuple(s.shape for s in specs), tuple(s.dtype for s in specs)
+
+
+def gdn_cache_from_kv(kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...],
+                      specs: list[StateTensorSpec], state_k_major: bool) -> GDNReplayCache:
+    """Name the bound tensors of one GDN layer. state_k_major: the platform's stock kernels
+    store each head's state as [K, V] in the memory declared [V, K] (vLLM's CPU kernels);
+    HP and LP are then viewed transposed so that our ops see [V, K] either way."""
+    if len(kv_cache) != len(specs):
+        raise RuntimeError(f"layer has {len(kv_cache)} state tensors, page declares {len(specs)}")
+    views = {}
+    for spec, t in zip(specs, kv_cache, strict=True):
+        if tuple(t.shape[1:]) != spec.shape or t.dtype != spec.dtype:
+            raise RuntimeError(f"state tensor {spec.name}: bound {tuple(t.shape[1:])} "
+                               f"{t.dtype}, declared {spec.shape} {spec.dtype}")
+        if state_k_major and spec.name in ("hp", "lp"):
+            S, H, V, K = t.shape
+            t = t.view(S, H, K, V).transpose(-1, -2)
+        views[spec.name] = t
+    return GDNReplayCache.from_views(views)
