@@ -35,14 +35,18 @@ class ReplayQwen3NextForCausalLM(Qwen3NextForCausalLM):
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config):
-        if not ReplayConfig.from_vllm_config(vllm_config).enabled:
-            return super().get_mamba_state_shape_from_config(vllm_config)
-        specs = gdn_page_specs(vllm_config, vllm_config.model_config.hf_text_config)
-        return shapes_and_dtypes(specs)[0]
+        page = _replay_page(vllm_config)
+        return page[0] if page else super().get_mamba_state_shape_from_config(vllm_config)
 
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config):
-        if not ReplayConfig.from_vllm_config(vllm_config).enabled:
-            return super().get_mamba_state_dtype_from_config(vllm_config)
-        specs = gdn_page_specs(vllm_config, vllm_config.model_config.hf_text_config)
-        return shapes_and_dtypes(specs)[1]
+        page = _replay_page(vllm_config)
+        return page[1] if page else super().get_mamba_state_dtype_from_config(vllm_config)
+
+
+def _replay_page(vllm_config) -> tuple[tuple, tuple] | None:
+    """(shapes, dtypes) of the ReplaySSM GDN page, or None when replayssm is off."""
+    if not ReplayConfig.from_vllm_config(vllm_config).enabled:
+        return None
+    return shapes_and_dtypes(
+        gdn_page_specs(vllm_config, vllm_config.model_config.hf_text_config))

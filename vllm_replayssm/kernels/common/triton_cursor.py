@@ -50,10 +50,8 @@ def row_tokens(qsl_ptr, pid_r, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC: tl.constexpr):
-    """Commit and the flush rule for one row (see cursor.py). Returns (origin, committed,
-    capacity, fold_origin, fold_count, flush, lp_stale) after commit and flush; lp_stale:
-    LP lags HP (a stock-route step) and no flush rewrites it this step."""
+def _load_words(p_meta, stride_word, C, T: tl.constexpr):
+    """The row's cursor words (int64) and whether they satisfy the invariant of cursor.py."""
     o = tl.load(p_meta + W_ORIGIN * stride_word).to(tl.int64)
     n = tl.load(p_meta + W_COMMITTED * stride_word).to(tl.int64)
     p = tl.load(p_meta + W_PENDING * stride_word).to(tl.int64)
@@ -66,6 +64,15 @@ def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC
         & (o >= 0) & (o < C) & (n >= 0) & (p >= 0) & (p <= T)
         & (kap >= 2 * T) & (kap <= C) & (n + p + T <= kap)
     )
+    return o, n, p, kap, fo, fn, magic, valid
+
+
+@triton.jit
+def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC: tl.constexpr):
+    """Commit and the flush rule for one row (see cursor.py). Returns (origin, committed,
+    capacity, fold_origin, fold_count, flush, lp_stale) after commit and flush; lp_stale:
+    LP lags HP (a stock-route step) and no flush rewrites it this step."""
+    o, n, p, kap, fo, fn, magic, valid = _load_words(p_meta, stride_word, C, T)
     o = tl.where(valid, o, 0)
     n = tl.where(valid, n, 0)
     p = tl.where(valid, p, 0)
@@ -120,18 +127,7 @@ def stock_route_row(p_meta, stride_word, slot, C, stagger_mod, T: tl.constexpr):
     """Cursor of a stock-route step (one token, everything pending committed): returns
     (origin, committed count to fold first, capacity after the reset, reset needed). A row
     already in the stock steady state (empty ring, LP stale, reset words) needs no write."""
-    o = tl.load(p_meta + W_ORIGIN * stride_word).to(tl.int64)
-    n = tl.load(p_meta + W_COMMITTED * stride_word).to(tl.int64)
-    p = tl.load(p_meta + W_PENDING * stride_word).to(tl.int64)
-    kap = tl.load(p_meta + W_CAPACITY * stride_word).to(tl.int64)
-    fo = tl.load(p_meta + W_FOLD_ORIGIN * stride_word).to(tl.int64)
-    fn = tl.load(p_meta + W_FOLD_COUNT * stride_word).to(tl.int64)
-    magic = tl.load(p_meta + W_MAGIC * stride_word)
-    valid = (
-        ((magic == MAGIC_WORD) | (magic == MAGIC_WORD_LP_STALE))
-        & (o >= 0) & (o < C) & (n >= 0) & (p >= 0) & (p <= T)
-        & (kap >= 2 * T) & (kap <= C) & (n + p + T <= kap)
-    )
+    o, n, p, kap, fo, fn, magic, valid = _load_words(p_meta, stride_word, C, T)
     o = tl.where(valid, o, 0)
     n_c = tl.where(valid, n + p, 0)
     kap_reset = C - slot % stagger_mod
