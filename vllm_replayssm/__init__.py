@@ -12,13 +12,14 @@ _registered = False
 
 def register() -> None:
     """Entry point for `vllm.general_plugins`: check the vLLM release, register our model
-    classes (by string). Idempotent; no CUDA, no config."""
+    classes (by string) and our start-up checks. Idempotent; no CUDA, no config."""
     global _registered
     if _registered:
         return
     from vllm_replayssm.compat import check_vllm_version
-    from vllm_replayssm.registry import register_models
+    from vllm_replayssm.registry import register_config_checks, register_models
 
     check_vllm_version()
     register_models()
+    register_config_checks()
     _registered = True

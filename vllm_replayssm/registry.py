@@ -1,4 +1,5 @@
-"""The one table of what vllm-replayssm overrides in vLLM, applied by `register()`.
+"""The one table of what vllm-replayssm overrides or registers in vLLM, applied by
+`register()`.
 
 Models are registered by string, so nothing heavy is imported until vLLM resolves the
 architecture; importing `vllm_replayssm.models` then swaps the layers (register_oot).
@@ -16,3 +17,16 @@ def register_models() -> None:
 
     for arch, target in MODEL_OVERRIDES.items():
         ModelRegistry.register_model(arch, target)
+
+
+def register_config_checks() -> None:
+    """Put our start-up checks in front of vLLM's per-architecture config hook (adding one
+    where vLLM has none) for every architecture we support or plan to."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
+
+    from vllm_replayssm.config_checks import PLANNED_ARCHS, SUPPORTED_ARCHS, config_hook
+
+    for arch in (*SUPPORTED_ARCHS, *PLANNED_ARCHS):
+        base = MODELS_CONFIG_MAP.get(arch, VerifyAndUpdateConfig)
+        if not base.__name__.startswith("Replay"):  # idempotent
+            MODELS_CONFIG_MAP[arch] = config_hook(base)

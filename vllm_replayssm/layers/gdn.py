@@ -25,7 +25,8 @@ from vllm.utils.torch_utils import (
     direct_register_custom_op,
 )
 
-from vllm_replayssm.config import ReplayConfig
+from vllm_replayssm.config import ReplayConfig, ReplayConfigError
+from vllm_replayssm.config_checks import SUPPORTED_ARCHS
 from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
 from vllm_replayssm.kernels.gdn.reference import gdn_replay_decode, gdn_stock_route_decode
 from vllm_replayssm.layers.pages import gdn_cache_from_kv, gdn_page_specs, shapes_and_dtypes
@@ -41,6 +42,9 @@ class ReplayQwenGatedDeltaNetAttention(QwenGatedDeltaNetAttention):
         self.replay = ReplayConfig.from_vllm_config(vllm_config)
         if not self.replay.enabled:
             return
+        arch = vllm_config.model_config.architecture
+        if arch not in SUPPORTED_ARCHS:  # its page would be sized by vLLM's classmethods
+            raise ReplayConfigError(f"replayssm does not support {arch} yet")
         self.replay.check_window(self.num_spec)
         if self.num_spec:
             raise NotImplementedError(

@@ -1,0 +1,62 @@
+"""Start-up checks: vLLM's own config construction (EngineArgs.create_engine_config, which
+loads our plugin and runs MODELS_CONFIG_MAP hooks) refuses bad replayssm values and
+unsupported combinations with a message that says what to change."""
+
+from __future__ import annotations
+
+import pytest
+from vllm.engine.arg_utils import EngineArgs
+
+from ..models.tiny import build_checkpoint
+
+
+@pytest.fixture(scope="module")
+def qwen3_next(tmp_path_factory):
+    return build_checkpoint("qwen3_next", tmp_path_factory.mktemp("qwen3_next"))
+
+
+@pytest.fixture(scope="module")
+def nemotron_h(tmp_path_factory):
+    return build_checkpoint("nemotron_h", tmp_path_factory.mktemp("nemotron_h"))
+
+
+def _config(model_dir, replayssm, **kw):
+    args = EngineArgs(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16",
+                      enforce_eager=True, max_model_len=256,
+                      additional_config={"replayssm": replayssm}, **kw)
+    return args.create_engine_config()
+
+
+def test_valid_configuration_passes(qwen3_next):
+    cfg = _config(qwen3_next, {"enabled": True, "buffer_len": 8, "lp_dtype": "fp16"})
+    assert cfg.additional_config["replayssm"]["buffer_len"] == 8
+
+
+@pytest.mark.parametrize(
+    "replayssm, kw, match",
+    [
+        ({"enabled": True}, {"enable_prefix_caching": True},
+         "replayssm cannot run with prefix caching"),
+        ({"enabled": True, "buffer_len": 0}, {}, "buffer_len must be an integer"),
+        ({"enabled": True, "lp_dtype": "int8"}, {}, "lp_dtype must be one of"),
+        ({"enabled": True, "bufferlen": 8}, {}, r"unknown replayssm key\(s\) \['bufferlen'\]"),
+        ({"enabled": True, "buffer_len": 2},
+         {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                 "prompt_lookup_max": 3}},
+         "buffer_len=2 is smaller than the verify window T = 1 \\+ num_speculative_tokens = 4"),
+    ],
+    ids=["prefix_caching", "buffer_len", "lp_dtype", "unknown_key", "window"],
+)
+def test_bad_configuration_is_refused(qwen3_next, replayssm, kw, match):
+    with pytest.raises(Exception, match=match):
+        _config(qwen3_next, replayssm, **kw)
+
+
+def test_unsupported_architecture_is_refused(nemotron_h):
+    with pytest.raises(Exception, match="does not support NemotronHForCausalLM yet"):
+        _config(nemotron_h, {"enabled": True})
+
+
+def test_disabled_replayssm_checks_nothing_else(qwen3_next):
+    cfg = _config(qwen3_next, {"enabled": False}, enable_prefix_caching=True)
+    assert cfg.cache_config.enable_prefix_caching

@@ -1,0 +1,67 @@
+"""Start-up checks of a ReplaySSM configuration against the rest of vLLM's.
+
+`verify_replay_config` runs in vLLM's `try_verify_and_update_config`, through a
+`MODELS_CONFIG_MAP` entry that `registry.py` installs for every architecture we know
+(before vLLM derives `mamba_cache_mode`), so a bad combination fails when the engine is
+configured, with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_replayssm.config import ReplayConfig, ReplayConfigError
+
+# Architectures whose page sizing and layers ReplaySSM implements today.
+SUPPORTED_ARCHS = ("Qwen3NextForCausalLM",)
+# Architectures ReplaySSM will support (design.md §3.2) but does not yet.
+PLANNED_ARCHS = ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+                 "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+
+
+def verify_replay_config(vllm_config: Any) -> None:
+    """Raise ReplayConfigError for a bad replayssm value or an unsupported combination."""
+    cfg = ReplayConfig.from_vllm_config(vllm_config)  # bad values raise here
+    if not cfg.enabled:
+        return
+    arch = vllm_config.model_config.architecture
+    if arch not in SUPPORTED_ARCHS:
+        raise ReplayConfigError(
+            f"replayssm does not support {arch} yet (supported: {', '.join(SUPPORTED_ARCHS)}); "
+            "drop replayssm.enabled for this model")
+    problems = []
+    cache = vllm_config.cache_config
+    if cache.enable_prefix_caching:
+        problems.append("prefix caching (stock state copies know only conv/ssm state): "
+                        "pass --no-enable-prefix-caching")
+    kv = vllm_config.kv_transfer_config
+    if kv is not None and kv.kv_connector is not None:
+        problems.append(f"KV connector {kv.kv_connector} (it transfers only stock state): "
+                        "drop --kv-transfer-config")
+    if vllm_config.use_v2_model_runner:
+        problems.append("Model Runner V2 (its mamba plumbing differs): unset "
+                        "VLLM_USE_V2_MODEL_RUNNER")
+    parallel = vllm_config.parallel_config
+    if parallel.use_ubatching:
+        problems.append("micro-batching / DBO (slicing ignores ReplaySSM's fields): drop "
+                        "--enable-dbo / --ubatch-size")
+    if parallel.pipeline_parallel_size > 1:
+        problems.append("pipeline parallelism (untested): use tensor parallelism")
+    spec = vllm_config.speculative_config
+    if spec is not None:
+        cfg.check_window(spec.num_speculative_tokens)
+    if problems:
+        raise ReplayConfigError("replayssm cannot run with " + "; ".join(problems))
+
+
+def config_hook(base: type) -> type:
+    """A MODELS_CONFIG_MAP entry that runs our checks, then `base`'s."""
+
+    class ReplayVerifyAndUpdateConfig(base):
+        @classmethod
+        def verify_and_update_config(cls, vllm_config: Any) -> None:
+            verify_replay_config(vllm_config)
+            base.verify_and_update_config(vllm_config)
+
+    ReplayVerifyAndUpdateConfig.__name__ = f"Replay{base.__name__}"
+    return ReplayVerifyAndUpdateConfig
