@@ -13,9 +13,9 @@ from typing import Any
 from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 
 # Architectures whose page sizing and layers ReplaySSM implements today.
-SUPPORTED_ARCHS = ("Qwen3NextForCausalLM",)
+SUPPORTED_ARCHS = ("Qwen3NextForCausalLM", "NemotronHForCausalLM")
 # Architectures ReplaySSM will support (design.md §3.2) but does not yet.
-PLANNED_ARCHS = ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+PLANNED_ARCHS = ("NemotronHPuzzleForCausalLM",
                  "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 
 

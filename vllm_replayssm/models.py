@@ -8,45 +8,92 @@ Importing this module also swaps the SSM layers for ours (`PluggableLayer.regist
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
     QwenGatedDeltaNetAttention,
 )
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
 from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
 
 from vllm_replayssm.config import ReplayConfig
 from vllm_replayssm.layers.gdn import ReplayQwenGatedDeltaNetAttention
-from vllm_replayssm.layers.pages import gdn_page_specs, shapes_and_dtypes
+from vllm_replayssm.layers.mamba2 import ReplayMambaMixer2
+from vllm_replayssm.layers.pages import gdn_page_specs, mamba2_page_specs, shapes_and_dtypes
+from vllm_replayssm.layout import StateTensorSpec
 
 QwenGatedDeltaNetAttention.register_oot(ReplayQwenGatedDeltaNetAttention)
+MambaMixer2.register_oot(ReplayMambaMixer2)
 
 
-class ReplayQwen3NextForCausalLM(Qwen3NextForCausalLM):
-    """Qwen3NextForCausalLM whose GDN pages are ReplaySSM pages when replayssm is enabled."""
+class _ReplayPages:
+    """Mixin: ReplaySSM page sizing when replayssm is enabled, and a fail-closed check that
+    every SSM layer of the model is ours."""
 
-    def __init__(self, *, vllm_config, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        if ReplayConfig.from_vllm_config(vllm_config).enabled:
-            stock = [name for name, m in self.named_modules()
-                     if isinstance(m, QwenGatedDeltaNetAttention)
-                     and not isinstance(m, ReplayQwenGatedDeltaNetAttention)]
-            if stock:  # fail closed: a stock layer would silently ignore replayssm
-                raise RuntimeError(f"replayssm is enabled but layers {stock[:3]} are stock "
-                                   "QwenGatedDeltaNetAttention (another plugin replaced ours?)")
+    _stock_layer: type[torch.nn.Module]
+    _replay_layer: type[torch.nn.Module]
+
+    def _check_layers(self, vllm_config: Any) -> None:
+        if not ReplayConfig.from_vllm_config(vllm_config).enabled:
+            return
+        stock = [name for name, m in self.named_modules()  # type: ignore[attr-defined]
+                 if isinstance(m, self._stock_layer) and not isinstance(m, self._replay_layer)]
+        if stock:  # a stock layer would silently ignore replayssm
+            raise RuntimeError(f"replayssm is enabled but layers {stock[:3]} are stock "
+                               f"{self._stock_layer.__name__} (another plugin replaced ours?)")
+
+    @classmethod
+    def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
+        raise NotImplementedError
+
+    @classmethod
+    def _replay_page(cls, vllm_config: Any) -> tuple[tuple, tuple] | None:
+        if not ReplayConfig.from_vllm_config(vllm_config).enabled:
+            return None
+        return shapes_and_dtypes(cls._replay_specs(vllm_config))
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config):
-        page = _replay_page(vllm_config)
+        page = cls._replay_page(vllm_config)
         return page[0] if page else super().get_mamba_state_shape_from_config(vllm_config)
 
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config):
-        page = _replay_page(vllm_config)
+        page = cls._replay_page(vllm_config)
         return page[1] if page else super().get_mamba_state_dtype_from_config(vllm_config)
 
 
-def _replay_page(vllm_config) -> tuple[tuple, tuple] | None:
-    """(shapes, dtypes) of the ReplaySSM GDN page, or None when replayssm is off."""
-    if not ReplayConfig.from_vllm_config(vllm_config).enabled:
-        return None
-    return shapes_and_dtypes(
-        gdn_page_specs(vllm_config, vllm_config.model_config.hf_text_config))
+class ReplayQwen3NextForCausalLM(_ReplayPages, Qwen3NextForCausalLM):
+    """Qwen3NextForCausalLM whose GDN pages are ReplaySSM pages when replayssm is enabled."""
+
+    _stock_layer = QwenGatedDeltaNetAttention
+    _replay_layer = ReplayQwenGatedDeltaNetAttention
+
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._check_layers(vllm_config)
+
+    @classmethod
+    def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
+        return gdn_page_specs(vllm_config, vllm_config.model_config.hf_text_config)
+
+
+class ReplayNemotronHForCausalLM(_ReplayPages, NemotronHForCausalLM):
+    """NemotronHForCausalLM whose Mamba-2 pages are ReplaySSM pages when replayssm is
+    enabled."""
+
+    _stock_layer = MambaMixer2
+    _replay_layer = ReplayMambaMixer2
+
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._check_layers(vllm_config)
+
+    @classmethod
+    def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
+        hf = vllm_config.model_config.hf_text_config
+        return mamba2_page_specs(vllm_config, num_heads=hf.mamba_num_heads,
+                                 head_dim=hf.mamba_head_dim, state_size=hf.ssm_state_size,
+                                 n_groups=hf.n_groups, conv_kernel=hf.conv_kernel)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 MODEL_OVERRIDES: dict[str, str] = {
     "Qwen3NextForCausalLM": "vllm_replayssm.models:ReplayQwen3NextForCausalLM",
+    "NemotronHForCausalLM": "vllm_replayssm.models:ReplayNemotronHForCausalLM",
 }
 
 

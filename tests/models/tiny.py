@@ -67,6 +67,7 @@ QWEN3_NEXT: dict[str, Any] = {
 }
 
 TINY_CONFIGS: dict[str, dict[str, Any]] = {"nemotron_h": NEMOTRON_H, "qwen3_next": QWEN3_NEXT}
+_CONFIG_CLASS = {"nemotron_h": "NemotronHConfig", "qwen3_next": "Qwen3NextConfig"}
 
 HASH_FILE = ".tiny_checkpoint.sha256"
 DT_MIN, DT_MAX = 1e-3, 1e-1  # Mamba-2 dt init range
@@ -101,11 +102,16 @@ def _set_ssm_params(model: torch.nn.Module, seed: int) -> int:
 def tiny_config(kind: str, **overrides: Any) -> Any:
     """The transformers config object for `kind` ("nemotron_h" or "qwen3_next"), with
     `overrides` applied on top of `TINY_CONFIGS[kind]`."""
-    from transformers import AutoConfig
+    import importlib
 
     if kind not in TINY_CONFIGS:
         raise ValueError(f"unknown kind {kind!r}; expected one of {sorted(TINY_CONFIGS)}")
-    return AutoConfig.for_model(kind, **{**TINY_CONFIGS[kind], **overrides})
+    # transformers' own class, not AutoConfig: once vLLM has loaded a config it registers
+    # its replacement Qwen3NextConfig with AutoConfig, and that class does not build a
+    # transformers model (no pad_token_id).
+    module = importlib.import_module(f"transformers.models.{kind}")
+    config_cls = getattr(module, _CONFIG_CLASS[kind])
+    return config_cls(**{**TINY_CONFIGS[kind], **overrides})
 
 
 def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: Any) -> Path:
@@ -183,3 +189,28 @@ def greedy_outputs(
                 for o in outs]
     finally:  # stop the engine process now rather than at garbage collection
         llm.llm_engine.engine_core.shutdown()
+
+
+def transformers_greedy_outputs(
+    model_dir: Path | str, prompts: list[list[int]], max_tokens: int, *, logprobs: int = 5,
+) -> list[tuple[list[int], list[dict[int, float]]]]:
+    """The same as `greedy_outputs(..., logprobs=k)` from transformers' own model (bf16
+    weights and activations, its torch reference kernels): an oracle independent of vLLM."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).eval()
+    results = []
+    with torch.no_grad():
+        for prompt in prompts:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens,
+                                 min_new_tokens=max_tokens, do_sample=False, output_scores=True,
+                                 return_dict_in_generate=True, pad_token_id=0,
+                                 eos_token_id=None)
+            tokens = out.sequences[0, len(prompt):].tolist()
+            tops = []
+            for scores in out.scores:
+                lp = torch.log_softmax(scores[0].float(), dim=-1)
+                vals, ids = lp.topk(logprobs)
+                tops.append(dict(zip(ids.tolist(), vals.tolist(), strict=True)))
+            results.append((tokens, tops))
+    return results

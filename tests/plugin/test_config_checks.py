@@ -53,8 +53,15 @@ def test_bad_configuration_is_refused(qwen3_next, replayssm, kw, match):
 
 
 def test_unsupported_architecture_is_refused(nemotron_h):
-    with pytest.raises(Exception, match="does not support NemotronHForCausalLM yet"):
-        _config(nemotron_h, {"enabled": True})
+    # A planned architecture: NemotronH weights declared as the Puzzle (heterogeneous) class.
+    with pytest.raises(Exception, match="does not support NemotronHPuzzleForCausalLM yet"):
+        _config(nemotron_h, {"enabled": True},
+                hf_overrides={"architectures": ["NemotronHPuzzleForCausalLM"]})
+
+
+def test_supported_nemotron_h_passes(nemotron_h):
+    cfg = _config(nemotron_h, {"enabled": True, "lp_dtype": "none"})
+    assert cfg.additional_config["replayssm"]["lp_dtype"] == "none"
 
 
 def test_disabled_replayssm_checks_nothing_else(qwen3_next):

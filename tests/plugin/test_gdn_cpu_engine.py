@@ -15,6 +15,7 @@ from ..models.tiny import build_checkpoint, greedy_outputs
 
 PROMPT_LENS = [5, 9, 14, 22, 31, 40, 2, 57]
 NEW_TOKENS = 40
+NEAR_TIE = 0.25  # logprob gap: 4 bf16 steps of the logits at this scale
 SCHEDULER = dict(max_num_seqs=3, max_num_batched_tokens=32, enable_chunked_prefill=True)
 
 
@@ -74,7 +75,10 @@ def test_stock_route_matches_vllm(stock_outputs, stock_route_outputs):
 
 def test_disabled_plugin_is_stock(model_dir, stock_outputs):
     """The plugin is installed in every test run; with replayssm off the model and layers are
-    our subclasses but must be token-identical to stock."""
+    our subclasses running stock code. Two engine runs of the same code can still differ:
+    requests reach the engine process while it already schedules, so batch composition (and
+    with it bf16 rounding) depends on timing. Divergences must therefore be near-ties."""
     ours = greedy_outputs(model_dir, _prompts(), NEW_TOKENS, logprobs=5,
                           additional_config={"replayssm": {"enabled": False}}, **SCHEDULER)
-    assert [t for t, _ in ours] == [t for t, _ in stock_outputs]
+    cmp = compare_greedy(stock_outputs, ours)
+    assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), cmp.divergences

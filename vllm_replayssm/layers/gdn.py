@@ -17,7 +17,6 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
     QwenGatedDeltaNetAttention,
 )
-from vllm.platforms import current_platform
 from vllm.utils.torch_utils import (
     LayerNameType,
     _encode_layer_name,
@@ -28,7 +27,11 @@ from vllm.utils.torch_utils import (
 from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 from vllm_replayssm.config_checks import SUPPORTED_ARCHS
 from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
-from vllm_replayssm.kernels.gdn.reference import gdn_replay_decode, gdn_stock_route_decode
+from vllm_replayssm.kernels.gdn.reference import (
+    gdn_replay_decode,
+    gdn_replay_materialise,
+    gdn_stock_route_decode,
+)
 from vllm_replayssm.layers.pages import gdn_cache_from_kv, gdn_page_specs, shapes_and_dtypes
 
 logger = init_logger(__name__)
@@ -40,6 +43,7 @@ class ReplayQwenGatedDeltaNetAttention(QwenGatedDeltaNetAttention):
     def __init__(self, config, vllm_config, prefix: str = "", *args, **kwargs) -> None:
         super().__init__(config, vllm_config, prefix, *args, **kwargs)
         self.replay = ReplayConfig.from_vllm_config(vllm_config)
+        self._stock_page = False  # get_state_*: stock answer while vLLM's warm-up runs
         if not self.replay.enabled:
             return
         arch = vllm_config.model_config.architecture
@@ -50,10 +54,6 @@ class ReplayQwenGatedDeltaNetAttention(QwenGatedDeltaNetAttention):
             raise NotImplementedError(
                 "replayssm with speculative decoding is not available for GDN layers yet; "
                 "drop --speculative-config or replayssm.enabled")
-        if not current_platform.is_cpu():
-            raise NotImplementedError(
-                "replayssm for GDN layers runs on the CPU platform only in this release "
-                "(the Triton decode path is not wired into the layer yet)")
         self.replay_specs = gdn_page_specs(vllm_config, config)
         self.replay_window = 1 + self.num_spec
         logger.info_once("ReplaySSM active for GDN layers: buffer_len=%d, lp_dtype=%s, "
@@ -62,15 +62,89 @@ class ReplayQwenGatedDeltaNetAttention(QwenGatedDeltaNetAttention):
 
     # --- page -------------------------------------------------------------------------------
 
+    def _replay_page(self) -> bool:
+        return getattr(self, "replay", None) is not None and self.replay.enabled \
+            and not self._stock_page
+
     def get_state_shape(self):
-        if not getattr(self, "replay", None) or not self.replay.enabled:
+        if not self._replay_page():
             return super().get_state_shape()
         return shapes_and_dtypes(self.replay_specs)[0]
 
     def get_state_dtype(self):
-        if not getattr(self, "replay", None) or not self.replay.enabled:
+        if not self._replay_page():
             return super().get_state_dtype()
         return shapes_and_dtypes(self.replay_specs)[1]
+
+    def _warmup_prefill_kernels(self, qkv_or_qkvz: torch.Tensor, v_dim: int) -> None:
+        self._stock_page = True  # the warm-up unpacks exactly (conv, ssm) dtypes
+        try:
+            super()._warmup_prefill_kernels(qkv_or_qkvz, v_dim)
+        finally:
+            self._stock_page = False
+
+    # --- GPU forward (inside vLLM's op qwen_gdn_attention_core) -----------------------------
+
+    def _forward_core(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                      core_attn_out: torch.Tensor):
+        """Pure decode batches: the stock conv update, then one ReplaySSM step (Triton, route
+        by batch size). Batches with prefill rows (design 3.6, v1): decode rows are
+        materialised, vLLM's own path runs every row from HP, and the prefill hook resets
+        every row it wrote."""
+        if not self.replay.enabled:
+            return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a,
+                                         core_attn_out=core_attn_out)
+        attn_metadata = get_forward_context().attn_metadata
+        if attn_metadata is None:  # profile run: vLLM's warm-up
+            return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a,
+                                         core_attn_out=core_attn_out)
+        md = attn_metadata[self.prefix]
+        if md.spec_sequence_masks is not None or md.num_accepted_tokens is not None:
+            raise RuntimeError("replayssm: speculative GDN metadata reached a plain-decode layer")
+        cfg, window = self.replay, self.replay_window
+        cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=False)
+        state_indices = md.non_spec_state_indices_tensor
+        if md.num_prefills == 0 and md.num_decodes > 0:
+            self._decode_gpu(cache, mixed_qkv, b, a, core_attn_out, md)
+            return None
+        common = dict(buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger)
+        rows = state_indices[: md.num_decodes + md.num_prefills]
+        if md.num_decodes:
+            gdn_replay_materialise(cache, state_indices[: md.num_decodes], **common)
+        super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
+        refresh_after_prefill(cache.hp, cache.lp, cache.meta, rows, **common)
+        return None
+
+    def _decode_gpu(self, cache, mixed_qkv, b, a, core_attn_out, md) -> None:
+        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+        from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+
+        from vllm_replayssm.kernels.gdn import decode
+
+        cfg = self.replay
+        n = md.num_actual_tokens
+        state_indices = md.non_spec_state_indices_tensor[:n]
+        conv_state = self.kv_cache[0]
+        if not is_conv_state_dim_first():
+            conv_state = conv_state.transpose(-1, -2)
+        weight = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
+        x = causal_conv1d_update(mixed_qkv[:n], conv_state, weight, self.conv1d.bias,
+                                 self.activation, conv_state_indices=state_indices,
+                                 validate_data=False)
+        kd, vd = self.key_dim // self.tp_size, self.value_dim // self.tp_size
+        q, k, v = (t.reshape(n, -1, d) for t, d in zip(
+            x.split([kd, kd, vd], dim=-1),
+            (self.head_k_dim, self.head_k_dim, self.head_v_dim), strict=True))
+        route = None  # "auto": by batch size (decode.launch_config)
+        if cfg.route == "stock":
+            route = "stock"
+        elif cfg.route == "replay":
+            route = decode.launch_config(n, self.num_v_heads // self.num_k_heads,
+                                         plain=False)["route"]
+        decode.gdn_replay_decode(
+            cache, q, k, v, a[:n], b[:n], self.A_log, self.dt_bias, state_indices,
+            core_attn_out[:n], scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
+            window=self.replay_window, route=route, stagger=cfg.stagger)
 
     # --- CPU forward ------------------------------------------------------------------------
 

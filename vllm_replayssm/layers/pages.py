@@ -12,8 +12,11 @@ from vllm_replayssm.config import ReplayConfig
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
+    Mamba2Geometry,
+    Mamba2ReplayCache,
     StateTensorSpec,
     gdn_state_specs,
+    mamba2_state_specs,
 )
 
 
@@ -50,15 +53,42 @@ def gdn_page_specs(vllm_config: Any, hf_config: Any) -> list[StateTensorSpec]:
                            conv_dtype)
 
 
+def mamba2_page_specs(vllm_config: Any, *, num_heads: int, head_dim: int, state_size: int,
+                      n_groups: int, conv_kernel: int) -> list[StateTensorSpec]:
+    """Page of one Mamba-2 layer on one TP rank (model-level head and group counts in; the
+    TP-extended group count of vLLM's `extra_groups_for_head_shards` applied here)."""
+    from vllm.model_executor.layers.mamba.mamba_utils import (
+        MambaStateDtypeCalculator,
+        MambaStateShapeCalculator,
+    )
+
+    cfg = ReplayConfig.from_vllm_config(vllm_config)
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    num_spec = _num_spec(vllm_config)
+    if num_heads % tp:
+        raise ValueError(f"Mamba-2 heads ({num_heads}) not divisible by TP size {tp}")
+    if n_groups % tp and n_groups != 1:
+        raise ValueError(f"Mamba-2 groups ({n_groups}) must be 1 or divisible by TP size {tp}")
+    conv_shape, ssm_shape = MambaStateShapeCalculator.mamba2_state_shape(
+        tp_world_size=tp, intermediate_size=num_heads * head_dim, n_groups=n_groups,
+        num_heads=num_heads, head_dim=head_dim, state_size=state_size,
+        conv_kernel=conv_kernel, num_spec=num_spec)
+    groups = (n_groups + MambaStateShapeCalculator.extra_groups_for_head_shards(n_groups, tp)) // tp
+    model_config, cache_config = vllm_config.model_config, vllm_config.cache_config
+    conv_dtype = MambaStateDtypeCalculator.mamba2_state_dtype(
+        model_config.dtype, cache_config.mamba_cache_dtype, cache_config.mamba_ssm_cache_dtype
+    )[0]
+    geom = Mamba2Geometry(*ssm_shape, groups)
+    return mamba2_state_specs(geom, cfg.buffer_len, 1 + num_spec, model_config.dtype,
+                              cfg.lp_torch_dtype, tuple(conv_shape), conv_dtype)
+
+
 def shapes_and_dtypes(specs: list[StateTensorSpec]) -> tuple[tuple, tuple]:
     return tuple(s.shape for s in specs), tuple(s.dtype for s in specs)
 
 
-def gdn_cache_from_kv(kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...],
-                      specs: list[StateTensorSpec], state_k_major: bool) -> GDNReplayCache:
-    """Name the bound tensors of one GDN layer. state_k_major: the platform's stock kernels
-    store each head's state as [K, V] in the memory declared [V, K] (vLLM's CPU kernels);
-    HP and LP are then viewed transposed so that our ops see [V, K] either way."""
+def _bound_views(kv_cache, specs: list[StateTensorSpec]) -> dict[str, torch.Tensor]:
+    """The bound tensors of one layer by spec name, checked against the declared page."""
     if len(kv_cache) != len(specs):
         raise RuntimeError(f"layer has {len(kv_cache)} state tensors, page declares {len(specs)}")
     views = {}
@@ -66,8 +96,25 @@ def gdn_cache_from_kv(kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...],
         if tuple(t.shape[1:]) != spec.shape or t.dtype != spec.dtype:
             raise RuntimeError(f"state tensor {spec.name}: bound {tuple(t.shape[1:])} "
                                f"{t.dtype}, declared {spec.shape} {spec.dtype}")
-        if state_k_major and spec.name in ("hp", "lp"):
-            S, H, V, K = t.shape
-            t = t.view(S, H, K, V).transpose(-1, -2)
         views[spec.name] = t
+    return views
+
+
+def mamba2_cache_from_kv(kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...],
+                         specs: list[StateTensorSpec]) -> Mamba2ReplayCache:
+    """Name the bound tensors of one Mamba-2 layer."""
+    return Mamba2ReplayCache.from_views(_bound_views(kv_cache, specs))
+
+
+def gdn_cache_from_kv(kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...],
+                      specs: list[StateTensorSpec], state_k_major: bool) -> GDNReplayCache:
+    """Name the bound tensors of one GDN layer. state_k_major: the platform's stock kernels
+    store each head's state as [K, V] in the memory declared [V, K] (vLLM's CPU kernels);
+    HP and LP are then viewed transposed so that our ops see [V, K] either way."""
+    views = _bound_views(kv_cache, specs)
+    if state_k_major:
+        for name in ("hp", "lp"):
+            if views.get(name) is not None:
+                S, H, V, K = views[name].shape
+                views[name] = views[name].view(S, H, K, V).transpose(-1, -2)
     return GDNReplayCache.from_views(views)

@@ -64,6 +64,40 @@ def mamba2_stock_decode(
     ssm_state[slots] = S.to(ssm_state.dtype)
 
 
+def mamba2_prefill_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    initial_states: torch.Tensor | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Token-by-token prefill of a batch of sequences (the CPU stand-in for vLLM's chunked
+    scan `mamba_chunk_scan_combined_varlen`, which is Triton only).
+
+    x: [T, H, P]; dt: [T, H] raw; B, C: [T, G, N]; query_start_loc: [R + 1] int (sequence
+    r owns tokens [qsl[r], qsl[r+1])); initial_states: [R, H, P, N] or None (zeros);
+    out: [T, H, P], written. Returns the final states [R, H, P, N] fp32.
+    """
+    R = query_start_loc.shape[0] - 1
+    H, P, N = x.shape[1], x.shape[2], B.shape[2]
+    bounds = query_start_loc.tolist()
+    finals = x.new_zeros((R, H, P, N), dtype=torch.float32)
+    for r in range(R):
+        S = (initial_states[r].float() if initial_states is not None
+             else finals.new_zeros((H, P, N)))[None]
+        for t in range(bounds[r], bounds[r + 1]):
+            S, y = _stock_update(S, x[t: t + 1], dt[t: t + 1], A, B[t: t + 1], C[t: t + 1], D,
+                                 dt_bias)
+            out[t] = y[0].to(out.dtype)
+        finals[r] = S[0]
+    return finals
+
+
 def _fold(
     cache: Mamba2ReplayCache, slots: torch.Tensor, origin: torch.Tensor, count: torch.Tensor,
     A: torch.Tensor,

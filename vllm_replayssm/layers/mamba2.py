@@ -1,0 +1,231 @@
+"""ReplaySSM for Mamba-2 mixers (NemotronH).
+
+`ReplayMambaMixer2` replaces vLLM's `MambaMixer2` everywhere (`register_oot`). With
+`replayssm.enabled` off it is the stock layer on GPUs; on the CPU platform, where vLLM
+0.26's Mamba-2 ops are Triton only, it runs the same stock maths in torch (vLLM's CPU conv
+twins, `reference.mamba2_prefill_scan`, `reference.mamba2_stock_decode`).
+
+On, the page holds the ReplaySSM tensors (`layers/pages.py`) and `conv_ssm_forward` splits
+the batch (decode rows lead, vLLM's order):
+- decode rows: the stock conv update, then one ReplaySSM decode step (Triton on GPUs,
+  `kernels/mamba2/decode.py`, route by batch size; the torch reference on CPU);
+- prefill rows: committed ring entries of rows with an initial state are folded into HP
+  (materialise), then vLLM's own prefill runs on a prefill-only view of the metadata (torch
+  on CPU) and writes HP; the prefill hook then copies HP to LP and resets the cursors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.logger import init_logger
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+from vllm.platforms import current_platform
+
+from vllm_replayssm.config import ReplayConfig, ReplayConfigError
+from vllm_replayssm.config_checks import SUPPORTED_ARCHS
+from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+from vllm_replayssm.kernels.mamba2 import reference
+from vllm_replayssm.layers.pages import mamba2_cache_from_kv, mamba2_page_specs, shapes_and_dtypes
+
+logger = init_logger(__name__)
+
+
+class ReplayMambaMixer2(MambaMixer2):
+    """MambaMixer2 with ReplaySSM state and decode, and a torch CPU path (module docstring)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        vllm_config = get_current_vllm_config()
+        self.replay = ReplayConfig.from_vllm_config(vllm_config)
+        self._stock_page = False  # get_state_*: stock answer while vLLM's SSD warm-up runs
+        if not self.replay.enabled:
+            return
+        arch = vllm_config.model_config.architecture
+        if arch not in SUPPORTED_ARCHS:  # its page would be sized by vLLM's classmethods
+            raise ReplayConfigError(f"replayssm does not support {arch} yet")
+        self.replay.check_window(self.num_spec)
+        if self.num_spec:
+            raise NotImplementedError(
+                "replayssm with speculative decoding is not available for Mamba-2 layers yet; "
+                "drop --speculative-config or replayssm.enabled")
+        if self.cache_config is not None and self.cache_config.mamba_cache_mode != "none":
+            raise ReplayConfigError("replayssm needs mamba_cache_mode 'none' (no prefix caching)")
+        self.replay_specs = mamba2_page_specs(
+            vllm_config, num_heads=self.num_heads, head_dim=self.head_dim,
+            state_size=self.ssm_state_size, n_groups=self.n_groups,
+            conv_kernel=self.conv_kernel_size)
+        self.replay_window = 1 + self.num_spec
+        logger.info_once("ReplaySSM active for Mamba-2 layers: buffer_len=%d, lp_dtype=%s, "
+                         "route=%s", self.replay.buffer_len, self.replay.lp_dtype,
+                         self.replay.route)
+
+    # --- page -------------------------------------------------------------------------------
+
+    def _replay_page(self) -> bool:
+        return getattr(self, "replay", None) is not None and self.replay.enabled \
+            and not self._stock_page
+
+    def get_state_shape(self):
+        if not self._replay_page():
+            return super().get_state_shape()
+        return shapes_and_dtypes(self.replay_specs)[0]
+
+    def get_state_dtype(self):
+        if not self._replay_page():
+            return super().get_state_dtype()
+        return shapes_and_dtypes(self.replay_specs)[1]
+
+    def _warmup_ssd_kernels(self, projected_states: torch.Tensor) -> None:
+        if current_platform.is_cpu():  # the torch CPU path has nothing to tune
+            self._ssd_kernels_warmed_up = True
+            return
+        self._stock_page = True  # the warm-up unpacks exactly (conv, ssm) dtypes
+        try:
+            super()._warmup_ssd_kernels(projected_states)
+        finally:
+            self._stock_page = False
+
+    # --- forward ----------------------------------------------------------------------------
+
+    def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor):
+        cpu = current_platform.is_cpu()
+        if not self.replay.enabled and not cpu:
+            return super().conv_ssm_forward(projected_states=projected_states, output=output)
+        attn_metadata = get_forward_context().attn_metadata
+        if attn_metadata is None:  # profile run
+            if cpu:
+                return None
+            return super().conv_ssm_forward(projected_states=projected_states, output=output)
+        md = attn_metadata[self.prefix]
+        if self.cache_config.mamba_cache_mode != "none":
+            raise NotImplementedError("vllm-replayssm's Mamba-2 CPU path does not support "
+                                      "prefix caching; pass --no-enable-prefix-caching")
+        if md.num_accepted_tokens is not None:
+            raise RuntimeError("replayssm: speculative Mamba-2 metadata reached a plain-decode "
+                               "layer")
+        nd, ndt = md.num_decodes, md.num_decode_tokens
+        npf, npt = md.num_prefills, md.num_prefill_tokens
+        if nd:
+            # [R, 1 + num_spec] in vLLM's metadata; one page per request here: column 0.
+            self._decode(projected_states[:ndt], output[:ndt], md.state_indices_tensor_d[:, 0],
+                         cpu)
+        if npf:
+            tokens = slice(ndt, ndt + npt)
+            if self.replay.enabled:
+                self._prefill_replay(projected_states[tokens], output[tokens], md, attn_metadata,
+                                     cpu)
+            else:
+                self._prefill_cpu(projected_states[tokens], output[tokens], md,
+                                  self.kv_cache[1])
+        return None
+
+    def _split_projection(self, projected_states: torch.Tensor):
+        """(hidden_states_B_C [T, conv_dim], dt [T, H]) of this rank."""
+        return torch.split(projected_states[..., self.tped_intermediate_size:],
+                           [self.tped_conv_size, self.tped_dt_size], dim=-1)
+
+    def _conv_state(self) -> torch.Tensor:
+        """[slots, conv_dim, width - 1] whatever the stored orientation."""
+        conv = self.kv_cache[0]
+        return conv if is_conv_state_dim_first() else conv.transpose(-1, -2)
+
+    def _ssm_inputs(self, xBC: torch.Tensor, dt: torch.Tensor):
+        """x [T, H, P], dt [T, H], B and C [T, G, N] from the conv output."""
+        x, B, C = self.split_hidden_states_B_C_fn(xBC)
+        G = self.n_groups // self.tp_size
+        T = xBC.shape[0]
+        return (x.reshape(T, -1, self.head_dim), dt, B.reshape(T, G, -1),
+                C.reshape(T, G, -1))
+
+    def _decode(self, projected_states: torch.Tensor, output: torch.Tensor,
+                state_indices: torch.Tensor, cpu: bool) -> None:
+        xBC, dt = self._split_projection(projected_states)
+        conv_state = self._conv_state()
+        if cpu:
+            from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import (
+                causal_conv1d_update_torch,
+            )
+
+            rows = conv_state[state_indices].contiguous()
+            xBC = causal_conv1d_update_torch(xBC.unsqueeze(-1), rows, self.conv_weights,
+                                             self.conv1d.bias, self.activation).squeeze(-1)
+            conv_state[state_indices] = rows
+        else:
+            from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+
+            xBC = causal_conv1d_update(xBC, conv_state, self.conv_weights, self.conv1d.bias,
+                                       self.activation, conv_state_indices=state_indices,
+                                       max_query_len=1)
+        x, dt, B, C = self._ssm_inputs(xBC, dt)
+        out = output.view(output.shape[0], -1, self.head_dim)
+        args = (x, dt, self.A, B, C, self.D, self.dt_bias, state_indices, out)
+        if not self.replay.enabled:  # CPU stock maths
+            reference.mamba2_stock_decode(self.kv_cache[1], *args)
+            return
+        cfg = self.replay
+        cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
+        common = dict(buffer_len=cfg.buffer_len, window=self.replay_window)
+        if cpu:  # torch paths: "auto" replays
+            if cfg.route == "stock":
+                reference.mamba2_stock_route_decode(cache, *args, stagger=cfg.stagger, **common)
+            else:
+                reference.mamba2_replay_decode(cache, *args, **common)
+            return
+        from vllm_replayssm.kernels.mamba2 import decode
+
+        route = None  # "auto": by batch size (decode.launch_config)
+        if cfg.route == "stock":
+            route = "stock"
+        elif cfg.route == "replay":
+            route = decode.launch_config(state_indices.shape[0], x.shape[1] // B.shape[1],
+                                         plain=False)["route"]
+        decode.mamba2_replay_decode(cache, *args, route=route, stagger=cfg.stagger, **common)
+
+    def _prefill_replay(self, projected_states: torch.Tensor, output: torch.Tensor, md,
+                        attn_metadata: dict, cpu: bool) -> None:
+        cfg = self.replay
+        cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
+        slots = md.state_indices_tensor_p
+        common = dict(buffer_len=cfg.buffer_len, window=self.replay_window, stagger=cfg.stagger)
+        if md.has_initial_states_p is not None and md.prep_initial_states:
+            # Stock prefill reads HP of these rows: fold what their rings hold first.
+            reference.mamba2_replay_materialise(cache, self.A, slots[md.has_initial_states_p],
+                                                **common)
+        if cpu:
+            self._prefill_cpu(projected_states, output, md, cache.hp)
+        else:
+            prefill_md = dataclasses.replace(
+                md, num_decodes=0, num_decode_tokens=0, state_indices_tensor_d=None,
+                query_start_loc_d=None, num_accepted_tokens=None)
+            attn_metadata[self.prefix] = prefill_md
+            try:
+                super().conv_ssm_forward(projected_states=projected_states, output=output)
+            finally:
+                attn_metadata[self.prefix] = md
+        refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, **common)
+
+    def _prefill_cpu(self, projected_states: torch.Tensor, output: torch.Tensor, md,
+                     ssm_state: torch.Tensor) -> None:
+        """Stock prefill maths in torch: vLLM's CPU conv twin, then a token-by-token scan
+        from the rows' initial states; final states written to `ssm_state` [S, H, P, N]."""
+        from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_torch
+
+        xBC, dt = self._split_projection(projected_states)
+        slots = md.state_indices_tensor_p
+        has_init = md.has_initial_states_p
+        if has_init is None or not md.prep_initial_states:
+            has_init = torch.zeros_like(slots, dtype=torch.bool)
+        xBC = causal_conv1d_torch(xBC.transpose(0, 1), self.conv_weights, self.conv1d.bias,
+                                  self._conv_state(), md.query_start_loc_p, slots, has_init,
+                                  activation=self.activation).transpose(0, 1)
+        x, dt, B, C = self._ssm_inputs(xBC, dt)
+        initial = torch.where(has_init[:, None, None, None], ssm_state[slots].float(), 0.0)
+        out = output.view(output.shape[0], -1, self.head_dim)
+        finals = reference.mamba2_prefill_scan(x, dt, self.A, B, C, self.D, self.dt_bias,
+                                               md.query_start_loc_p, initial, out)
+        ssm_state[slots] = finals.to(ssm_state.dtype)
