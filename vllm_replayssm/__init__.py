@@ -12,14 +12,23 @@ _registered = False
 
 def register() -> None:
     """Entry point for `vllm.general_plugins`: check the vLLM release, register our model
-    classes (by string) and our start-up checks. Idempotent; no CUDA, no config."""
+    classes (by string) and our start-up checks. Idempotent; no CUDA, no config.
+
+    Fails closed: vLLM only logs a plugin's exception and then runs stock, which would
+    silently ignore `replayssm.enabled`. So a failure here installs start-up checks that
+    refuse every configuration with replayssm enabled, naming the error, and re-raises."""
     global _registered
     if _registered:
         return
-    from vllm_replayssm.compat import check_vllm_version
-    from vllm_replayssm.registry import register_config_checks, register_models
+    from vllm_replayssm import registry
 
-    check_vllm_version()
-    register_models()
-    register_config_checks()
+    try:
+        from vllm_replayssm.compat import check_vllm_version
+
+        check_vllm_version()
+        registry.register_models()
+        registry.register_config_checks()
+    except Exception as exc:
+        registry.register_failure_checks(exc)
+        raise
     _registered = True

@@ -58,6 +58,8 @@ def config_hook(base: type) -> type:
     """A MODELS_CONFIG_MAP entry that runs our checks, then `base`'s."""
 
     class ReplayVerifyAndUpdateConfig(base):
+        replay_base = base
+
         @classmethod
         def verify_and_update_config(cls, vllm_config: Any) -> None:
             verify_replay_config(vllm_config)
@@ -65,3 +67,25 @@ def config_hook(base: type) -> type:
 
     ReplayVerifyAndUpdateConfig.__name__ = f"Replay{base.__name__}"
     return ReplayVerifyAndUpdateConfig
+
+
+def failed_plugin_hook(base: type, error: BaseException) -> type:
+    """A MODELS_CONFIG_MAP entry for a plugin whose `register()` failed: replayssm enabled
+    is refused (naming `error`); anything else goes to `base`."""
+
+    class ReplayFailedVerifyAndUpdateConfig(base):
+        replay_base = base
+
+        @classmethod
+        def verify_and_update_config(cls, vllm_config: Any) -> None:
+            extra = vllm_config.additional_config or {}
+            section = extra.get("replayssm") if isinstance(extra, dict) else None
+            if isinstance(section, dict) and section.get("enabled"):
+                raise ReplayConfigError(
+                    f"replayssm is enabled but the vllm-replayssm plugin failed to load "
+                    f"({type(error).__name__}: {error}); fix that, or drop replayssm.enabled "
+                    "to run stock vLLM")
+            base.verify_and_update_config(vllm_config)
+
+    ReplayFailedVerifyAndUpdateConfig.__name__ = f"ReplayFailed{base.__name__}"
+    return ReplayFailedVerifyAndUpdateConfig

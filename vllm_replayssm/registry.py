@@ -29,5 +29,26 @@ def register_config_checks() -> None:
 
     for arch in (*SUPPORTED_ARCHS, *PLANNED_ARCHS):
         base = MODELS_CONFIG_MAP.get(arch, VerifyAndUpdateConfig)
-        if not base.__name__.startswith("Replay"):  # idempotent
+        if not hasattr(base, "replay_base"):  # idempotent
             MODELS_CONFIG_MAP[arch] = config_hook(base)
+
+
+def register_failure_checks(error: BaseException) -> None:
+    """After a failed `register()`: every architecture we know refuses replayssm.enabled at
+    start-up with `error` in the message (best effort: nothing to do if vLLM's config map
+    itself cannot be imported)."""
+    try:
+        from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
+
+        from vllm_replayssm.config_checks import (
+            PLANNED_ARCHS,
+            SUPPORTED_ARCHS,
+            failed_plugin_hook,
+        )
+    except Exception:
+        return
+    for arch in (*SUPPORTED_ARCHS, *PLANNED_ARCHS):
+        base = MODELS_CONFIG_MAP.get(arch, VerifyAndUpdateConfig)
+        while hasattr(base, "replay_base"):  # unwrap our own hooks
+            base = base.replay_base
+        MODELS_CONFIG_MAP[arch] = failed_plugin_hook(base, error)

@@ -67,3 +67,31 @@ def test_supported_nemotron_h_passes(nemotron_h):
 def test_disabled_replayssm_checks_nothing_else(qwen3_next):
     cfg = _config(qwen3_next, {"enabled": False}, enable_prefix_caching=True)
     assert cfg.cache_config.enable_prefix_caching
+
+
+def test_failed_registration_fails_closed(qwen3_next, monkeypatch):
+    """vLLM only logs a plugin's exception and runs stock; our register() then leaves checks
+    that refuse replayssm.enabled, naming the error, and let everything else through."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    import vllm_replayssm
+    from vllm_replayssm import registry
+    from vllm_replayssm.config_checks import PLANNED_ARCHS, SUPPORTED_ARCHS
+
+    for arch in (*SUPPORTED_ARCHS, *PLANNED_ARCHS):  # restored after the test
+        if arch in MODELS_CONFIG_MAP:
+            monkeypatch.setitem(MODELS_CONFIG_MAP, arch, MODELS_CONFIG_MAP[arch])
+        else:
+            monkeypatch.delitem(MODELS_CONFIG_MAP, arch, raising=False)
+
+    def broken():
+        raise RuntimeError("simulated registration failure")
+
+    monkeypatch.setattr(vllm_replayssm, "_registered", False)
+    monkeypatch.setattr(registry, "register_models", broken)
+    with pytest.raises(RuntimeError, match="simulated"):
+        vllm_replayssm.register()
+    with pytest.raises(Exception, match=r"plugin failed to load .*simulated registration"):
+        _config(qwen3_next, {"enabled": True})
+    cfg = _config(qwen3_next, {"enabled": False})
+    assert cfg.model_config.architecture == "Qwen3NextForCausalLM"
