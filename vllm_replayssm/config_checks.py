@@ -13,10 +13,10 @@ from typing import Any
 from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 
 # Architectures whose page sizing and layers ReplaySSM implements today.
-SUPPORTED_ARCHS = ("Qwen3NextForCausalLM", "NemotronHForCausalLM")
+SUPPORTED_ARCHS = ("Qwen3NextForCausalLM", "NemotronHForCausalLM",
+                   "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 # Architectures ReplaySSM will support (design.md §3.2) but does not yet.
-PLANNED_ARCHS = ("NemotronHPuzzleForCausalLM",
-                 "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+PLANNED_ARCHS = ("NemotronHPuzzleForCausalLM",)
 
 
 def verify_replay_config(vllm_config: Any) -> None:
@@ -47,11 +47,45 @@ def verify_replay_config(vllm_config: Any) -> None:
                         "--enable-dbo / --ubatch-size")
     if parallel.pipeline_parallel_size > 1:
         problems.append("pipeline parallelism (untested): use tensor parallelism")
+    problems += _tp_split_problems(arch, vllm_config.model_config.hf_text_config,
+                                   parallel.tensor_parallel_size)
     spec = vllm_config.speculative_config
     if spec is not None:
         cfg.check_window(spec.num_speculative_tokens)
     if problems:
         raise ReplayConfigError("replayssm cannot run with " + "; ".join(problems))
+
+
+def _tp_split_problems(arch: str, hf: Any, tp: int) -> list[str]:
+    """SSM head / group splits that vLLM's SSM layers cannot shard (they assert only later,
+    in the workers, and with replayssm on our page sizing would fail first, less helpfully).
+    vLLM itself checks only the attention heads at config time."""
+    if tp == 1:
+        return []
+    if arch == "NemotronHForCausalLM":
+        heads, groups = hf.mamba_num_heads, hf.n_groups
+        bad = []
+        if heads % tp:
+            bad.append(f"does not divide the Mamba-2 heads (mamba_num_heads={heads})")
+        if groups != 1 and groups % tp:
+            bad.append(f"does not divide the Mamba-2 groups (n_groups={groups}; groups must "
+                       "be 1, which vLLM replicates, or divisible by the TP size)")
+        fits = [d for d in range(1, heads + 1)
+                if heads % d == 0 and (groups == 1 or groups % d == 0)]
+        what = "the heads" + ("" if groups == 1 else " and the groups")
+    elif arch == "Qwen3NextForCausalLM":
+        hk, hv = hf.linear_num_key_heads, hf.linear_num_value_heads
+        bad = [f"does not divide the GDN {kind} heads ({key}={n})" for kind, key, n in (
+            ("key", "linear_num_key_heads", hk), ("value", "linear_num_value_heads", hv))
+            if n % tp]
+        fits = [d for d in range(1, hk + 1) if hk % d == 0 and hv % d == 0]
+        what = "the key and value heads"
+    else:
+        return []
+    if not bad:
+        return []
+    return [f"tensor_parallel_size={tp}, which {' and '.join(bad)}: use a "
+            f"tensor_parallel_size that divides {what} ({', '.join(map(str, fits))})"]
 
 
 def config_hook(base: type) -> type:

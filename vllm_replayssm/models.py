@@ -16,6 +16,10 @@ from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
 )
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
+from vllm.model_executor.models.qwen3_5 import (
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForConditionalGeneration,
+)
 from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
 
 from vllm_replayssm.config import ReplayConfig
@@ -97,3 +101,36 @@ class ReplayNemotronHForCausalLM(_ReplayPages, NemotronHForCausalLM):
         return mamba2_page_specs(vllm_config, num_heads=hf.mamba_num_heads,
                                  head_dim=hf.mamba_head_dim, state_size=hf.ssm_state_size,
                                  n_groups=hf.n_groups, conv_kernel=hf.conv_kernel)
+
+
+class ReplayQwen3_5ForConditionalGeneration(  # noqa: N801 (vLLM's name)
+        _ReplayPages, Qwen3_5ForConditionalGeneration):
+    """Qwen3_5ForConditionalGeneration (dense) with ReplaySSM GDN pages when enabled."""
+
+    _stock_layer = QwenGatedDeltaNetAttention
+    _replay_layer = ReplayQwenGatedDeltaNetAttention
+
+    def __init__(self, *, vllm_config, prefix: str = "model") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._check_layers(vllm_config)
+
+    @classmethod
+    def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
+        return gdn_page_specs(vllm_config, vllm_config.model_config.hf_text_config)
+
+
+class ReplayQwen3_5MoeForConditionalGeneration(  # noqa: N801 (vLLM's name)
+        _ReplayPages, Qwen3_5MoeForConditionalGeneration):
+    """Qwen3_5MoeForConditionalGeneration with ReplaySSM GDN pages when enabled (its own
+    subclass: vLLM's MoE class does not inherit page sizing from a dense override)."""
+
+    _stock_layer = QwenGatedDeltaNetAttention
+    _replay_layer = ReplayQwenGatedDeltaNetAttention
+
+    def __init__(self, *, vllm_config, prefix: str = "model") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._check_layers(vllm_config)
+
+    @classmethod
+    def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
+        return gdn_page_specs(vllm_config, vllm_config.model_config.hf_text_config)

@@ -10,6 +10,10 @@ from __future__ import annotations
 MODEL_OVERRIDES: dict[str, str] = {
     "Qwen3NextForCausalLM": "vllm_replayssm.models:ReplayQwen3NextForCausalLM",
     "NemotronHForCausalLM": "vllm_replayssm.models:ReplayNemotronHForCausalLM",
+    "Qwen3_5ForConditionalGeneration":
+        "vllm_replayssm.models:ReplayQwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration":
+        "vllm_replayssm.models:ReplayQwen3_5MoeForConditionalGeneration",
 }
 
 

@@ -66,8 +66,36 @@ QWEN3_NEXT: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
-TINY_CONFIGS: dict[str, dict[str, Any]] = {"nemotron_h": NEMOTRON_H, "qwen3_next": QWEN3_NEXT}
-_CONFIG_CLASS = {"nemotron_h": "NemotronHConfig", "qwen3_next": "Qwen3NextConfig"}
+# Qwen3.5 (dense): a vision-language config; vLLM runs it with language_model_only=True.
+# The vision tower is the smallest transformers accepts (its weights are saved, not used).
+QWEN3_5: dict[str, Any] = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "text_config": {
+        "vocab_size": 512,
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention", "linear_attention", "full_attention",
+                        "linear_attention"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 256,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 1024,
+    },
+    "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                      "out_hidden_size": 128, "num_position_embeddings": 64},
+    "tie_word_embeddings": False,
+}
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {"nemotron_h": NEMOTRON_H, "qwen3_next": QWEN3_NEXT,
+                                           "qwen3_5": QWEN3_5}
+_CONFIG_CLASS = {"nemotron_h": "NemotronHConfig", "qwen3_next": "Qwen3NextConfig",
+                 "qwen3_5": "Qwen3_5Config"}
 
 HASH_FILE = ".tiny_checkpoint.sha256"
 DT_MIN, DT_MAX = 1e-3, 1e-1  # Mamba-2 dt init range
@@ -147,7 +175,12 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
 
     hash_path.unlink(missing_ok=True)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if kind == "qwen3_5":  # the vision-language class: vLLM's weight names follow it
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if _set_ssm_params(model, seed) == 0:
         raise RuntimeError(f"{kind}: no A_log / dt_bias parameters found")
     model = model.to(torch.bfloat16).eval()
@@ -159,12 +192,14 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
 
 def greedy_outputs(
     model_dir: Path | str, prompts: list[list[int]], max_tokens: int, *, logprobs: int = 0,
-    **llm_kwargs: Any,
+    metrics: dict[str, float] | None = None, **llm_kwargs: Any,
 ) -> list[list[int]] | list[tuple[list[int], list[dict[int, float]]]]:
     """Greedy token ids from `vllm.LLM` on `model_dir` for token-id `prompts`, `max_tokens`
     new tokens each (EOS ignored). With logprobs=k, each prompt gives (token ids, per
     position {token id: logprob} of the top k). Defaults are design §7.1's CPU settings;
-    `llm_kwargs` overrides them. Call under `if __name__ == "__main__":` in scripts."""
+    `llm_kwargs` overrides them. With a `metrics` dict, stats logging is on and the engine's
+    counters and gauges (`LLM.get_metrics()`, e.g. "vllm:num_preemptions") are put into it.
+    Call under `if __name__ == "__main__":` in scripts."""
     from vllm import LLM, SamplingParams
 
     kwargs: dict[str, Any] = {
@@ -177,11 +212,17 @@ def greedy_outputs(
         "seed": 0,
         **llm_kwargs,
     }
+    if metrics is not None:
+        kwargs["disable_log_stats"] = False
     llm = LLM(model=str(model_dir), **kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
                             logprobs=logprobs or None)
     try:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        if metrics is not None:
+            for m in llm.get_metrics():
+                if hasattr(m, "value"):
+                    metrics[m.name] = m.value
         if not logprobs:
             return [list(o.outputs[0].token_ids) for o in outs]
         return [(list(o.outputs[0].token_ids),

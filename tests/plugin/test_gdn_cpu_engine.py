@@ -82,3 +82,21 @@ def test_disabled_plugin_is_stock(model_dir, stock_outputs):
                           additional_config={"replayssm": {"enabled": False}}, **SCHEDULER)
     cmp = compare_greedy(stock_outputs, ours)
     assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), cmp.divergences
+
+
+def test_qwen3_5_replayssm_matches_stock(tmp_path_factory, capsys):
+    """Qwen3.5 (dense, Qwen3_5ForConditionalGeneration run text-only): its GDN layers have the
+    non-interleaved projection layout and its own model class sizes the page."""
+    model_dir = build_checkpoint("qwen3_5", tmp_path_factory.mktemp("qwen3_5"),
+                                 initializer_range=0.3)
+    kw = dict(logprobs=5, language_model_only=True, **SCHEDULER)
+    stock = greedy_outputs(model_dir, _prompts(), NEW_TOKENS, **kw)
+    assert distinct_tokens(stock) > 100, "reference outputs are not diverse"
+    ours = greedy_outputs(model_dir, _prompts(), NEW_TOKENS,
+                          additional_config={"replayssm": {"enabled": True, "buffer_len": 8}},
+                          **kw)
+    cmp = compare_greedy(stock, ours)
+    with capsys.disabled():
+        print(f"\nQwen3.5 lp_bf16 vs vLLM CPU: {cmp.identical}/{cmp.prompts} identical; "
+              f"divergences {cmp.divergences}")
+    assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), cmp.divergences
