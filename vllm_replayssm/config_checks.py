@@ -15,6 +15,9 @@ from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 # Architectures whose page sizing and layers ReplaySSM implements today.
 SUPPORTED_ARCHS = ("Qwen3NextForCausalLM", "NemotronHForCausalLM",
                    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+# Supported architectures whose SSM layers are Gated DeltaNet (the others: Mamba-2).
+GDN_ARCHS = ("Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
+             "Qwen3_5MoeForConditionalGeneration")
 # Architectures ReplaySSM will support (design.md §3.2) but does not yet.
 PLANNED_ARCHS = ("NemotronHPuzzleForCausalLM",)
 
@@ -73,7 +76,7 @@ def _tp_split_problems(arch: str, hf: Any, tp: int) -> list[str]:
         fits = [d for d in range(1, heads + 1)
                 if heads % d == 0 and (groups == 1 or groups % d == 0)]
         what = "the heads" + ("" if groups == 1 else " and the groups")
-    elif arch == "Qwen3NextForCausalLM":
+    elif arch in GDN_ARCHS:
         hk, hv = hf.linear_num_key_heads, hf.linear_num_value_heads
         bad = [f"does not divide the GDN {kind} heads ({key}={n})" for kind, key, n in (
             ("key", "linear_num_key_heads", hk), ("value", "linear_num_value_heads", hv))
