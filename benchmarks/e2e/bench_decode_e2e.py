@@ -280,6 +280,8 @@ def engine_kwargs(spec: dict, on_gpu: bool) -> dict:
               "additional_config": extra}
     if spec.get("compilation_config") is not None:
         kwargs["compilation_config"] = spec["compilation_config"]
+    if spec.get("tensor_parallel_size", 1) > 1:
+        kwargs["tensor_parallel_size"] = spec["tensor_parallel_size"]
     if on_gpu:
         kwargs["gpu_memory_utilization"] = spec["gpu_memory_utilization"]
     else:
@@ -478,6 +480,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="vLLM compilation_config for both modes, e.g. '{\"mode\": 0, "
                         "\"cudagraph_mode\": \"FULL_DECODE_ONLY\"}' (FULL decode graphs "
                         "without torch.compile: ~1 min less start-up per engine)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="TP size of both engines (e.g. 2 on a two-GPU host)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default input-len + output-len + 16 (with --tiny at least "
                         f"{TINY_MIN_MODEL_LEN})")
@@ -546,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         "input_len": args.input_len, "output_len": args.output_len, "layers": args.layers,
         "tiny": args.tiny, "replayssm": args.replay, "enforce_eager": args.enforce_eager,
         "compilation_config": args.compilation_config,
+        "tensor_parallel_size": args.tensor_parallel_size,
         "max_model_len": args.max_model_len, "max_num_seqs": max(args.batch_sizes),
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "kv_cache_memory_bytes_cpu": args.kv_cache_memory_bytes, "dtype": "bfloat16",
@@ -586,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
                     "gpu_memory_utilization": args.gpu_memory_utilization,
                     "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
                     "compilation_config": args.compilation_config,
+                    "tensor_parallel_size": args.tensor_parallel_size,
                     "warmup_tokens": args.warmup_tokens, "repeats": args.repeats,
                     "seed": args.seed}
             for mode in args.modes:
