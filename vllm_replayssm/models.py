@@ -39,7 +39,9 @@ class _ReplayPages:
     _stock_layer: type[torch.nn.Module]
     _replay_layer: type[torch.nn.Module]
 
-    def _check_layers(self, vllm_config: Any) -> None:
+    # vLLM's loader passes `prefix` explicitly, and only to classes whose __init__ names it.
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
         if not ReplayConfig.from_vllm_config(vllm_config).enabled:
             return
         stock = [name for name, m in self.named_modules()  # type: ignore[attr-defined]
@@ -69,15 +71,11 @@ class _ReplayPages:
         return page[1] if page else super().get_mamba_state_dtype_from_config(vllm_config)
 
 
-class ReplayQwen3NextForCausalLM(_ReplayPages, Qwen3NextForCausalLM):
-    """Qwen3NextForCausalLM whose GDN pages are ReplaySSM pages when replayssm is enabled."""
+class _GDNPages(_ReplayPages):
+    """Models whose SSM layers are Gated DeltaNet (Qwen3-Next, Qwen3.5)."""
 
     _stock_layer = QwenGatedDeltaNetAttention
     _replay_layer = ReplayQwenGatedDeltaNetAttention
-
-    def __init__(self, *, vllm_config, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self._check_layers(vllm_config)
 
     @classmethod
     def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
@@ -91,10 +89,6 @@ class ReplayNemotronHForCausalLM(_ReplayPages, NemotronHForCausalLM):
     _stock_layer = MambaMixer2
     _replay_layer = ReplayMambaMixer2
 
-    def __init__(self, *, vllm_config, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self._check_layers(vllm_config)
-
     @classmethod
     def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
         hf = vllm_config.model_config.hf_text_config
@@ -103,34 +97,16 @@ class ReplayNemotronHForCausalLM(_ReplayPages, NemotronHForCausalLM):
                                  n_groups=hf.n_groups, conv_kernel=hf.conv_kernel)
 
 
+class ReplayQwen3NextForCausalLM(_GDNPages, Qwen3NextForCausalLM):
+    """Qwen3NextForCausalLM whose GDN pages are ReplaySSM pages when replayssm is enabled."""
+
+
 class ReplayQwen3_5ForConditionalGeneration(  # noqa: N801 (vLLM's name)
-        _ReplayPages, Qwen3_5ForConditionalGeneration):
+        _GDNPages, Qwen3_5ForConditionalGeneration):
     """Qwen3_5ForConditionalGeneration (dense) with ReplaySSM GDN pages when enabled."""
-
-    _stock_layer = QwenGatedDeltaNetAttention
-    _replay_layer = ReplayQwenGatedDeltaNetAttention
-
-    def __init__(self, *, vllm_config, prefix: str = "model") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self._check_layers(vllm_config)
-
-    @classmethod
-    def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
-        return gdn_page_specs(vllm_config, vllm_config.model_config.hf_text_config)
 
 
 class ReplayQwen3_5MoeForConditionalGeneration(  # noqa: N801 (vLLM's name)
-        _ReplayPages, Qwen3_5MoeForConditionalGeneration):
+        _GDNPages, Qwen3_5MoeForConditionalGeneration):
     """Qwen3_5MoeForConditionalGeneration with ReplaySSM GDN pages when enabled (its own
     subclass: vLLM's MoE class does not inherit page sizing from a dense override)."""
-
-    _stock_layer = QwenGatedDeltaNetAttention
-    _replay_layer = ReplayQwenGatedDeltaNetAttention
-
-    def __init__(self, *, vllm_config, prefix: str = "model") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self._check_layers(vllm_config)
-
-    @classmethod
-    def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
-        return gdn_page_specs(vllm_config, vllm_config.model_config.hf_text_config)

@@ -32,18 +32,17 @@ from vllm_replayssm.kernels.gdn.reference import (
     gdn_replay_materialise,
     gdn_stock_route_decode,
 )
-from vllm_replayssm.layers.pages import gdn_cache_from_kv, gdn_page_specs, shapes_and_dtypes
+from vllm_replayssm.layers.pages import ReplayPage, gdn_cache_from_kv, gdn_page_specs
 
 logger = init_logger(__name__)
 
 
-class ReplayQwenGatedDeltaNetAttention(QwenGatedDeltaNetAttention):
+class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
     """QwenGatedDeltaNetAttention with ReplaySSM state and decode (see module docstring)."""
 
     def __init__(self, config, vllm_config, prefix: str = "", *args, **kwargs) -> None:
         super().__init__(config, vllm_config, prefix, *args, **kwargs)
         self.replay = ReplayConfig.from_vllm_config(vllm_config)
-        self._stock_page = False  # get_state_*: stock answer while vLLM's warm-up runs
         if not self.replay.enabled:
             return
         arch = vllm_config.model_config.architecture
@@ -60,28 +59,9 @@ class ReplayQwenGatedDeltaNetAttention(QwenGatedDeltaNetAttention):
                          "gdn_flush=%s", self.replay.buffer_len, self.replay.lp_dtype,
                          self.replay.gdn_flush)
 
-    # --- page -------------------------------------------------------------------------------
-
-    def _replay_page(self) -> bool:
-        return getattr(self, "replay", None) is not None and self.replay.enabled \
-            and not self._stock_page
-
-    def get_state_shape(self):
-        if not self._replay_page():
-            return super().get_state_shape()
-        return shapes_and_dtypes(self.replay_specs)[0]
-
-    def get_state_dtype(self):
-        if not self._replay_page():
-            return super().get_state_dtype()
-        return shapes_and_dtypes(self.replay_specs)[1]
-
     def _warmup_prefill_kernels(self, qkv_or_qkvz: torch.Tensor, v_dim: int) -> None:
-        self._stock_page = True  # the warm-up unpacks exactly (conv, ssm) dtypes
-        try:
+        with self.stock_page():
             super()._warmup_prefill_kernels(qkv_or_qkvz, v_dim)
-        finally:
-            self._stock_page = False
 
     # --- GPU forward (inside vLLM's op qwen_gdn_attention_core) -----------------------------
 

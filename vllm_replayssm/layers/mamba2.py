@@ -30,19 +30,18 @@ from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 from vllm_replayssm.config_checks import SUPPORTED_ARCHS
 from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
 from vllm_replayssm.kernels.mamba2 import reference
-from vllm_replayssm.layers.pages import mamba2_cache_from_kv, mamba2_page_specs, shapes_and_dtypes
+from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2_page_specs
 
 logger = init_logger(__name__)
 
 
-class ReplayMambaMixer2(MambaMixer2):
+class ReplayMambaMixer2(ReplayPage, MambaMixer2):
     """MambaMixer2 with ReplaySSM state and decode, and a torch CPU path (module docstring)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         vllm_config = get_current_vllm_config()
         self.replay = ReplayConfig.from_vllm_config(vllm_config)
-        self._stock_page = False  # get_state_*: stock answer while vLLM's SSD warm-up runs
         if not self.replay.enabled:
             return
         arch = vllm_config.model_config.architecture
@@ -64,31 +63,12 @@ class ReplayMambaMixer2(MambaMixer2):
                          "route=%s", self.replay.buffer_len, self.replay.lp_dtype,
                          self.replay.route)
 
-    # --- page -------------------------------------------------------------------------------
-
-    def _replay_page(self) -> bool:
-        return getattr(self, "replay", None) is not None and self.replay.enabled \
-            and not self._stock_page
-
-    def get_state_shape(self):
-        if not self._replay_page():
-            return super().get_state_shape()
-        return shapes_and_dtypes(self.replay_specs)[0]
-
-    def get_state_dtype(self):
-        if not self._replay_page():
-            return super().get_state_dtype()
-        return shapes_and_dtypes(self.replay_specs)[1]
-
     def _warmup_ssd_kernels(self, projected_states: torch.Tensor) -> None:
         if current_platform.is_cpu():  # the torch CPU path has nothing to tune
             self._ssd_kernels_warmed_up = True
             return
-        self._stock_page = True  # the warm-up unpacks exactly (conv, ssm) dtypes
-        try:
+        with self.stock_page():
             super()._warmup_ssd_kernels(projected_states)
-        finally:
-            self._stock_page = False
 
     # --- forward ----------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ kv_cache tensors named and typed as our caches."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -118,3 +120,35 @@ def gdn_cache_from_kv(kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...],
                 S, H, V, K = views[name].shape
                 views[name] = views[name].view(S, H, K, V).transpose(-1, -2)
     return GDNReplayCache.from_views(views)
+
+
+class ReplayPage:
+    """Mixin of our SSM layers (before vLLM's class in the bases): `get_state_shape` /
+    `get_state_dtype` answer the ReplaySSM page (`self.replay_specs`) when replayssm is
+    enabled, vLLM's own otherwise and inside `stock_page()`."""
+
+    replay: ReplayConfig | None = None
+    replay_specs: list[StateTensorSpec]
+    _stock_page = False
+
+    def _replay_page(self) -> bool:
+        return self.replay is not None and self.replay.enabled and not self._stock_page
+
+    def get_state_shape(self):
+        if not self._replay_page():
+            return super().get_state_shape()  # type: ignore[misc]
+        return shapes_and_dtypes(self.replay_specs)[0]
+
+    def get_state_dtype(self):
+        if not self._replay_page():
+            return super().get_state_dtype()  # type: ignore[misc]
+        return shapes_and_dtypes(self.replay_specs)[1]
+
+    @contextlib.contextmanager
+    def stock_page(self) -> Iterator[None]:
+        """vLLM's kernel warm-ups unpack get_state_dtype() into exactly (conv, ssm)."""
+        self._stock_page = True
+        try:
+            yield
+        finally:
+            self._stock_page = False
