@@ -86,8 +86,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             raise NotImplementedError("vllm-replayssm's Mamba-2 CPU path does not support "
                                       "prefix caching; pass --no-enable-prefix-caching")
         if md.num_accepted_tokens is not None:
-            raise RuntimeError("replayssm: speculative Mamba-2 metadata reached a plain-decode "
-                               "layer")
+            raise NotImplementedError(
+                "speculative decoding of Mamba-2 layers is not available in vllm-replayssm's "
+                "CPU path or with replayssm yet; drop --speculative-config")
         nd, ndt = md.num_decodes, md.num_decode_tokens
         npf, npt = md.num_prefills, md.num_prefill_tokens
         if nd:
