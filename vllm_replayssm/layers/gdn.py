@@ -24,8 +24,6 @@ from vllm.utils.torch_utils import (
     direct_register_custom_op,
 )
 
-from vllm_replayssm.config import ReplayConfig, ReplayConfigError
-from vllm_replayssm.config_checks import SUPPORTED_ARCHS
 from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
 from vllm_replayssm.kernels.gdn.reference import (
     gdn_replay_decode,
@@ -42,19 +40,9 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
 
     def __init__(self, config, vllm_config, prefix: str = "", *args, **kwargs) -> None:
         super().__init__(config, vllm_config, prefix, *args, **kwargs)
-        self.replay = ReplayConfig.from_vllm_config(vllm_config)
-        if not self.replay.enabled:
+        if not self._start_replay(vllm_config, "GDN"):
             return
-        arch = vllm_config.model_config.architecture
-        if arch not in SUPPORTED_ARCHS:  # its page would be sized by vLLM's classmethods
-            raise ReplayConfigError(f"replayssm does not support {arch} yet")
-        self.replay.check_window(self.num_spec)
-        if self.num_spec:
-            raise NotImplementedError(
-                "replayssm with speculative decoding is not available for GDN layers yet; "
-                "drop --speculative-config or replayssm.enabled")
         self.replay_specs = gdn_page_specs(vllm_config, config)
-        self.replay_window = 1 + self.num_spec
         logger.info_once("ReplaySSM active for GDN layers: buffer_len=%d, lp_dtype=%s, "
                          "gdn_flush=%s", self.replay.buffer_len, self.replay.lp_dtype,
                          self.replay.gdn_flush)

@@ -26,8 +26,7 @@ from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.platforms import current_platform
 
-from vllm_replayssm.config import ReplayConfig, ReplayConfigError
-from vllm_replayssm.config_checks import SUPPORTED_ARCHS
+from vllm_replayssm.config import ReplayConfigError
 from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
 from vllm_replayssm.kernels.mamba2 import reference
 from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2_page_specs
@@ -41,24 +40,14 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         vllm_config = get_current_vllm_config()
-        self.replay = ReplayConfig.from_vllm_config(vllm_config)
-        if not self.replay.enabled:
+        if not self._start_replay(vllm_config, "Mamba-2"):
             return
-        arch = vllm_config.model_config.architecture
-        if arch not in SUPPORTED_ARCHS:  # its page would be sized by vLLM's classmethods
-            raise ReplayConfigError(f"replayssm does not support {arch} yet")
-        self.replay.check_window(self.num_spec)
-        if self.num_spec:
-            raise NotImplementedError(
-                "replayssm with speculative decoding is not available for Mamba-2 layers yet; "
-                "drop --speculative-config or replayssm.enabled")
         if self.cache_config is not None and self.cache_config.mamba_cache_mode != "none":
             raise ReplayConfigError("replayssm needs mamba_cache_mode 'none' (no prefix caching)")
         self.replay_specs = mamba2_page_specs(
             vllm_config, num_heads=self.num_heads, head_dim=self.head_dim,
             state_size=self.ssm_state_size, n_groups=self.n_groups,
             conv_kernel=self.conv_kernel_size)
-        self.replay_window = 1 + self.num_spec
         logger.info_once("ReplaySSM active for Mamba-2 layers: buffer_len=%d, lp_dtype=%s, "
                          "route=%s", self.replay.buffer_len, self.replay.lp_dtype,
                          self.replay.route)

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from vllm_replayssm.config import ReplayConfig
+from vllm_replayssm.config import ReplayConfig, ReplayConfigError
+from vllm_replayssm.config_checks import SUPPORTED_ARCHS
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -129,7 +130,27 @@ class ReplayPage:
 
     replay: ReplayConfig | None = None
     replay_specs: list[StateTensorSpec]
+    replay_window: int
     _stock_page = False
+
+    def _start_replay(self, vllm_config: Any, family: str) -> bool:
+        """Read the replayssm settings into `self.replay`; when enabled, refuse what the layer
+        cannot run (an architecture whose page vLLM sizes, speculative decoding) and set
+        `self.replay_window`. Returns whether replayssm is enabled."""
+        self.replay = ReplayConfig.from_vllm_config(vllm_config)
+        if not self.replay.enabled:
+            return False
+        arch = vllm_config.model_config.architecture
+        if arch not in SUPPORTED_ARCHS:  # its page would be sized by vLLM's classmethods
+            raise ReplayConfigError(f"replayssm does not support {arch} yet")
+        num_spec = self.num_spec  # type: ignore[attr-defined]
+        self.replay.check_window(num_spec)
+        if num_spec:
+            raise NotImplementedError(
+                f"replayssm with speculative decoding is not available for {family} layers "
+                "yet; drop --speculative-config or replayssm.enabled")
+        self.replay_window = 1 + num_spec
+        return True
 
     def _replay_page(self) -> bool:
         return self.replay is not None and self.replay.enabled and not self._stock_page
