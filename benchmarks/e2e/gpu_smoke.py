@@ -6,11 +6,17 @@ tests/models/tiny.py: per model, stock vLLM (replayssm off) and ReplaySSM with r
 top-5 comparison of tests/models/compare.py. The same check as tests/plugin/test_gpu_engine.py,
 runnable without pytest:
 
-    source .gpu/activate.sh && python benchmarks/e2e/gpu_smoke.py nemotron_h qwen3_next
+    source .gpu/activate.sh && python benchmarks/e2e/gpu_smoke.py nemotron_h qwen3_next \
+        --json $OUT/gpu-smoke.json
+
+With --json PATH the figures (engines ok/failed and their times, identical prompts,
+divergences as (prompt, position, reference logprob gap)) go to PATH with the commit
+(REPLAYSSM_GIT_COMMIT where the checkout has no .git) and the GPU name.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 import traceback
@@ -18,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks import common
 from tests.models.compare import compare_greedy
 from tests.models.tiny import build_checkpoint, greedy_outputs
 
@@ -29,7 +36,10 @@ ENGINE = dict(max_num_seqs=3, max_num_batched_tokens=32, enable_chunked_prefill=
 MODES = (("stock", {"enabled": False}), ("replay", {"enabled": True, "route": "replay"}))
 
 
-def main(kinds: list[str]) -> int:
+def main(kinds: list[str], json_path: str | None = None) -> int:
+    report: dict = {"benchmark": "benchmarks/e2e/gpu_smoke.py", "command": " ".join(sys.argv),
+                    "engine": {k: v for k, v in ENGINE.items()}, "prompt_lens": PROMPT_LENS,
+                    "max_tokens": 40, "buffer_len": 8, "results": {}}
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate(PROMPT_LENS)]
     failed = False
     for kind in kinds:
@@ -37,6 +47,7 @@ def main(kinds: list[str]) -> int:
                                      initializer_range=0.3)
         extra = {"gdn_prefill_backend": "triton"} if kind == "qwen3_next" else {}
         results = {}
+        entry: dict = report["results"].setdefault(kind, {})
         for name, replayssm in MODES:
             start = time.time()
             try:
@@ -45,15 +56,31 @@ def main(kinds: list[str]) -> int:
                     additional_config={"replayssm": {"buffer_len": 8, **replayssm}, **extra},
                     **ENGINE)
                 print(f"SMOKE {kind} {name} ok {time.time() - start:.0f} s", flush=True)
+                entry[name] = f"ok ({time.time() - start:.0f} s incl. start-up)"
             except Exception:
                 failed = True
+                entry[name] = f"FAILED: {traceback.format_exc()[-1500:]}"
                 print(f"SMOKE {kind} {name} FAILED {traceback.format_exc()[-1500:]}", flush=True)
         if len(results) == len(MODES):
             cmp = compare_greedy(results["stock"], results["replay"])
             print(f"SMOKE {kind} identical {cmp.identical}/{cmp.prompts} divergences "
                   f"(prompt, position, logprob gap) {cmp.divergences}", flush=True)
+            entry.update(identical_prompts=cmp.identical, prompts=cmp.prompts,
+                         divergences_prompt_position_logprob_gap=cmp.divergences)
+    if json_path:
+        report["machine"] = common.machine_info()
+        common.write_json(Path(json_path), report)
+        print(f"# wrote {json_path}")
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["nemotron_h", "qwen3_next"]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kinds", nargs="*", metavar="MODEL",
+                        help="nemotron_h and/or qwen3_next (default both)")
+    parser.add_argument("--json", default=None, metavar="PATH")
+    args = parser.parse_args()
+    unknown = sorted(set(args.kinds) - {"nemotron_h", "qwen3_next"})
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose nemotron_h, qwen3_next")
+    sys.exit(main(args.kinds or ["nemotron_h", "qwen3_next"], args.json))
