@@ -72,6 +72,7 @@ REPLAY_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 _FLAG_OF = {key: option for option, (key, _) in REPLAY_FLAGS.items()}
 DEMO_FLAG = "--demo"
+SPEC_FLAG = "--use-replayssm-spec"  # --use-replayssm that also requires --speculative-config
 
 
 class LauncherError(Exception):
@@ -112,6 +113,9 @@ def _our_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("ReplaySSM")
     for option, (key, kwargs) in REPLAY_FLAGS.items():
         group.add_argument(option, dest=key, **kwargs)
+    group.add_argument(SPEC_FLAG, dest="use_spec", action="store_true",
+                       help="--use-replayssm for speculative decoding: the same, and refuse "
+                            "to start without --speculative-config")
     group.add_argument(DEMO_FLAG, metavar="{" + ",".join(DEMOS) + "}", default=None,
                        help=f"the embedded demo model to serve when MODEL is not given "
                             f"(default {DEFAULT_DEMO})")
@@ -120,7 +124,7 @@ def _our_parser() -> argparse.ArgumentParser:
 
 def _option_names() -> dict[str, bool]:
     """Every option string of ours -> whether it takes a value."""
-    names = {DEMO_FLAG: True}
+    names = {DEMO_FLAG: True, SPEC_FLAG: False}
     for option, (_, kwargs) in REPLAY_FLAGS.items():
         takes_value = "action" not in kwargs
         names[option] = takes_value
@@ -230,8 +234,11 @@ def plan_serve(argv: list[str], *, on_cpu: bool | None = None) -> ServePlan:
         ns = _our_parser().parse_args(ours)
     except SystemExit as exc:  # argparse printed the message
         raise LauncherError("", code=exc.code or EXIT_USAGE) from None
-    flags = check_flags({key: getattr(ns, key) for key, _ in REPLAY_FLAGS.values()
-                         if getattr(ns, key) is not None})  # before vLLM is imported
+    flags = {key: getattr(ns, key) for key, _ in REPLAY_FLAGS.values()
+             if getattr(ns, key) is not None}
+    if ns.use_spec:
+        flags["enabled"] = True
+    flags = check_flags(flags)  # before vLLM is imported
 
     demo = None
     if not _has_model(rest) and not _given(rest, "--config"):
@@ -252,6 +259,11 @@ def plan_serve(argv: list[str], *, on_cpu: bool | None = None) -> ServePlan:
 
     spec = args.speculative_config  # vLLM itself rejects a malformed one
     k = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
+    if ns.use_spec and not (isinstance(k, int) and k > 0):
+        raise LauncherError(f"{SPEC_FLAG} needs a speculative config with "
+                            "num_speculative_tokens >= 1, e.g. --speculative-config "
+                            "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
+                            "\"prompt_lookup_max\": 4}'; or use --use-replayssm")
     if cfg.enabled and isinstance(k, int):
         try:
             cfg.check_window(k)

@@ -25,7 +25,14 @@ PLANNED_ARCHS = ("NemotronHPuzzleForCausalLM",)
 def verify_replay_config(vllm_config: Any) -> None:
     """Raise ReplayConfigError for a bad replayssm value or an unsupported combination."""
     cfg = ReplayConfig.from_vllm_config(vllm_config)  # bad values raise here
+    spec = vllm_config.speculative_config
     if not cfg.enabled:
+        if (spec is not None and _on_cpu()
+                and vllm_config.model_config.architecture == "NemotronHForCausalLM"):
+            raise ReplayConfigError(
+                "speculative decoding of Mamba-2 layers on the CPU platform runs only with "
+                "replayssm (the plugin's CPU stock path has no speculative step): add "
+                "--use-replayssm (replayssm.enabled) or drop --speculative-config")
         return
     arch = vllm_config.model_config.architecture
     if arch not in SUPPORTED_ARCHS:
@@ -52,11 +59,34 @@ def verify_replay_config(vllm_config: Any) -> None:
         problems.append("pipeline parallelism (untested): use tensor parallelism")
     problems += _tp_split_problems(arch, vllm_config.model_config.hf_text_config,
                                    parallel.tensor_parallel_size)
-    spec = vllm_config.speculative_config
     if spec is not None:
         cfg.check_window(spec.num_speculative_tokens)
+        problems += _spec_problems(arch, spec)
     if problems:
         raise ReplayConfigError("replayssm cannot run with " + "; ".join(problems))
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _spec_problems(arch: str, spec: Any) -> list[str]:
+    """Speculative settings that ReplaySSM cannot run yet."""
+    problems = []
+    if arch in GDN_ARCHS:
+        problems.append("speculative decoding of GDN layers (not implemented yet; Mamba-2 "
+                        "models such as NemotronH have it): drop --speculative-config")
+    elif not _on_cpu():
+        problems.append("speculative decoding on GPUs (the Mamba-2 speculative path runs on "
+                        "the CPU platform only in this version): drop --speculative-config")
+    draft = getattr(spec, "draft_model_config", None)
+    if getattr(spec, "method", None) == "draft_model" and getattr(draft, "is_hybrid", False):
+        problems.append(f"a hybrid draft model ({draft.architecture}: its SSM layers would "
+                        "need ReplaySSM pages of their own): use an attention-only draft "
+                        "model, ngram or MTP")
+    return problems
 
 
 def _tp_split_problems(arch: str, hf: Any, tp: int) -> list[str]:

@@ -64,6 +64,24 @@ def test_supported_nemotron_h_passes(nemotron_h):
     assert cfg.additional_config["replayssm"]["lp_dtype"] == "none"
 
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+
+
+def test_speculative_nemotron_h_passes_on_cpu(nemotron_h):
+    cfg = _config(nemotron_h, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
+    assert cfg.speculative_config.num_speculative_tokens == 3
+
+
+def test_speculative_gdn_is_refused(qwen3_next):
+    with pytest.raises(Exception, match="speculative decoding of GDN layers"):
+        _config(qwen3_next, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
+
+
+def test_speculative_stock_cpu_mamba2_is_refused(nemotron_h):
+    with pytest.raises(Exception, match="runs only with replayssm"):
+        _config(nemotron_h, {"enabled": False}, speculative_config=NGRAM)
+
+
 def test_disabled_replayssm_checks_nothing_else(qwen3_next):
     cfg = _config(qwen3_next, {"enabled": False}, enable_prefix_caching=True)
     assert cfg.cache_config.enable_prefix_caching

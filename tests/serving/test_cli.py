@@ -26,11 +26,11 @@ def _extra(plan) -> dict:
 def test_split_keeps_order_and_matches_exactly():
     ours, rest = cli.split_argv([
         "m", "--port", "8000", "--use-replayssm", "--replayssm-buffer-len", "8",
-        "--replayssm_lp_dtype=bf16", "--no-replayssm-stagger", "--use-replayssm-spec", "x",
+        "--replayssm_lp_dtype=bf16", "--no-replayssm-stagger", "--use-replayssm-fast", "x",
         "--seed", "-1"])
     assert ours == ["--use-replayssm", "--replayssm-buffer-len", "8",
                     "--replayssm-lp-dtype=bf16", "--no-replayssm-stagger"]
-    assert rest == ["m", "--port", "8000", "--use-replayssm-spec", "x", "--seed", "-1"]
+    assert rest == ["m", "--port", "8000", "--use-replayssm-fast", "x", "--seed", "-1"]
 
 
 def test_flags_become_additional_config_merged_with_the_users(tmp_path):
@@ -47,6 +47,12 @@ def test_flags_become_additional_config_merged_with_the_users(tmp_path):
         "buffer_len": 8, "enabled": True, "route": "stock", "lp_dtype": "float16"}}
     assert plan.replay.enabled and plan.replay.buffer_len == 8 and plan.demo is None
     assert not any(a == "--enforce-eager" for a in plan.vllm_argv)  # no demo defaults
+
+
+def test_spec_alias_turns_replayssm_on(tmp_path):
+    plan = cli.plan_serve([str(tmp_path), "--use-replayssm-spec", "--speculative-config",
+                           '{"method": "ngram", "num_speculative_tokens": 3}'], on_cpu=True)
+    assert _extra(plan) == {"replayssm": {"enabled": True}} and plan.replay.enabled
 
 
 def test_no_flags_leave_vllm_arguments_alone(tmp_path):
@@ -88,6 +94,8 @@ BAD = {
     "spec_window": (["--use-replayssm", "--replayssm-buffer-len", "4", "--speculative-config",
                      '{"method": "ngram", "num_speculative_tokens": 5}'],
                     "smaller than the verify window"),
+    "spec_alias_without_spec": (["--use-replayssm-spec"],
+                                "--use-replayssm-spec needs a speculative config"),
     "demo_with_model": (["some/model", "--demo", "qwen3_next"], "drop MODEL or --demo"),
     "unknown_demo": (["--demo", "mamba"], "unknown demo model 'mamba'"),
 }

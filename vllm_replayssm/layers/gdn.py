@@ -32,7 +32,7 @@ from vllm_replayssm.kernels.gdn.reference import (
 )
 from vllm_replayssm.layers.pages import ReplayPage, gdn_cache_from_kv, gdn_page_specs
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
 
 class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):

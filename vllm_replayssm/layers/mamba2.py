@@ -17,6 +17,7 @@ the batch (decode rows lead, vLLM's order):
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from vllm.config import get_current_vllm_config
@@ -27,11 +28,18 @@ from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.platforms import current_platform
 
 from vllm_replayssm.config import ReplayConfigError
-from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid
+from vllm_replayssm.kernels.common.refresh import NULL_BLOCK_ID, refresh_after_prefill
 from vllm_replayssm.kernels.mamba2 import reference
+from vllm_replayssm.layers.conv import (
+    conv_context_to_back,
+    conv_context_to_front,
+    spec_conv_update,
+)
 from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2_page_specs
+from vllm_replayssm.layout import page_size_bytes
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
 
 class ReplayMambaMixer2(ReplayPage, MambaMixer2):
@@ -40,7 +48,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         vllm_config = get_current_vllm_config()
-        if not self._start_replay(vllm_config, "Mamba-2"):
+        if not self._start_replay(vllm_config, "Mamba-2",
+                                  spec_supported=current_platform.is_cpu(),
+                                  spec_missing="on GPUs yet (the CPU platform runs it)"):
             return
         if self.cache_config is not None and self.cache_config.mamba_cache_mode != "none":
             raise ReplayConfigError("replayssm needs mamba_cache_mode 'none' (no prefix caching)")
@@ -51,6 +61,23 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         logger.info_once("ReplaySSM active for Mamba-2 layers: buffer_len=%d, lp_dtype=%s, "
                          "route=%s", self.replay.buffer_len, self.replay.lp_dtype,
                          self.replay.route)
+        if self.num_spec:
+            self._log_spec_memory()
+
+    def _log_spec_memory(self) -> None:
+        """Start-up line: state bytes per request and layer, ours (one page) vs stock
+        speculative decoding (1 + k pages), before vLLM pads pages to a common size."""
+        with self.stock_page():
+            shapes, dtypes = self.get_state_shape(), self.get_state_dtype()
+        stock = sum(math.prod(s) * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
+        stock_spec = (1 + self.num_spec) * stock
+        ours = page_size_bytes(self.replay_specs)
+        logger.info_once(
+            "ReplaySSM speculative decoding (k=%d): %.1f KiB of Mamba-2 state per request and "
+            "layer (one page: HP, LP, ring of %d records) vs %.1f KiB for stock speculative "
+            "decoding (1 + k = %d pages): %.2fx as many requests per byte of state",
+            self.num_spec, ours / 1024, self.replay.buffer_len + self.replay_window,
+            stock_spec / 1024, 1 + self.num_spec, stock_spec / ours)
 
     def _warmup_ssd_kernels(self, projected_states: torch.Tensor) -> None:
         if current_platform.is_cpu():  # the torch CPU path has nothing to tune
@@ -74,16 +101,21 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         if self.cache_config.mamba_cache_mode != "none":
             raise NotImplementedError("vllm-replayssm's Mamba-2 CPU path does not support "
                                       "prefix caching; pass --no-enable-prefix-caching")
-        if md.num_accepted_tokens is not None:
+        spec = self.replay.enabled and self.replay_window > 1
+        if md.num_accepted_tokens is not None and not spec:
             raise NotImplementedError(
-                "speculative decoding of Mamba-2 layers is not available in vllm-replayssm's "
-                "CPU path or with replayssm yet; drop --speculative-config")
+                "speculative decoding of Mamba-2 layers needs replayssm in vllm-replayssm's "
+                "CPU path (the stock CPU path has no speculative step); add "
+                "--use-replayssm or drop --speculative-config")
         nd, ndt = md.num_decodes, md.num_decode_tokens
         npf, npt = md.num_prefills, md.num_prefill_tokens
         if nd:
             # [R, 1 + num_spec] in vLLM's metadata; one page per request here: column 0.
-            self._decode(projected_states[:ndt], output[:ndt], md.state_indices_tensor_d[:, 0],
-                         cpu)
+            slots = md.state_indices_tensor_d[:, 0]
+            if spec:
+                self._decode_spec(projected_states[:ndt], output[:ndt], slots, md)
+            else:
+                self._decode(projected_states[:ndt], output[:ndt], slots, cpu)
         if npf:
             tokens = slice(ndt, ndt + npt)
             if self.replay.enabled:
@@ -156,6 +188,68 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                                          plain=False)["route"]
         decode.mamba2_replay_decode(cache, *args, route=route, stagger=cfg.stagger, **common)
 
+    def _decode_spec(self, projected_states: torch.Tensor, output: torch.Tensor,
+                     state_indices: torch.Tensor, md) -> None:
+        """Decode rows of a speculative step (CPU, torch): each row holds 1 + its drafts
+        (query_start_loc_d; one token for rows without drafts). The previous window's
+        accepted count commits ring records and conv columns, then the window is verified
+        output-only and appended (reference.mamba2_replay_decode).
+
+        vLLM passes acceptance counts only on steps where some row has drafts; a row whose
+        drafts were rejected on the step before a draft-free step would then commit them.
+        So the count comes from positions instead: the tokens before this window
+        (seq_len - q) minus those before the previous one (`self._window_start`)."""
+        cfg = self.replay
+        cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
+        nd = state_indices.shape[0]
+        dev = projected_states.device
+        qsl = md.query_start_loc_d
+        if qsl is None:  # a step without drafts: one token per row
+            qsl = torch.arange(nd + 1, dtype=torch.int32, device=dev)
+        q_all = (qsl[1:] - qsl[:-1]).long()
+        start_all = md.seq_lens[:nd].long() - q_all  # tokens before this window
+        active = state_indices != NULL_BLOCK_ID
+        slots = state_indices[active].long()
+        window_start = self._window_starts(cache.meta.shape[0], dev)
+        accepted_all = start_all - window_start[state_indices.long()]
+        if md.num_accepted_tokens is not None and cfg.debug_checks:
+            meta_p = cache.meta[slots][:, PENDING].long()
+            vllm_acc = torch.minimum(md.num_accepted_tokens[:nd][active].long(), meta_p)
+            if not torch.equal(vllm_acc, torch.minimum(accepted_all[active], meta_p)):
+                raise RuntimeError(f"replayssm: acceptance from positions "
+                                   f"{accepted_all[active].tolist()} != vLLM's "
+                                   f"{vllm_acc.tolist()}")
+        meta = cache.meta[slots]
+        valid = meta_is_valid(meta, cfg.buffer_len, self.replay_window)
+        pending = torch.where(valid, meta[:, PENDING].long(), 0)
+        committed = torch.minimum(accepted_all[active].clamp(min=0), pending)
+        xBC, dt = self._split_projection(projected_states)
+        conv_out = torch.zeros_like(xBC)
+        starts, ends = qsl[:-1][active].tolist(), qsl[1:][active].tolist()
+        rows = torch.tensor([t for a, b in zip(starts, ends, strict=True) for t in range(a, b)],
+                            dtype=torch.long, device=dev)
+        local_qsl = torch.zeros(slots.numel() + 1, dtype=torch.long, device=dev)
+        local_qsl[1:] = torch.cumsum(q_all[active], 0)
+        conv_out[rows] = spec_conv_update(
+            xBC[rows], self._conv_state(), slots, local_qsl, pending, committed,
+            self.conv_weights, self.conv1d.bias, self.activation)
+        x, dt, B, C = self._ssm_inputs(conv_out, dt)
+        out = output.view(output.shape[0], -1, self.head_dim)
+        reference.mamba2_replay_decode(
+            cache, x, dt, self.A, B, C, self.D, self.dt_bias, state_indices, out,
+            buffer_len=cfg.buffer_len, window=self.replay_window, query_start_loc=qsl,
+            num_accepted_tokens=accepted_all.clamp(min=0))
+        window_start[slots] = start_all[active]
+
+    def _window_starts(self, num_slots: int, device: torch.device) -> torch.Tensor:
+        """[num_slots] int64: per slot, the tokens before its pending window (speculative
+        steps); set by every prefill chunk and decode step that writes the slot."""
+        starts = getattr(self, "_window_start", None)
+        if starts is None or starts.shape[0] != num_slots or starts.device != device:
+            starts = torch.zeros(num_slots, dtype=torch.long, device=device)
+            self._window_start = starts
+        return starts
+
     def _prefill_replay(self, projected_states: torch.Tensor, output: torch.Tensor, md,
                         attn_metadata: dict, cpu: bool) -> None:
         cfg = self.replay
@@ -167,7 +261,16 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             reference.mamba2_replay_materialise(cache, self.A, slots[md.has_initial_states_p],
                                                 **common)
         if cpu:
+            spec = self.replay_window > 1
+            if spec and md.has_initial_states_p is not None and md.prep_initial_states:
+                conv_context_to_front(self._conv_state(), slots[md.has_initial_states_p],
+                                      self.conv_kernel_size)
             self._prefill_cpu(projected_states, output, md, cache.hp)
+            if spec:
+                conv_context_to_back(self._conv_state(), slots, self.conv_kernel_size)
+                nd, npf = md.num_decodes, md.num_prefills
+                self._window_starts(cache.meta.shape[0], slots.device)[slots.long()] = (
+                    md.seq_lens[nd:nd + npf].long())
         else:
             prefill_md = dataclasses.replace(
                 md, num_decodes=0, num_decode_tokens=0, state_indices_tensor_d=None,

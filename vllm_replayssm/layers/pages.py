@@ -5,6 +5,7 @@ kv_cache tensors named and typed as our caches."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,9 +134,11 @@ class ReplayPage:
     replay_window: int
     _stock_page = False
 
-    def _start_replay(self, vllm_config: Any, family: str) -> bool:
+    def _start_replay(self, vllm_config: Any, family: str, *, spec_supported: bool = False,
+                      spec_missing: str = "yet") -> bool:
         """Read the replayssm settings into `self.replay`; when enabled, refuse what the layer
-        cannot run (an architecture whose page vLLM sizes, speculative decoding) and set
+        cannot run (an architecture whose page vLLM sizes, speculative decoding where
+        `spec_supported` is false: the message says `spec_missing`) and set
         `self.replay_window`. Returns whether replayssm is enabled."""
         self.replay = ReplayConfig.from_vllm_config(vllm_config)
         if not self.replay.enabled:
@@ -145,12 +148,20 @@ class ReplayPage:
             raise ReplayConfigError(f"replayssm does not support {arch} yet")
         num_spec = self.num_spec  # type: ignore[attr-defined]
         self.replay.check_window(num_spec)
-        if num_spec:
+        if num_spec and not spec_supported:
             raise NotImplementedError(
                 f"replayssm with speculative decoding is not available for {family} layers "
-                "yet; drop --speculative-config or replayssm.enabled")
+                f"{spec_missing}; drop --speculative-config or replayssm.enabled")
         self.replay_window = 1 + num_spec
         return True
+
+    def get_kv_cache_spec(self, vllm_config: Any):
+        """vLLM's MambaSpec, with one page per request under speculative decoding: the
+        window's records go to the ring, so no draft ever needs a state slot of its own."""
+        spec = super().get_kv_cache_spec(vllm_config)  # type: ignore[misc]
+        if self._replay_page() and spec is not None and spec.num_speculative_blocks:
+            spec = dataclasses.replace(spec, num_speculative_blocks=0)
+        return spec
 
     def _replay_page(self) -> bool:
         return self.replay is not None and self.replay.enabled and not self._stock_page

