@@ -366,6 +366,13 @@ def serve(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["serve"] and "prometheus_client" not in sys.modules:
+        # The server process (console script or -m): vLLM's /metrics then collects from
+        # every process, the workers' ReplaySSM counters included (metrics.py). In-process
+        # callers (tests) pass argv and keep their environment.
+        from vllm_replayssm.metrics import enable_multiprocess_metrics
+
+        enable_multiprocess_metrics()
     argv = list(sys.argv[1:] if argv is None else argv)
     top = argparse.ArgumentParser(
         prog=PROG, description="vLLM's OpenAI-compatible server with ReplaySSM decode for "

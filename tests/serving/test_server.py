@@ -263,6 +263,38 @@ def test_load_concurrent_streams_with_aborts(setup, capsys):
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+def _replay_counters(url: str, family: str, wait_s: float = 10.0) -> dict[str, float]:
+    """replayssm_* samples of `family` on /metrics, once decode rows show up (the workers
+    export every second)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        values = {}
+        for line in httpx.get(url + "/metrics").text.splitlines():
+            if line.startswith("replayssm_") and f'family="{family}"' in line:
+                name, value = line.rsplit(" ", 1)
+                values[name.split("{")[0]] = float(value)
+        if values.get("replayssm_decode_rows_total", 0) > 0 or time.monotonic() > deadline:
+            return values
+        time.sleep(0.5)
+
+
+def _check_counters(values: dict[str, float]) -> None:
+    rows, flushes = values["replayssm_decode_rows_total"], values["replayssm_flushes_total"]
+    assert rows > 0 and 0 < flushes < rows, values
+    assert values["replayssm_ring_records_total"] > rows, values  # rings hold records
+    assert 0 < values["replayssm_ring_occupancy"] <= 1, values
+    assert values["replayssm_spec_committed_total"] == 0, values  # no speculative decoding
+
+
+def test_replayssm_counters_on_metrics(setup):
+    """Counted in the worker processes, served by vLLM's /metrics beside its own."""
+    server = setup[0]
+    values = _replay_counters(server.url, "mamba2")
+    _check_counters(values)
+    text = httpx.get(server.url + "/metrics").text
+    assert "vllm:generation_tokens_total" in text  # vLLM's own metrics still served
+
+
 def test_qwen3_next_demo_with_replayssm_flags(servers):
     server = servers[1]
     server.wait_ready()
@@ -278,6 +310,7 @@ def test_qwen3_next_demo_with_replayssm_flags(servers):
             for p in _prompts()[:4]]
     assert all(o.finish_reason == "length" for o in outs)
     assert len({t for o in outs for t in o.model_extra["token_ids"]}) > 30  # diverse
+    _check_counters(_replay_counters(server.url, "gdn"))
     chat = client.chat.completions.create(
         model=name, messages=[{"role": "user", "content": "Hello"}], max_tokens=8,
         temperature=0, extra_body={"ignore_eos": True})

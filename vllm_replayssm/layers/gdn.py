@@ -109,10 +109,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         elif cfg.route == "replay":
             route = decode.launch_config(n, self.num_v_heads // self.num_k_heads,
                                          plain=False)["route"]
-        decode.gdn_replay_decode(
+        self._count_step("gdn", cache.meta, state_indices, lambda: decode.gdn_replay_decode(
             cache, q, k, v, a[:n], b[:n], self.A_log, self.dt_bias, state_indices,
             core_attn_out[:n], scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
-            window=self.replay_window, route=route, stagger=cfg.stagger)
+            window=self.replay_window, route=route, stagger=cfg.stagger))
 
     # --- CPU forward ------------------------------------------------------------------------
 
@@ -170,10 +170,13 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             args = (cache, q, k, v, a[:ndt], b[:ndt], self.A_log, self.dt_bias,
                     state_indices[:nd], core_attn_out[:ndt])
             if cfg.route == "stock" and ndt == nd:  # torch paths: "auto" replays
-                gdn_stock_route_decode(*args, stagger=cfg.stagger, **common)
+                def step():
+                    gdn_stock_route_decode(*args, stagger=cfg.stagger, **common)
             else:
-                gdn_replay_decode(*args, query_start_loc=None if ndt == nd else qsl[: nd + 1],
-                                  **common)
+                def step():
+                    gdn_replay_decode(*args, query_start_loc=None if ndt == nd
+                                      else qsl[: nd + 1], **common)
+            self._count_step("gdn", cache.meta, state_indices[:nd], step)
         if npf:
             prefill_md = dataclasses.replace(
                 md, num_decodes=0, num_decode_tokens=0, num_actual_tokens=npt,

@@ -174,9 +174,12 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         common = dict(buffer_len=cfg.buffer_len, window=self.replay_window)
         if cpu:  # torch paths: "auto" replays
             if cfg.route == "stock":
-                reference.mamba2_stock_route_decode(cache, *args, stagger=cfg.stagger, **common)
+                self._count_step("mamba2", cache.meta, state_indices,
+                                 lambda: reference.mamba2_stock_route_decode(
+                                     cache, *args, stagger=cfg.stagger, **common))
             else:
-                reference.mamba2_replay_decode(cache, *args, **common)
+                self._count_step("mamba2", cache.meta, state_indices,
+                                 lambda: reference.mamba2_replay_decode(cache, *args, **common))
             return
         from vllm_replayssm.kernels.mamba2 import decode
 
@@ -186,7 +189,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         elif cfg.route == "replay":
             route = decode.launch_config(state_indices.shape[0], x.shape[1] // B.shape[1],
                                          plain=False)["route"]
-        decode.mamba2_replay_decode(cache, *args, route=route, stagger=cfg.stagger, **common)
+        self._count_step("mamba2", cache.meta, state_indices,
+                         lambda: decode.mamba2_replay_decode(
+                             cache, *args, route=route, stagger=cfg.stagger, **common))
 
     def _decode_spec(self, projected_states: torch.Tensor, output: torch.Tensor,
                      state_indices: torch.Tensor, md) -> None:
@@ -235,10 +240,13 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             self.conv_weights, self.conv1d.bias, self.activation)
         x, dt, B, C = self._ssm_inputs(conv_out, dt)
         out = output.view(output.shape[0], -1, self.head_dim)
-        reference.mamba2_replay_decode(
-            cache, x, dt, self.A, B, C, self.D, self.dt_bias, state_indices, out,
-            buffer_len=cfg.buffer_len, window=self.replay_window, query_start_loc=qsl,
-            num_accepted_tokens=accepted_all.clamp(min=0))
+        accepted = accepted_all.clamp(min=0)
+        self._count_step("mamba2", cache.meta, state_indices,
+                         lambda: reference.mamba2_replay_decode(
+                             cache, x, dt, self.A, B, C, self.D, self.dt_bias, state_indices,
+                             out, buffer_len=cfg.buffer_len, window=self.replay_window,
+                             query_start_loc=qsl, num_accepted_tokens=accepted),
+                         accepted)
         window_start[slots] = start_all[active]
 
     def _window_starts(self, num_slots: int, device: torch.device) -> torch.Tensor:

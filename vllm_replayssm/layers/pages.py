@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 from vllm_replayssm.config_checks import SUPPORTED_ARCHS
+from vllm_replayssm.kernels.common.cursor import ring_rows
+from vllm_replayssm.kernels.common.refresh import NULL_BLOCK_ID
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -22,6 +24,7 @@ from vllm_replayssm.layout import (
     gdn_state_specs,
     mamba2_state_specs,
 )
+from vllm_replayssm.metrics import StepCounters
 
 
 def _num_spec(vllm_config: Any) -> int:
@@ -133,6 +136,7 @@ class ReplayPage:
     replay_specs: list[StateTensorSpec]
     replay_window: int
     _stock_page = False
+    _step_counters: StepCounters | None = None
 
     def _start_replay(self, vllm_config: Any, family: str, *, spec_supported: bool = False,
                       spec_missing: str = "yet") -> bool:
@@ -162,6 +166,17 @@ class ReplayPage:
         if self._replay_page() and spec is not None and spec.num_speculative_blocks:
             spec = dataclasses.replace(spec, num_speculative_blocks=0)
         return spec
+
+    def _count_step(self, family: str, meta: torch.Tensor, slots: torch.Tensor,
+                    run: Callable[[], None], accepted: torch.Tensor | None = None) -> None:
+        """Run one decode step `run()` and add its events to this layer's counters
+        (metrics.py): the cursor words of `slots` before and after; graph-safe."""
+        if self._step_counters is None:
+            self._step_counters = StepCounters(
+                family, ring_rows(self.replay.buffer_len, self.replay_window))
+        before = meta[slots]
+        run()
+        self._step_counters.count(before, meta[slots], slots != NULL_BLOCK_ID, accepted)
 
     def _replay_page(self) -> bool:
         return self.replay is not None and self.replay.enabled and not self._stock_page

@@ -1,0 +1,84 @@
+"""A `vllm-replayssm serve` process on 127.0.0.1 (the launcher through `python -m
+vllm_replayssm.cli`) in its own process group, output to a log file: what the serving
+tests and benchmarks/serving/bench_serving.py start and stop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+STOP_TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launcher_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "vllm_replayssm.cli", *args]
+
+
+class ServerError(RuntimeError):
+    """A server that exited, or did not answer /health in time; the message holds its log
+    tail."""
+
+
+class ServerProcess:
+    """`vllm-replayssm serve ARGS --host 127.0.0.1 --port P`; `env` gives defaults that the
+    caller's environment overrides."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.argv = launcher_cmd("serve", *args, "--host", "127.0.0.1", "--port", str(self.port))
+        self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(
+            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True, cwd=cwd or log_path.parent,
+            env={**(env or {}), **os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def wait_ready(self, timeout: float) -> float:
+        """Seconds until /health answered 200; raise ServerError on exit or timeout."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise ServerError(f"server exited with status {self.proc.returncode} before "
+                                  f"/health answered; log {self.log_path}, tail:\n"
+                                  f"{self.tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return time.monotonic() - t0
+            time.sleep(1)
+        raise ServerError(f"server not ready after {timeout:.0f} s; log {self.log_path}, "
+                          f"tail:\n{self.tail()}")
+
+    def tail(self, lines: int = 60) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> int | None:
+        """SIGTERM the process group (API server and engine processes), SIGKILL what is left
+        after STOP_TIMEOUT_S; return the leader's exit status."""
+        pgid = self.proc.pid  # start_new_session: the group id is the leader's pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        rc = self.proc.wait()
+        self._log.close()
+        return rc

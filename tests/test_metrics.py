@@ -1,0 +1,40 @@
+"""The layers' event counters (metrics.StepCounters) against the cursor machine's own
+decisions (kernels/common/cursor.plan_step) over random plain and speculative schedules."""
+
+import random
+
+import pytest
+import torch
+
+from vllm_replayssm.kernels.common.cursor import plan_step, reset_meta
+from vllm_replayssm.metrics import FIELDS, StepCounters
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_counters_match_the_cursor_plan(spec):
+    rng = random.Random(3)
+    L, T, S = 6, 3 if spec else 1, 9
+    meta = torch.zeros(S, 8, dtype=torch.int32)
+    slots = torch.tensor([2, 5, 7, 0])  # slot 0: the NULL block, an inactive row
+    reset_meta(meta, slots[:3], L, T, stagger=True)
+    counters = StepCounters("mamba2", L + T)
+    want = dict.fromkeys(FIELDS, 0)
+    pending = torch.zeros(3, dtype=torch.long)
+    for _ in range(60):
+        q = torch.tensor([rng.randint(1, T) for _ in range(3)])
+        acc = torch.tensor([rng.randint(1, max(int(p), 1)) for p in pending]) if spec else None
+        before = meta[slots].clone()
+        plan = plan_step(meta[slots[:3]], q, acc, L, T)
+        meta[slots[:3]] = plan.meta()
+        full_acc = None if acc is None else torch.cat([acc, torch.ones(1, dtype=torch.long)])
+        counters.count(before, meta[slots], slots != 0, full_acc)
+        committed = pending if acc is None else torch.minimum(acc, pending)
+        want["decode_rows"] += 3
+        want["flushes"] += int(plan.flush.sum())
+        want["ring_records"] += int((plan.committed + plan.pending).sum())
+        if spec:
+            want["spec_committed"] += int(committed.sum())
+            want["spec_rejected"] += int((pending - committed).sum())
+        pending = q
+    assert dict(zip(FIELDS, counters.totals.tolist(), strict=True)) == want
+    assert want["flushes"] > 0 and (not spec or want["spec_rejected"] > 0)
