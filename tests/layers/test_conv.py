@@ -14,6 +14,8 @@ from vllm_replayssm.layers.conv import (
     spec_conv_update,
 )
 
+NULL = 0
+
 
 def _direct(history: torch.Tensor, window: torch.Tensor, weight, bias) -> torch.Tensor:
     """history [D, t >= K - 1], window [D, q] -> [q, D], float64."""
@@ -49,7 +51,8 @@ def test_spec_conv_update_matches_direct_conv(K, k, seed):
         windows = [torch.randn(D, n) for n in q]
         x = torch.cat([w.transpose(0, 1) for w in windows])
         qsl = torch.tensor([0, *torch.cumsum(torch.tensor(q), 0).tolist()])
-        out = spec_conv_update(x, state, slots, qsl, pending, committed, weight, bias, "silu")
+        out = spec_conv_update(x, state, slots, qsl, pending, committed, weight, bias, "silu",
+                               1 + k)
         want = torch.cat([_direct(history[r], windows[r], weight, bias) for r in range(R)])
         torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
         pending = torch.tensor(q)
@@ -65,3 +68,27 @@ def test_context_front_back_roundtrip():
     torch.testing.assert_close(state[0], before[0])
     conv_context_to_front(state, slots, 4)
     torch.testing.assert_close(state, before)
+
+
+def test_padding_rows_and_tokens_leave_real_rows_alone():
+    """CUDA-graph padding: extra rows of 0 tokens on the NULL slot, extra tokens past the
+    last row; the real rows' outputs and states equal an unpadded call."""
+    torch.manual_seed(4)
+    D, K, k = 5, 4, 3
+    M = K - 1 + k
+    weight, bias = torch.randn(D, K), torch.randn(D)
+    state = torch.randn(6, D, M)
+    slots = torch.tensor([3, 5])
+    pending, committed = torch.tensor([4, 2]), torch.tensor([2, 1])
+    x = torch.randn(5, D)
+    qsl = torch.tensor([0, 3, 5])
+    plain_state = state.clone()
+    want = spec_conv_update(x, plain_state, slots, qsl, pending, committed, weight, bias,
+                            "silu", 1 + k)
+    padded_x = torch.cat([x, torch.randn(3, D)])
+    got = spec_conv_update(padded_x, state, torch.tensor([3, 5, NULL, NULL]),
+                           torch.tensor([0, 3, 5, 5, 5]), torch.tensor([4, 2, 0, 0]),
+                           torch.tensor([2, 1, 0, 0]), weight, bias, "silu", 1 + k)
+    torch.testing.assert_close(got[:5], want)
+    assert not got[5:].any()
+    torch.testing.assert_close(state[1:], plain_state[1:])  # slot 0 (NULL) may differ

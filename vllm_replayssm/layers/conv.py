@@ -47,38 +47,51 @@ def spec_conv_update(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     activation: str | None,
+    window: int,
 ) -> torch.Tensor:
-    """Conv outputs of R decode windows and the new conv states.
+    """Conv outputs of R decode windows and the new conv states, with tensor ops only (no
+    host synchronisation, fixed shapes: usable inside CUDA graphs).
 
-    x: [num_tokens, D] window inputs, rows in query_start_loc order ([R + 1] int, the
-    decode rows from token 0); conv_state: [S, D, M] dim-first view, updated in place for
-    `slots` [R] (long, no NULL rows); pending: [R] int, the window length of each row's
-    previous step (0 after a prefill); committed: [R] int, how many of those tokens are
-    committed now (min(accepted, pending)); weight: [D, K]; bias: [D] or None.
-    Returns [num_tokens, D] in x's dtype.
+    x: [num_tokens, D] window inputs, rows in query_start_loc order ([R + 1] int, from token
+    0; rows of 0 tokens allowed, e.g. graph padding); conv_state: [S, D, M] dim-first view,
+    updated in place for `slots` [R] (padding rows may all name the NULL slot: whatever they
+    write there is never read); pending: [R] int, each row's previous window length (0 after
+    a prefill); committed: [R] int, how many of those tokens are committed now
+    (min(accepted, pending)); weight: [D, K]; bias: [D] or None; window: T >= every row's
+    token count. Returns [num_tokens, D] in x's dtype (tokens past query_start_loc[-1]: 0).
     """
-    K = weight.shape[-1]
-    M = conv_state.shape[-1]
-    out = torch.empty_like(x)
-    qsl = query_start_loc.tolist()
-    ends = (M - pending.long() + committed.long()).tolist()
+    R, D, K = slots.shape[0], weight.shape[0], weight.shape[-1]
+    M, N, T = conv_state.shape[-1], x.shape[0], window
+    dev = x.device
+    if R == 0 or N == 0:
+        return torch.zeros_like(x)
+    qsl = query_start_loc.to(device=dev, dtype=torch.long)
+    starts, q = qsl[:-1], qsl[1:] - qsl[:-1]
+    i = torch.arange(T, device=dev)
+    mask = i[None, :] < q[:, None]  # [R, T]
+    tok = torch.where(mask, starts[:, None] + i[None, :], 0).clamp(max=N - 1)
     rows = conv_state[slots]  # [R, D, M]
-    new_rows = torch.empty_like(rows)
-    w = weight.unsqueeze(1)  # [D, 1, K]
-    for r in range(slots.numel()):
-        e = int(ends[r])
-        if not K - 1 <= e <= M:
-            raise RuntimeError(f"conv context end {e} outside [{K - 1}, {M}] (row {r})")
-        xr = x[qsl[r]:qsl[r + 1]].transpose(0, 1)  # [D, q]
-        seq = torch.cat([rows[r, :, :e], xr.to(rows.dtype)], dim=-1)  # [D, e + q]
-        y = functional.conv1d(seq[:, e - (K - 1):].unsqueeze(0).to(weight.dtype), w, bias,
-                     groups=weight.shape[0])[0]  # [D, q]
-        if activation in ("silu", "swish"):
-            y = functional.silu(y)
-        out[qsl[r]:qsl[r + 1]] = y.transpose(0, 1).to(out.dtype)
-        tail = seq[:, -M:]
-        if tail.shape[-1] < M:  # cannot happen with e >= K - 1 and q >= 1 when M <= K - 1 + q
-            tail = torch.cat([rows[r, :, : M - tail.shape[-1]], tail], dim=-1)
-        new_rows[r] = tail
-    conv_state[slots] = new_rows
+    xw = torch.where(mask[:, None, :], x[tok].transpose(1, 2).to(rows.dtype), 0)  # [R, D, T]
+    end = (M - pending.long() + committed.long()).clamp(K - 1, M)  # committed context end
+    prior_idx = end[:, None] + torch.arange(-(K - 1), 0, device=dev)[None, :]  # [R, K - 1]
+    prior = torch.gather(rows, 2, prior_idx[:, None, :].expand(R, D, K - 1))
+    seq = torch.cat([prior, xw], dim=-1).to(weight.dtype)  # [R, D, K - 1 + T]
+    y = functional.conv1d(seq.reshape(1, R * D, K - 1 + T), weight.repeat(R, 1)[:, None, :],
+                          None if bias is None else bias.repeat(R), groups=R * D)
+    y = y.reshape(R, D, T)
+    if activation in ("silu", "swish"):
+        y = functional.silu(y)
+    # Token t of row r(t) at window position t - qsl[r(t)].
+    t = torch.arange(N, device=dev)
+    r_of_t = (torch.searchsorted(qsl[1:], t, right=True)).clamp(max=R - 1)
+    pos = (t - starts[r_of_t]).clamp(0, T - 1)
+    out = y[r_of_t, :, pos].to(x.dtype)
+    out = torch.where((t < qsl[-1])[:, None], out, 0)
+    # New state: the last M columns of (committed columns [0, end), then the q inputs).
+    m = torch.arange(M, device=dev)
+    src = end[:, None] + q[:, None] - M + m[None, :]  # position in that sequence  [R, M]
+    from_state = torch.gather(rows, 2, src.clamp(0, M - 1)[:, None, :].expand(R, D, M))
+    from_x = torch.gather(xw, 2, (src - end[:, None]).clamp(0, T - 1)[:, None, :]
+                          .expand(R, D, M))
+    conv_state[slots] = torch.where((src < end[:, None])[:, None, :], from_state, from_x)
     return out

@@ -195,10 +195,11 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
 
     def _decode_spec(self, projected_states: torch.Tensor, output: torch.Tensor,
                      state_indices: torch.Tensor, md) -> None:
-        """Decode rows of a speculative step (CPU, torch): each row holds 1 + its drafts
+        """Decode rows of a speculative step: each row holds 1 + its drafts
         (query_start_loc_d; one token for rows without drafts). The previous window's
         accepted count commits ring records and conv columns, then the window is verified
-        output-only and appended (reference.mamba2_replay_decode).
+        output-only and appended (reference.mamba2_replay_decode). Tensor ops only, no host
+        synchronisation (debug_checks aside).
 
         vLLM passes acceptance counts only on steps where some row has drafts; a row whose
         drafts were rejected on the step before a draft-free step would then commit them.
@@ -211,43 +212,35 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         qsl = md.query_start_loc_d
         if qsl is None:  # a step without drafts: one token per row
             qsl = torch.arange(nd + 1, dtype=torch.int32, device=dev)
-        q_all = (qsl[1:] - qsl[:-1]).long()
-        start_all = md.seq_lens[:nd].long() - q_all  # tokens before this window
-        active = state_indices != NULL_BLOCK_ID
-        slots = state_indices[active].long()
+        q = (qsl[1:] - qsl[:-1]).long()
+        start = md.seq_lens[:nd].long() - q  # tokens before this window
+        slots = state_indices.long()
         window_start = self._window_starts(cache.meta.shape[0], dev)
-        accepted_all = start_all - window_start[state_indices.long()]
-        if md.num_accepted_tokens is not None and cfg.debug_checks:
-            meta_p = cache.meta[slots][:, PENDING].long()
-            vllm_acc = torch.minimum(md.num_accepted_tokens[:nd][active].long(), meta_p)
-            if not torch.equal(vllm_acc, torch.minimum(accepted_all[active], meta_p)):
-                raise RuntimeError(f"replayssm: acceptance from positions "
-                                   f"{accepted_all[active].tolist()} != vLLM's "
-                                   f"{vllm_acc.tolist()}")
+        accepted = (start - window_start[slots]).clamp(min=0)
         meta = cache.meta[slots]
         valid = meta_is_valid(meta, cfg.buffer_len, self.replay_window)
         pending = torch.where(valid, meta[:, PENDING].long(), 0)
-        committed = torch.minimum(accepted_all[active].clamp(min=0), pending)
+        committed = torch.minimum(accepted, pending)
+        if md.num_accepted_tokens is not None and cfg.debug_checks:
+            ours = committed[slots != NULL_BLOCK_ID]
+            theirs = torch.minimum(md.num_accepted_tokens[:nd].long(),
+                                   pending)[slots != NULL_BLOCK_ID]
+            if not torch.equal(ours, theirs):
+                raise RuntimeError(f"replayssm: acceptance from positions {ours.tolist()} "
+                                   f"!= vLLM's {theirs.tolist()}")
         xBC, dt = self._split_projection(projected_states)
-        conv_out = torch.zeros_like(xBC)
-        starts, ends = qsl[:-1][active].tolist(), qsl[1:][active].tolist()
-        rows = torch.tensor([t for a, b in zip(starts, ends, strict=True) for t in range(a, b)],
-                            dtype=torch.long, device=dev)
-        local_qsl = torch.zeros(slots.numel() + 1, dtype=torch.long, device=dev)
-        local_qsl[1:] = torch.cumsum(q_all[active], 0)
-        conv_out[rows] = spec_conv_update(
-            xBC[rows], self._conv_state(), slots, local_qsl, pending, committed,
-            self.conv_weights, self.conv1d.bias, self.activation)
-        x, dt, B, C = self._ssm_inputs(conv_out, dt)
+        xBC = spec_conv_update(xBC, self._conv_state(), slots, qsl, pending, committed,
+                               self.conv_weights, self.conv1d.bias, self.activation,
+                               self.replay_window)
+        x, dt, B, C = self._ssm_inputs(xBC, dt)
         out = output.view(output.shape[0], -1, self.head_dim)
-        accepted = accepted_all.clamp(min=0)
         self._count_step("mamba2", cache.meta, state_indices,
                          lambda: reference.mamba2_replay_decode(
                              cache, x, dt, self.A, B, C, self.D, self.dt_bias, state_indices,
                              out, buffer_len=cfg.buffer_len, window=self.replay_window,
                              query_start_loc=qsl, num_accepted_tokens=accepted),
                          accepted)
-        window_start[slots] = start_all[active]
+        window_start[slots] = start
 
     def _window_starts(self, num_slots: int, device: torch.device) -> torch.Tensor:
         """[num_slots] int64: per slot, the tokens before its pending window (speculative
