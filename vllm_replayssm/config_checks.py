@@ -75,12 +75,9 @@ def _on_cpu() -> bool:
 def _spec_problems(arch: str, spec: Any) -> list[str]:
     """Speculative settings that ReplaySSM cannot run yet."""
     problems = []
-    if arch in GDN_ARCHS:
-        problems.append("speculative decoding of GDN layers (not implemented yet; Mamba-2 "
-                        "models such as NemotronH have it): drop --speculative-config")
-    elif not _on_cpu():
-        problems.append("speculative decoding on GPUs (the Mamba-2 speculative path runs on "
-                        "the CPU platform only in this version): drop --speculative-config")
+    if not _on_cpu():
+        problems.append("speculative decoding on GPUs (the speculative ReplaySSM step runs "
+                        "on the CPU platform only in this version): drop --speculative-config")
     draft = getattr(spec, "draft_model_config", None)
     if getattr(spec, "method", None) == "draft_model" and getattr(draft, "is_hybrid", False):
         problems.append(f"a hybrid draft model ({draft.architecture}: its SSM layers would "

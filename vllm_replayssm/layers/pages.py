@@ -24,7 +24,7 @@ from vllm_replayssm.layout import (
     gdn_state_specs,
     mamba2_state_specs,
 )
-from vllm_replayssm.metrics import StepCounters
+from vllm_replayssm.metrics import GPU_COUNTERS, StepCounters
 
 
 def _num_spec(vllm_config: Any) -> int:
@@ -171,6 +171,9 @@ class ReplayPage:
                     run: Callable[[], None], accepted: torch.Tensor | None = None) -> None:
         """Run one decode step `run()` and add its events to this layer's counters
         (metrics.py): the cursor words of `slots` before and after; graph-safe."""
+        if meta.is_cuda and not GPU_COUNTERS:
+            run()
+            return
         if self._step_counters is None:
             self._step_counters = StepCounters(
                 family, ring_rows(self.replay.buffer_len, self.replay_window))

@@ -1,0 +1,1 @@
+"""Attention-backend subclasses: what our layers need in their metadata beyond vLLM's."""
