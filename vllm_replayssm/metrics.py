@@ -26,7 +26,8 @@ worker copies the totals every EXPORT_INTERVAL_S seconds into prometheus_client 
 launcher points PROMETHEUS_MULTIPROC_DIR at a fresh directory before vLLM is imported, so
 that vLLM's `/metrics` (which then uses prometheus_client's multiprocess collector) serves the
 workers' metrics with its own. With plain `vllm serve` and no PROMETHEUS_MULTIPROC_DIR, the
-worker metrics stay in the workers and only vLLM's own are served.
+worker metrics stay in the workers and only vLLM's own are served. On GPUs the layers count
+only with REPLAYSSM_GPU_COUNTERS=1 (see GPU_COUNTERS).
 """
 
 from __future__ import annotations
