@@ -58,9 +58,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                          self.replay.gdn_flush)
 
     def get_attn_backend(self):
-        """With replayssm on, vLLM's GDN backend whose metadata also carries the request
-        lengths (backends/gdn.py); the speculative step derives acceptance from them."""
-        if self.replay is not None and self.replay.enabled:
+        """Under speculative decoding with replayssm on, vLLM's GDN backend whose metadata
+        also carries the request lengths (backends/gdn.py): the speculative step derives
+        acceptance from them. Otherwise vLLM's own."""
+        if self.replay is not None and self.replay.enabled and self.replay_window > 1:
             return ReplayGDNAttentionBackend
         return super().get_attn_backend()
 
