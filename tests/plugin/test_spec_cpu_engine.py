@@ -73,6 +73,14 @@ def _check(name, reference, ours, capsys):
     assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), cmp.divergences
 
 
+def _check_partly_accepted(name: str, metrics: dict[str, float], capsys) -> None:
+    drafted = metrics.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens", 0)
+    with capsys.disabled():
+        print(f"\n{name}: {int(accepted)}/{int(drafted)} draft tokens accepted")
+    assert 0 < accepted < drafted, "the drafts must be partly accepted and partly rejected"
+
+
 CASES = {  # (k, replayssm settings): L = k + 1 is the tightest window the config accepts
     "k1_L2": (1, {"buffer_len": 2}),
     "k3_L4": (3, {"buffer_len": 4}),
@@ -87,11 +95,7 @@ def test_spec_decode_is_lossless(model_dir, plain_outputs, stock_outputs, case, 
     k, settings = CASES[case]
     metrics: dict[str, float] = {}
     ours = _run(model_dir, {"enabled": True, "debug_checks": True, **settings}, k, metrics)
-    drafted = metrics.get("vllm:spec_decode_num_draft_tokens", 0)
-    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens", 0)
-    with capsys.disabled():
-        print(f"\n{case}: {int(accepted)}/{int(drafted)} draft tokens accepted")
-    assert 0 < accepted < drafted, "the drafts must be partly accepted and partly rejected"
+    _check_partly_accepted(case, metrics, capsys)
     _check(f"{case} vs non-speculative ReplaySSM", plain_outputs, ours, capsys)
     _check(f"{case} vs CPU stock path", stock_outputs, ours, capsys)
 
@@ -142,9 +146,5 @@ def test_gdn_spec_decode_is_lossless(qwen_dir, qwen_prompts, qwen_plain, case, c
     k, settings = GDN_CASES[case]
     metrics: dict[str, float] = {}
     ours = _run_gdn(qwen_dir, qwen_prompts, {"enabled": True, **settings}, k, metrics)
-    drafted = metrics.get("vllm:spec_decode_num_draft_tokens", 0)
-    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens", 0)
-    with capsys.disabled():
-        print(f"\nqwen3_next {case}: {int(accepted)}/{int(drafted)} draft tokens accepted")
-    assert 0 < accepted < drafted, "the drafts must be partly accepted and partly rejected"
+    _check_partly_accepted(f"qwen3_next {case}", metrics, capsys)
     _check(f"qwen3_next {case} vs non-speculative ReplaySSM", qwen_plain, ours, capsys)

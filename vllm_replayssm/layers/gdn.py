@@ -26,7 +26,6 @@ from vllm.utils.torch_utils import (
 )
 
 from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend
-from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid
 from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
 from vllm_replayssm.kernels.gdn.reference import (
     gdn_replay_decode,
@@ -102,7 +101,6 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         return None
 
     def _decode_gpu(self, cache, mixed_qkv, b, a, core_attn_out, md) -> None:
-        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
         from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
 
         from vllm_replayssm.kernels.gdn import decode
@@ -110,9 +108,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         cfg = self.replay
         n = md.num_actual_tokens
         state_indices = md.non_spec_state_indices_tensor[:n]
-        conv_state = self.kv_cache[0]
-        if not is_conv_state_dim_first():
-            conv_state = conv_state.transpose(-1, -2)
+        conv_state = self._conv_state()
         weight = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
         x = causal_conv1d_update(mixed_qkv[:n], conv_state, weight, self.conv1d.bias,
                                  self.activation, conv_state_indices=state_indices,
@@ -270,16 +266,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         [R + 1] over them, `seq_lens` [R] the requests' lengths after this step)."""
         cfg = self.replay
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
-        q = (qsl[1:] - qsl[:-1]).long()
-        start = seq_lens.long() - q  # tokens before this window
         slots = slots.long()
-        window_start = self._window_starts(cache.meta.shape[0], mixed_qkv.device)
-        accepted = (start - window_start[slots]).clamp(min=0)
-        meta = cache.meta[slots]
-        valid = meta_is_valid(meta, cfg.buffer_len, self.replay_window)
-        pending = torch.where(valid, meta[:, PENDING].long(), 0)
-        committed = torch.minimum(accepted, pending)
-        x = spec_conv_update(mixed_qkv[tokens], self._conv_state_view(), slots, qsl, pending,
+        start, accepted, pending, committed = self._spec_acceptance(
+            cache.meta, slots, qsl[1:] - qsl[:-1], seq_lens)
+        x = spec_conv_update(mixed_qkv[tokens], self._conv_state(), slots, qsl, pending,
                              committed, self._conv_weight_2d(), self.conv1d.bias,
                              self.activation, self.replay_window)
         n = tokens.shape[0]
@@ -295,7 +285,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             window=self.replay_window, query_start_loc=qsl, num_accepted_tokens=accepted),
             accepted)
         core_attn_out.index_copy_(0, tokens, out)
-        window_start[slots] = start
+        self._window_starts(cache.meta.shape[0], mixed_qkv.device)[slots] = start
 
     def _prefill_rows_spec(self, mixed_qkv, b, a, core_attn_out, md, attn_metadata, tokens,
                            slots, qsl, has_init, seq_lens) -> None:
@@ -304,7 +294,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         cfg = self.replay
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
         K = self._conv_weight_2d().shape[-1]
-        conv = self._conv_state_view()
+        conv = self._conv_state()
         conv_context_to_front(conv, slots[has_init].long(), K)
         npf, npt = slots.shape[0], tokens.shape[0]
         view = dataclasses.replace(
@@ -331,21 +321,6 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         self._window_starts(cache.meta.shape[0], mixed_qkv.device)[slots.long()] = (
             seq_lens.long())
 
-    def _window_starts(self, num_slots: int, device: torch.device) -> torch.Tensor:
-        """[num_slots] int64: per slot, the tokens before its pending window."""
-        starts = getattr(self, "_window_start", None)
-        if starts is None or starts.shape[0] != num_slots or starts.device != device:
-            starts = torch.zeros(num_slots, dtype=torch.long, device=device)
-            self._window_start = starts
-        return starts
-
-    def _conv_state_view(self) -> torch.Tensor:
-        """[slots, dim, K - 1 + k], dim-first whatever the stored orientation."""
-        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
-
-        conv = self.kv_cache[0]
-        return conv if is_conv_state_dim_first() else conv.transpose(-1, -2)
-
     def _conv_weight_2d(self) -> torch.Tensor:
         if torch.cpu._is_amx_tile_supported():
             raise NotImplementedError("replayssm's CPU path does not handle vLLM's AMX conv "
@@ -355,18 +330,12 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
 
     def _conv_update_cpu(self, x: torch.Tensor, state_indices: torch.Tensor) -> torch.Tensor:
         """One conv step for decode rows, as vLLM's CPU GDN op does it (non-AMX path)."""
-        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
         from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import (
             causal_conv1d_update_torch,
         )
 
-        if torch.cpu._is_amx_tile_supported():
-            raise NotImplementedError("replayssm's CPU path does not handle vLLM's AMX conv "
-                                      "layout yet; run it on a CPU without AMX")
-        conv_state = self.kv_cache[0]
-        if not is_conv_state_dim_first():
-            conv_state = conv_state.transpose(-1, -2)
-        weight = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
+        weight = self._conv_weight_2d()  # refuses vLLM's AMX layout
+        conv_state = self._conv_state()
         rows = conv_state[state_indices].contiguous()
         out = causal_conv1d_update_torch(x=x.unsqueeze(-1), conv_state=rows, weight=weight,
                                          bias=self.conv1d.bias, activation=self.activation)

@@ -24,11 +24,9 @@ from vllm.config import get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
-from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.platforms import current_platform
 
 from vllm_replayssm.config import ReplayConfigError
-from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid
 from vllm_replayssm.kernels.common.refresh import NULL_BLOCK_ID, refresh_after_prefill
 from vllm_replayssm.kernels.mamba2 import reference
 from vllm_replayssm.layers.conv import (
@@ -131,11 +129,6 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         return torch.split(projected_states[..., self.tped_intermediate_size:],
                            [self.tped_conv_size, self.tped_dt_size], dim=-1)
 
-    def _conv_state(self) -> torch.Tensor:
-        """[slots, conv_dim, width - 1] whatever the stored orientation."""
-        conv = self.kv_cache[0]
-        return conv if is_conv_state_dim_first() else conv.transpose(-1, -2)
-
     def _ssm_inputs(self, xBC: torch.Tensor, dt: torch.Tensor):
         """x [T, H, P], dt [T, H], B and C [T, G, N] from the conv output."""
         x, B, C = self.split_hidden_states_B_C_fn(xBC)
@@ -197,14 +190,10 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                      state_indices: torch.Tensor, md) -> None:
         """Decode rows of a speculative step: each row holds 1 + its drafts
         (query_start_loc_d; one token for rows without drafts). The previous window's
-        accepted count commits ring records and conv columns, then the window is verified
-        output-only and appended (reference.mamba2_replay_decode). Tensor ops only, no host
-        synchronisation (debug_checks aside).
-
-        vLLM passes acceptance counts only on steps where some row has drafts; a row whose
-        drafts were rejected on the step before a draft-free step would then commit them.
-        So the count comes from positions instead: the tokens before this window
-        (seq_len - q) minus those before the previous one (`self._window_start`)."""
+        accepted count (from positions: `_spec_acceptance`) commits ring records and conv
+        columns, then the window is verified output-only and appended
+        (reference.mamba2_replay_decode). Tensor ops only, no host synchronisation
+        (debug_checks aside)."""
         cfg = self.replay
         cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
         nd = state_indices.shape[0]
@@ -212,15 +201,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         qsl = md.query_start_loc_d
         if qsl is None:  # a step without drafts: one token per row
             qsl = torch.arange(nd + 1, dtype=torch.int32, device=dev)
-        q = (qsl[1:] - qsl[:-1]).long()
-        start = md.seq_lens[:nd].long() - q  # tokens before this window
         slots = state_indices.long()
-        window_start = self._window_starts(cache.meta.shape[0], dev)
-        accepted = (start - window_start[slots]).clamp(min=0)
-        meta = cache.meta[slots]
-        valid = meta_is_valid(meta, cfg.buffer_len, self.replay_window)
-        pending = torch.where(valid, meta[:, PENDING].long(), 0)
-        committed = torch.minimum(accepted, pending)
+        start, accepted, pending, committed = self._spec_acceptance(
+            cache.meta, slots, qsl[1:] - qsl[:-1], md.seq_lens[:nd])
         if md.num_accepted_tokens is not None and cfg.debug_checks:
             ours = committed[slots != NULL_BLOCK_ID]
             theirs = torch.minimum(md.num_accepted_tokens[:nd].long(),
@@ -240,16 +223,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                              out, buffer_len=cfg.buffer_len, window=self.replay_window,
                              query_start_loc=qsl, num_accepted_tokens=accepted),
                          accepted)
-        window_start[slots] = start
-
-    def _window_starts(self, num_slots: int, device: torch.device) -> torch.Tensor:
-        """[num_slots] int64: per slot, the tokens before its pending window (speculative
-        steps); set by every prefill chunk and decode step that writes the slot."""
-        starts = getattr(self, "_window_start", None)
-        if starts is None or starts.shape[0] != num_slots or starts.device != device:
-            starts = torch.zeros(num_slots, dtype=torch.long, device=device)
-            self._window_start = starts
-        return starts
+        self._window_starts(cache.meta.shape[0], dev)[slots] = start
 
     def _prefill_replay(self, projected_states: torch.Tensor, output: torch.Tensor, md,
                         attn_metadata: dict, cpu: bool) -> None:
