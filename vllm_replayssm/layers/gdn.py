@@ -324,7 +324,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
     def _conv_weight_2d(self) -> torch.Tensor:
         if torch.cpu._is_amx_tile_supported():
             raise NotImplementedError("replayssm's CPU path does not handle vLLM's AMX conv "
-                                      "layout yet; run it on a CPU without AMX")
+                                      "layout; unset REPLAYSSM_CPU_AMX (see cpu_amx)")
         w = self.conv1d.weight
         return w.view(w.size(0), w.size(2)) if w.dim() == 3 else w
 
