@@ -255,3 +255,49 @@ def transformers_greedy_outputs(
                 tops.append(dict(zip(ids.tolist(), vals.tolist(), strict=True)))
             results.append((tokens, tops))
     return results
+
+
+def add_mtp_head(model_dir: Path | str) -> Path:
+    """Give a tiny Qwen3-Next checkpoint in `model_dir` one multi-token-prediction layer, the
+    draft model of vLLM's `method="mtp"` (Qwen3NextMTP): `num_nextn_predict_layers = 1` in
+    config.json and `mtp.*` tensors in model.safetensors.
+
+    vLLM builds the MTP decoder layer as a full-attention layer with index 0, so its MLP kind
+    is layer 0's, and Qwen3NextMTP needs it to be MoE (0 must not be in mlp_only_layers). The
+    layer's weights are copies (attention and norms of the first full-attention layer, the
+    MLP of layer 0) with o_proj and every down_proj zeroed, and `mtp.fc` passes the target's
+    hidden state through (fc = [0 | I]), the three MTP RMSNorms being identity (zero: these
+    norms scale by 1 + weight). So the drafter runs all its kernels and proposes the token
+    the target has just sampled, again: accepted where the model repeats itself, which a
+    random head (vocab 512) hardly ever is. Idempotent; returns `model_dir`."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir = Path(model_dir)
+    config_path, weights_path = model_dir / "config.json", model_dir / "model.safetensors"
+    config = json.loads(config_path.read_text())
+    if config.get("num_nextn_predict_layers") == 1:
+        return model_dir
+    if 0 in config.get("mlp_only_layers", []):
+        raise ValueError("Qwen3NextMTP needs a MoE MTP layer: drop 0 from mlp_only_layers")
+    weights = load_file(weights_path)
+    attn = config["layer_types"].index("full_attention")
+    sources = ((attn, ("self_attn.", "input_layernorm.", "post_attention_layernorm.")),
+               (0, ("mlp.",)))
+    mtp = {}
+    for name, tensor in weights.items():
+        for layer, parts in sources:
+            prefix = f"model.layers.{layer}."
+            if name.startswith(prefix) and name[len(prefix):].startswith(parts):
+                zero = name.endswith(("o_proj.weight", "down_proj.weight"))
+                mtp["mtp.layers.0." + name[len(prefix):]] = (
+                    torch.zeros_like(tensor) if zero else tensor.clone())
+    hidden = config["hidden_size"]
+    fc = torch.zeros(hidden, 2 * hidden)  # input: [embedding of the new token | hidden]
+    fc[:, hidden:] = torch.eye(hidden)
+    mtp["mtp.fc.weight"] = fc.to(torch.bfloat16)
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        mtp[f"mtp.{name}.weight"] = torch.zeros(hidden, dtype=torch.bfloat16)
+    save_file({**weights, **mtp}, weights_path, metadata={"format": "pt"})
+    config["num_nextn_predict_layers"] = 1
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return model_dir
