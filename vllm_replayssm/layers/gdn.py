@@ -55,6 +55,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         logger.info_once("ReplaySSM active for GDN layers: buffer_len=%d, lp_dtype=%s, "
                          "gdn_flush=%s", self.replay.buffer_len, self.replay.lp_dtype,
                          self.replay.gdn_flush)
+        self._log_spec_memory("GDN")
 
     def get_attn_backend(self):
         """Under speculative decoding with replayssm on, vLLM's GDN backend whose metadata

@@ -17,7 +17,6 @@ the batch (decode rows lead, vLLM's order):
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 from vllm.config import get_current_vllm_config
@@ -35,7 +34,6 @@ from vllm_replayssm.layers.conv import (
     spec_conv_update,
 )
 from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2_page_specs
-from vllm_replayssm.layout import page_size_bytes
 
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
@@ -59,23 +57,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         logger.info_once("ReplaySSM active for Mamba-2 layers: buffer_len=%d, lp_dtype=%s, "
                          "route=%s", self.replay.buffer_len, self.replay.lp_dtype,
                          self.replay.route)
-        if self.num_spec:
-            self._log_spec_memory()
-
-    def _log_spec_memory(self) -> None:
-        """Start-up line: state bytes per request and layer, ours (one page) vs stock
-        speculative decoding (1 + k pages), before vLLM pads pages to a common size."""
-        with self.stock_page():
-            shapes, dtypes = self.get_state_shape(), self.get_state_dtype()
-        stock = sum(math.prod(s) * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
-        stock_spec = (1 + self.num_spec) * stock
-        ours = page_size_bytes(self.replay_specs)
-        logger.info_once(
-            "ReplaySSM speculative decoding (k=%d): %.1f KiB of Mamba-2 state per request and "
-            "layer (one page: HP, LP, ring of %d records) vs %.1f KiB for stock speculative "
-            "decoding (1 + k = %d pages): %.2fx as many requests per byte of state",
-            self.num_spec, ours / 1024, self.replay.buffer_len + self.replay_window,
-            stock_spec / 1024, 1 + self.num_spec, stock_spec / ours)
+        self._log_spec_memory("Mamba-2")
 
     def _warmup_ssd_kernels(self, projected_states: torch.Tensor) -> None:
         if current_platform.is_cpu():  # the torch CPU path has nothing to tune

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from vllm.logger import init_logger
 
 from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 from vllm_replayssm.config_checks import SUPPORTED_ARCHS
@@ -23,8 +25,11 @@ from vllm_replayssm.layout import (
     StateTensorSpec,
     gdn_state_specs,
     mamba2_state_specs,
+    page_size_bytes,
 )
 from vllm_replayssm.metrics import GPU_COUNTERS, StepCounters
+
+logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
 
 def _num_spec(vllm_config: Any) -> int:
@@ -158,6 +163,25 @@ class ReplayPage:
                 f"{spec_missing}; drop --speculative-config or replayssm.enabled")
         self.replay_window = 1 + num_spec
         return True
+
+    def _log_spec_memory(self, family: str) -> None:
+        """Start-up line under speculative decoding: state bytes per request and layer, ours
+        (one page) vs stock speculative decoding (1 + k pages), before vLLM pads pages to a
+        common size."""
+        num_spec = self.num_spec  # type: ignore[attr-defined]
+        if not num_spec:
+            return
+        with self.stock_page():
+            shapes, dtypes = self.get_state_shape(), self.get_state_dtype()  # type: ignore[attr-defined]
+        stock = sum(math.prod(s) * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
+        stock_spec = (1 + num_spec) * stock
+        ours = page_size_bytes(self.replay_specs)  # type: ignore[attr-defined]
+        logger.info_once(
+            "ReplaySSM speculative decoding (k=%d): %.1f KiB of %s state per request and "
+            "layer (one page: HP, LP, ring of %d records) vs %.1f KiB for stock speculative "
+            "decoding (1 + k = %d pages): %.2fx as many requests per byte of state",
+            num_spec, ours / 1024, family, self.replay.buffer_len + self.replay_window,
+            stock_spec / 1024, 1 + num_spec, stock_spec / ours)
 
     def get_kv_cache_spec(self, vllm_config: Any):
         """vLLM's MambaSpec, with one page per request under speculative decoding: the
