@@ -22,12 +22,12 @@ def register() -> None:
     if _registered:
         return
     from vllm_replayssm import registry
-    from vllm_replayssm.cpu_amx import hide_amx
 
-    hide_amx()  # before vLLM's CPU platform looks for AMX (see cpu_amx)
     try:
         from vllm_replayssm.compat import check_vllm_version
+        from vllm_replayssm.cpu_amx import hide_amx
 
+        hide_amx()  # before vLLM's CPU platform looks for AMX (see cpu_amx)
         check_vllm_version()
         registry.register_models()
         registry.register_config_checks()
