@@ -122,8 +122,9 @@ def qwen_prompts(qwen_dir):
     return [p + g + p for p, g in zip(seeds, own, strict=True)]
 
 
-def _run_gdn(qwen_dir, prompts, replayssm: dict, k: int = 0, metrics: dict | None = None):
-    spec = {"speculative_config": {**GDN_NGRAM, "num_speculative_tokens": k}} if k else {}
+def _run_gdn(qwen_dir, prompts, replayssm: dict, k: int = 0, metrics: dict | None = None,
+             drafter: dict = GDN_NGRAM):
+    spec = {"speculative_config": {**drafter, "num_speculative_tokens": k}} if k else {}
     return greedy_outputs(qwen_dir, prompts, NEW_TOKENS, logprobs=5, metrics=metrics,
                           additional_config={"replayssm": replayssm}, **spec, **SCHEDULER)
 
@@ -188,15 +189,11 @@ def mtp_plain(mtp_dir, mtp_prompts):
 def test_mtp_spec_decode_is_lossless(mtp_dir, mtp_prompts, mtp_plain, case, capsys):
     k, settings = MTP_CASES[case]
     metrics: dict[str, float] = {}
-    spec = {"speculative_config": {"method": "mtp", "num_speculative_tokens": k}}
-    ours = greedy_outputs(mtp_dir, mtp_prompts, NEW_TOKENS, logprobs=5, metrics=metrics,
-                          additional_config={"replayssm": {"enabled": True,
-                                                           "debug_checks": True, **settings}},
-                          **spec, **SCHEDULER)
+    ours = _run_gdn(mtp_dir, mtp_prompts, {"enabled": True, "debug_checks": True, **settings},
+                    k, metrics, drafter={"method": "mtp"})
     drafted = metrics.get("vllm:spec_decode_num_draft_tokens", 0)
     accepted = metrics.get("vllm:spec_decode_num_accepted_tokens", 0)
     with capsys.disabled():
         print(f"\nqwen3_next mtp {case}: {int(accepted)}/{int(drafted)} draft tokens accepted")
     assert drafted >= len(mtp_prompts) * (NEW_TOKENS // 2), "the MTP drafter did not run"
     _check(f"qwen3_next mtp {case} vs non-speculative ReplaySSM", mtp_plain, ours, capsys)
-

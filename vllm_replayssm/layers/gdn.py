@@ -26,6 +26,7 @@ from vllm.utils.torch_utils import (
 )
 
 from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend
+from vllm_replayssm.cpu_amx import vllm_uses_amx
 from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
 from vllm_replayssm.kernels.gdn.reference import (
     gdn_replay_decode,
@@ -323,7 +324,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             seq_lens.long())
 
     def _conv_weight_2d(self) -> torch.Tensor:
-        if torch.cpu._is_amx_tile_supported():
+        if vllm_uses_amx():
             raise NotImplementedError("replayssm's CPU path does not handle vLLM's AMX conv "
                                       "layout; unset REPLAYSSM_CPU_AMX (see cpu_amx)")
         w = self.conv1d.weight
