@@ -17,8 +17,8 @@ the copy bandwidth is measured in the same run.
 
     python3 benchmarks/kernels/bench_decode.py --json          # full run
     python3 benchmarks/kernels/bench_decode.py --quick --families mamba2 --batch 256
-    python3 benchmarks/kernels/bench_decode.py --batch 256 --route split \
-        --heads-per-program 1,0 --json
+    python3 benchmarks/kernels/bench_decode.py --families mamba2 --batch 256 \
+        --knob readout_block_p=16,32 --knob flush_warps=4,8 --json
     python3 benchmarks/kernels/bench_decode.py --dry-run       # bytes model only, no GPU
 """
 
@@ -68,12 +68,14 @@ RING_READS = {
     "mamba2": (("ring_dt", "ring_x", "ring_B"), ("ring_dt", "ring_x", "ring_B")),
     "gdn": (("ring_g", "ring_k", "ring_d"), ("ring_g", "ring_beta", "ring_k", "ring_v")),
 }
-# Our launchers' knobs (each CLI option takes a comma list; configs = their product): the
-# tile of a head's row dimension (Mamba-2 headdim: block_p; GDN value dim: block_v), warps
-# per program, the route (one launch, or flush + readout), heads per program (0 = all heads
-# sharing a group / key head) and software-pipelining stages of the head loop.
+# Our launchers' knobs (each CLI option takes a comma list; configs = their product). GDN:
+# the tile of a head's value dimension (block_v), warps per program, the route (one launch,
+# or flush + readout, or stock), heads per program (0 = all heads sharing a key head) and
+# software-pipelining stages of the head loop. Mamba-2: the route (auto, replay, stock) and
+# any knob of `kernels/mamba2/decode.launch_config` through --knob NAME=v1,v2.
 KNOBS = ("tile", "num_warps", "route", "heads_per_program", "num_stages")
 TILE_ARG = {"mamba2": "block_p", "gdn": "block_v"}
+ROUTES = {"mamba2": ("auto", "replay", "stock"), "gdn": ("fused", "split", "stock")}
 MIB = 2**20
 DEV = "cuda"
 
@@ -239,17 +241,29 @@ def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tens
 
 
 def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
-    """Our decode kernel on the layers; config: launcher overrides (Mamba-2 only)."""
-    kwargs = dict(buffer_len=BUFFER_LEN, window=WINDOW, **config)
+    """Our decode op on the layers; config: route and launcher overrides."""
+    kwargs = dict(buffer_len=BUFFER_LEN, window=WINDOW)
     if family(geom) == "mamba2":
         from vllm_replayssm.kernels.mamba2.decode import mamba2_replay_decode
+        from vllm_replayssm.kernels.mamba2.dispatch import choose_route
+        from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch
+        from vllm_replayssm.kernels.mamba2.stock_route import mamba2_stock_route_decode
 
-        names, fn = ("x", "dt", "A", "B", "C", "D", "dt_bias"), mamba2_replay_decode
+        knobs = dict(config)
+        route = choose_route(knobs.pop("route", "auto"), len(slots), plain=True)
+        if route == "stock":
+            fn = mamba2_stock_route_decode
+            kwargs.update(stagger=True, **knobs)
+        else:
+            fn = mamba2_replay_decode
+            scratch = Mamba2Scratch.allocate(len(slots), geom.nheads, BUFFER_LEN, DEV)
+            kwargs.update(scratch=scratch, **knobs)
+        names = ("x", "dt", "A", "B", "C", "D", "dt_bias")
     else:
         from vllm_replayssm.kernels.gdn.decode import gdn_replay_decode
 
         names, fn = ("q", "k", "v", "a", "b", "A_log", "dt_bias"), gdn_replay_decode
-        kwargs["scale"] = geom.head_k_dim**-0.5
+        kwargs.update(scale=geom.head_k_dim**-0.5, **config)
     return [(fn, (cache, *(t[n] for n in names), slots, out), kwargs)
             for cache, t, out in layers]
 
@@ -296,10 +310,14 @@ def run_vllm(geom, bs: int, nl: int, slots: torch.Tensor, args) -> dict:
 
 def launch_configs(geom, args) -> list[dict]:
     """Launcher overrides to try: the product of the knob lists given on the command line
-    (the launcher's `launch_config` decides what is not given)."""
-    group = (geom.nheads // geom.ngroups if family(geom) == "mamba2"
+    (the launchers decide what is not given)."""
+    fam = family(geom)
+    group = (geom.nheads // geom.ngroups if fam == "mamba2"
              else geom.num_v_heads // geom.num_k_heads)
-    given = [(k, getattr(args, k)) for k in KNOBS if getattr(args, k)]
+    knobs = ("route",) if fam == "mamba2" else KNOBS
+    given = [(k, getattr(args, k)) for k in knobs if getattr(args, k)]
+    if fam == "mamba2":
+        given += list(args.knob.items())
     configs = []
     for vals in itertools.product(*(v for _, v in given)):
         cfg = {}
@@ -308,11 +326,24 @@ def launch_configs(geom, args) -> list[dict]:
                 v = v or group
                 if group % v:
                     break
-            cfg[TILE_ARG[family(geom)] if k == "tile" else k] = v
+            cfg[TILE_ARG[fam] if k == "tile" else k] = v
         else:
             if cfg not in configs:
                 configs.append(cfg)
     return configs or [{}]
+
+
+def route_ran(geom, bs: int, config: dict) -> str:
+    """Which of our routes a configuration runs (README and notes credit only what ran)."""
+    if family(geom) == "mamba2":
+        from vllm_replayssm.kernels.mamba2.dispatch import choose_route
+
+        return choose_route(config.get("route", "auto"), bs, plain=True)
+    if "route" in config:
+        return config["route"]
+    from vllm_replayssm.kernels.gdn.decode import launch_config
+
+    return launch_config(bs, geom.num_v_heads // geom.num_k_heads)["route"]
 
 
 def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) -> dict:
@@ -328,7 +359,7 @@ def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) ->
         label = ",".join(f"{k}={v}" for k, v in config.items()) or "default config"
         res = guarded(f"ours {label}", lambda c=config: measure(
             our_calls(geom, layers, slots, c), outs, nl, args))
-        tried.append({"config": config, **res})
+        tried.append({"config": config, "route": route_ran(geom, bs, config), **res})
     ok = [t for t in tried if "error" not in t]
     if not ok:
         return {"error": tried[-1]["error"], "configs": tried}
@@ -349,8 +380,8 @@ def derive(row: dict, copy_gbs: float | None) -> None:
         row["ours_over_vllm_bw"] = row["ours_gbs"] / row["vllm_gbs"]
 
 
-HEADER = ["geometry", "bs", "lp", "NL", "vLLM us", "ours us", "speedup", "ceil", "ours MB",
-          "ours GB/s", "of copy", "vLLM GB/s", "BW/vLLM"]
+HEADER = ["geometry", "bs", "lp", "NL", "route", "vLLM us", "ours us", "speedup", "ceil",
+          "ours MB", "ours GB/s", "of copy", "vLLM GB/s", "BW/vLLM"]
 
 
 def table_row(row: dict) -> list[str]:
@@ -359,7 +390,8 @@ def table_row(row: dict) -> list[str]:
 
     b = row["bytes"]
     return [row["geometry"], str(row["bs"]), row["lp"], str(row["num_layers"]),
-            f("us", ".2f", row["vllm"]), f("us", ".2f", row["ours"]), f("speedup", ".2f"),
+            row["ours"].get("route", "-"), f("us", ".2f", row["vllm"]),
+            f("us", ".2f", row["ours"]), f("speedup", ".2f"),
             f"{b['ceiling_speedup']:.2f}", f"{row['bs'] * b['ours_per_row'] / 1e6:.1f}",
             f("ours_gbs", ".0f"), f("ours_frac_copy", ".2f"), f("vllm_gbs", ".0f"),
             f("ours_over_vllm_bw", ".2f")]
@@ -380,7 +412,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tile", default=None,
                    help="our kernels' row tiles (Mamba-2 block_p, GDN block_v), comma list")
     p.add_argument("--num-warps", default=None, help="our kernels' num_warps, comma list")
-    p.add_argument("--route", default=None, help="fused, split, stock (comma list)")
+    p.add_argument("--route", default=None,
+                   help="comma list; Mamba-2: auto, replay, stock; GDN: fused, split, stock")
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2",
+                   help="Mamba-2 launch knob values to try (repeatable), e.g. "
+                        "readout_block_p=16,32 or flush_warps=4,8")
     p.add_argument("--heads-per-program", default=None,
                    help="heads per program, comma list; 0 = a whole group / key head")
     p.add_argument("--num-stages", default=None, help="head-loop pipelining, comma list")
@@ -399,8 +435,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         if raw is not None:
             vals = [x.strip() for x in raw.split(",") if x.strip()]
             setattr(args, knob, vals if knob == "route" else [int(x) for x in vals])
-    if args.route and set(args.route) - {"fused", "split", "stock"}:
-        sys.exit(f"--route: bad value(s) {args.route}; allowed: fused, split, stock")
+    allowed = {r for f in args.families for r in ROUTES[f]}
+    if args.route and set(args.route) - allowed:
+        sys.exit(f"--route: bad value(s) {args.route}; allowed: {', '.join(sorted(allowed))}")
+    knobs = {}
+    for item in args.knob:
+        name, _, vals = item.partition("=")
+        if not name or not vals:
+            sys.exit(f"--knob: expected NAME=V1,V2, got {item!r}")
+        knobs[name.strip()] = [int(v) if v.strip().lstrip("-").isdigit() else v.strip()
+                               for v in vals.split(",") if v.strip()]
+    args.knob = knobs
     args.replays = args.replays or (5 if args.quick else 20)
     args.warmup = 1 if args.quick else 3
     return args
@@ -455,7 +500,7 @@ def main(argv=None) -> int:
         "settings": {"buffer_len": BUFFER_LEN, "window": WINDOW, "steps_per_graph": STEPS,
                      "act_dtype": "bfloat16", "hp_dtype": "float32", "gdn_flush": "exact",
                      "stagger": True, "replays": args.replays, "warmup_replays": args.warmup,
-                     "knobs": {k: getattr(args, k) for k in KNOBS},
+                     "knobs": {**{k: getattr(args, k) for k in KNOBS}, **args.knob},
                      "geometries": {g: asdict(GEOMETRIES[g]) for g in args.geoms}},
         "results": [],
     }

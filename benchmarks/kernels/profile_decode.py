@@ -1,7 +1,7 @@
 """Run a few decode steps of one kernel configuration for a profiler (Nsight Compute):
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy \\
-        --section WarpStateStats -k regex:replay -c 4 --launch-skip 32 \\
+        --section WarpStateStats -k regex:mamba2 -c 4 --launch-skip 32 \\
         python3 benchmarks/kernels/profile_decode.py --geom nemotron3_super --bs 256
 
 Builds one layer as bench_decode.py does (pages, stagger, LP) and calls our decode kernel
@@ -27,9 +27,12 @@ def main() -> None:
     p.add_argument("--bs", type=int, default=256)
     p.add_argument("--lp", default="bf16", choices=list(bench.LP_DTYPES))
     p.add_argument("--steps", type=int, default=48)
-    p.add_argument("--route", default=None, choices=("fused", "split"))
+    p.add_argument("--route", default=None,
+                   help="Mamba-2: auto, replay, stock; GDN: fused, split, stock")
     args = p.parse_args()
     geom = bench.GEOMETRIES[args.geom]
+    if args.route and args.route not in bench.ROUTES[bench.family(geom)]:
+        p.error(f"--route {args.route}: not a route of {bench.family(geom)}")
     slots = torch.arange(1, args.bs + 1, dtype=torch.int32, device="cuda")
     layers = bench.our_layers(geom, args.bs, 1, bench.LP_DTYPES[args.lp], slots)
     config = {"route": args.route} if args.route else {}

@@ -7,8 +7,8 @@ twins, `reference.mamba2_prefill_scan`, `reference.mamba2_stock_decode`).
 
 On, the page holds the ReplaySSM tensors (`layers/pages.py`) and `conv_ssm_forward` splits
 the batch (decode rows lead, vLLM's order):
-- decode rows: the stock conv update, then one ReplaySSM decode step (Triton on GPUs,
-  `kernels/mamba2/decode.py`, route by batch size; the torch reference on CPU);
+- decode rows: the stock conv update, then one ReplaySSM decode step (Triton on GPUs through
+  `kernels/mamba2/dispatch.py`, which picks the route; the torch reference on CPU);
 - prefill rows: committed ring entries of rows with an initial state are folded into HP
   (materialise), then vLLM's own prefill runs on a prefill-only view of the metadata (torch
   on CPU) and writes HP; the prefill hook then copies HP to LP and resets the cursors.
@@ -17,6 +17,7 @@ the batch (decode rows lead, vLLM's order):
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from vllm.config import get_current_vllm_config
@@ -38,6 +39,23 @@ from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
 
+_SCRATCH: dict[tuple, Any] = {}
+
+
+def _shared_scratch(max_rows: int, nheads: int, buffer_len: int, device: torch.device):
+    """One `Mamba2Scratch` (GPU decode launches) for all Mamba-2 layers of a process with
+    these shapes: layers run one after another on one stream, and each step's launches
+    leave it ready for the next. Sized by max_num_seqs (decode rows, CUDA-graph padding
+    included, never exceed it)."""
+    from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch
+
+    key = (str(device), nheads, buffer_len)
+    scratch = _SCRATCH.get(key)
+    if scratch is None or not scratch.fits(max_rows, nheads, buffer_len):
+        scratch = _SCRATCH[key] = Mamba2Scratch.allocate(max_rows, nheads, buffer_len, device)
+    return scratch
+
+
 class ReplayMambaMixer2(ReplayPage, MambaMixer2):
     """MambaMixer2 with ReplaySSM state and decode, and a torch CPU path (module docstring)."""
 
@@ -50,6 +68,11 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             return
         if self.cache_config is not None and self.cache_config.mamba_cache_mode != "none":
             raise ReplayConfigError("replayssm needs mamba_cache_mode 'none' (no prefix caching)")
+        self._scratch = None
+        if not current_platform.is_cpu():
+            self._scratch = _shared_scratch(
+                vllm_config.scheduler_config.max_num_seqs, self.num_heads // self.tp_size,
+                self.replay.buffer_len, torch.get_default_device())
         self.replay_specs = mamba2_page_specs(
             vllm_config, num_heads=self.num_heads, head_dim=self.head_dim,
             state_size=self.ssm_state_size, n_groups=self.n_groups,
@@ -156,17 +179,12 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 self._count_step("mamba2", cache.meta, state_indices,
                                  lambda: reference.mamba2_replay_decode(cache, *args, **common))
             return
-        from vllm_replayssm.kernels.mamba2 import decode
+        from vllm_replayssm.kernels.mamba2.dispatch import mamba2_decode
 
-        route = None  # "auto": by batch size (decode.launch_config)
-        if cfg.route == "stock":
-            route = "stock"
-        elif cfg.route == "replay":
-            route = decode.launch_config(state_indices.shape[0], x.shape[1] // B.shape[1],
-                                         plain=False)["route"]
         self._count_step("mamba2", cache.meta, state_indices,
-                         lambda: decode.mamba2_replay_decode(
-                             cache, *args, route=route, stagger=cfg.stagger, **common))
+                         lambda: mamba2_decode(cache, *args, route=cfg.route,
+                                               stagger=cfg.stagger, scratch=self._scratch,
+                                               **common))
 
     def _decode_spec(self, projected_states: torch.Tensor, output: torch.Tensor,
                      state_indices: torch.Tensor, md) -> None:

@@ -1,18 +1,21 @@
-"""Triton Mamba-2 decode kernel against the torch reference and the float64 oracle.
+"""Triton Mamba-2 decode (plan / flush / readout for plain decode, the window step for
+speculative decoding, the stock route) against the float64 oracle and the torch reference.
 
-On CPU the kernel runs in Triton's interpreter on tiny shapes (CI); on the GPU host the
-same checks run at real geometries (`gpu` marker)."""
+On CPU the kernels run in Triton's interpreter on tiny shapes (CI); on the GPU host the
+same checks run at real geometries (`gpu` marker). Parameter tables change one factor per
+row from their base row."""
 
 import functools
 
 import pytest
 import torch
 
-from vllm_replayssm.kernels.mamba2 import decode as m2_triton
-from vllm_replayssm.kernels.mamba2 import stock_step as m2_stock
+from vllm_replayssm.kernels.mamba2 import decode, dispatch, stock_route
+from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch
 from vllm_replayssm.layout import Mamba2Geometry
 
 from ..checks import (
+    check_hp_independent_of_lp,
     check_kernel_matches_reference,
     check_mixed_routes,
     check_scenario,
@@ -22,50 +25,100 @@ from ..families import Mamba2Family
 from .test_reference import GEOMS
 
 
-def _op(route):
-    return functools.partial(m2_triton.mamba2_replay_decode, route=route)
+def _op(**knobs):
+    return functools.partial(decode.mamba2_replay_decode, **knobs)
 
 
-CASES = {
-    "ar_fused": dict(L=4, T=1, lp=None, spec=False, route="fused"),
-    "ar_lp_fp16_split": dict(L=4, T=1, lp=torch.float16, spec=False, route="split"),
-    "spec_T3_split": dict(L=5, T=3, lp=None, spec=True, route="split"),
-    "spec_T2_lp_fp16_churn_fused": dict(L=4, T=2, lp=torch.float16, spec=True, churn=True,
-                                        route="fused"),
+# Decode scenarios against the float64 oracle (outputs every step, materialised states).
+SCENARIO_BASE = dict(geom="tiny", L=4, T=1, lp=None, act=torch.float32, churn=False, knobs={})
+SCENARIOS = {
+    "base": {},
+    "lp_fp16": dict(lp=torch.float16),
+    "lp_bf16": dict(lp=torch.bfloat16),
+    "L16": dict(L=16),
+    "nano4b_geometry": dict(geom="nemotron_nano4b"),  # headdim 10, 12 heads per group
+    "super_geometry": dict(geom="nemotron_super"),  # 16 heads per group
+    "act_bf16": dict(act=torch.bfloat16),
+    "churn": dict(churn=True),  # rows join and leave: fresh pages, NULL rows, new slots
+    "one_flush_program": dict(knobs=dict(flush_programs=1)),  # the persistent loop
+    "readout_block_p_8": dict(knobs=dict(readout_block_p=8)),  # several tiles per head
+    "spec_T3": dict(L=5, T=3),  # the window step
+    "spec_T2_lp_fp16_churn": dict(L=4, T=2, lp=torch.float16, churn=True),
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("geom", ["tiny", "nemotron_nano4b"])
-def test_kernel_matches_naive(case, geom, device):
-    c = CASES[case]
-    fam = Mamba2Family(GEOMS[geom], decode_op=_op(c["route"]), device=device, seed=3)
-    check_scenario(fam, L=c["L"], T=c["T"], lp=c["lp"], spec=c["spec"],
-                   churn=c.get("churn", False), requests=3, cycles=3, seed=len(case))
+@pytest.mark.parametrize("case", list(SCENARIOS))
+def test_kernel_matches_naive(case, device):
+    c = {**SCENARIO_BASE, **SCENARIOS[case]}
+    fam = Mamba2Family(GEOMS[c["geom"]], act_dtype=c["act"], decode_op=_op(**c["knobs"]),
+                       device=device, seed=3)
+    check_scenario(fam, L=c["L"], T=c["T"], lp=c["lp"], spec=c["T"] > 1, churn=c["churn"],
+                   requests=3, cycles=3, seed=len(case))
 
 
-@pytest.mark.parametrize("route", ["fused", "split"])
-@pytest.mark.parametrize("lp", [None, torch.float16, torch.bfloat16], ids=["none", "fp16", "bf16"])
-@pytest.mark.parametrize("T", [1, 3])
-def test_kernel_matches_reference_buffers(lp, T, route, device):
+# Lockstep with the torch reference: outputs, cursor words (exact), records, HP and LP.
+LOCKSTEP_BASE = dict(lp=None, T=1, stock_share=0.0)
+LOCKSTEP = {
+    "base": {},
+    "lp_fp16": dict(lp=torch.float16),
+    "lp_bf16": dict(lp=torch.bfloat16),
+    "spec_T3": dict(T=3),
+    "stock_route_steps_lp_bf16": dict(lp=torch.bfloat16, stock_share=0.4),  # stale LP
+}
+
+
+@pytest.mark.parametrize("case", list(LOCKSTEP))
+def test_kernel_matches_reference_buffers(case, device):
+    c = {**LOCKSTEP_BASE, **LOCKSTEP[case]}
     check_kernel_matches_reference(
         lambda op: Mamba2Family(GEOMS["tp_groups"], act_dtype=torch.float16, device=device,
                                 decode_op=op, seed=4),
-        _op(route), L=4, T=T, lp=lp, out_tol=out_tolerance(lp, device))
+        _op(), L=4, T=c["T"], lp=c["lp"], out_tol=out_tolerance(c["lp"], device),
+        stock_route_op=stock_route.mamba2_stock_route_decode if c["stock_share"] else None,
+        stock_share=c["stock_share"])
 
 
-@pytest.mark.parametrize("lp", [None, torch.float16, torch.bfloat16], ids=["none", "fp16", "bf16"])
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["none", "bf16"])
 def test_stock_route_interleaved(lp, device):
-    """Stock-route steps (HP alone, LP marked stale) between replay steps: vs the oracle,
-    and in lockstep with the torch reference (cursor words exact)."""
+    """Stock-route steps (HP alone, LP marked stale) between replay steps, against the
+    oracle: a replay step that read a stale LP would be off by the LP-vs-HP difference."""
     fam = Mamba2Family(GEOMS["tiny"], act_dtype=torch.bfloat16, device=device, seed=9,
-                       decode_op=_op("split"), stock_route_op=m2_stock.mamba2_stock_route_decode)
+                       decode_op=_op(), stock_route_op=stock_route.mamba2_stock_route_decode)
     check_mixed_routes(fam, L=4, lp=lp)
-    check_kernel_matches_reference(
-        lambda op: Mamba2Family(GEOMS["tp_groups"], act_dtype=torch.float16, device=device,
-                                decode_op=op, seed=4),
-        _op("fused"), L=4, T=1, lp=lp, out_tol=out_tolerance(lp, device),
-        stock_route_op=m2_stock.mamba2_stock_route_decode, stock_share=0.4)
+
+
+def test_hp_independent_of_lp(device):
+    """The flush reads HP only: HP after every flush is bitwise the same with LP off, bf16
+    and fp16."""
+    check_hp_independent_of_lp(
+        lambda: Mamba2Family(GEOMS["tiny"], act_dtype=torch.bfloat16, device=device, seed=5,
+                             decode_op=_op()), L=4, T=1, spec=False)
+
+
+def test_dispatch_routes(device):
+    """The route policy: plain decode of few rows takes the stock route under "auto",
+    speculative steps always replay, bad names are refused."""
+    assert dispatch.choose_route("auto", dispatch.STOCK_ROUTE_MAX_ROWS, plain=True) == "stock"
+    assert dispatch.choose_route("auto", dispatch.STOCK_ROUTE_MAX_ROWS + 1, True) == "replay"
+    assert dispatch.choose_route("stock", 4, plain=False) == "replay"
+    assert dispatch.choose_route("replay", 1, plain=True) == "replay"
+    with pytest.raises(ValueError, match="route must be one of"):
+        dispatch.choose_route("fused", 1, plain=True)
+
+
+def test_scratch_too_small_is_refused(device):
+    fam = Mamba2Family(GEOMS["tiny"], device=device, seed=1)
+    specs = fam.specs(4, 1, None)
+    cache = fam.cache(specs, 4)
+    tok = fam.tokens(3, torch.Generator().manual_seed(0))
+    out = torch.empty(fam.out_shape(3), device=device)
+    small = Mamba2Scratch.allocate(2, fam.geom.nheads, 4, device)
+    with pytest.raises(ValueError, match="too small"):
+        decode.mamba2_replay_decode(
+            cache, tok["x"], tok["dt"], fam.params["A"], tok["B"], tok["C"], fam.params["D"],
+            fam.params["dt_bias"], torch.tensor([1, 2, 3], device=device), out,
+            buffer_len=4, window=1, scratch=small)
+
 
 REAL = {
     "nemotron3_super": Mamba2Geometry(128, 64, 128, 8),
@@ -77,11 +130,19 @@ REAL = {
 @pytest.mark.parametrize("geom", list(REAL))
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 @pytest.mark.parametrize("T", [1, 4])
-@pytest.mark.parametrize("route", ["fused", "split"])
-def test_real_geometry_on_gpu(geom, lp, T, route):
+def test_real_geometry_on_gpu(geom, lp, T):
     fam = Mamba2Family(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=1,
-                       decode_op=_op(route))
+                       decode_op=_op())
     check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
+def test_real_geometry_lockstep_on_gpu(lp):
+    check_kernel_matches_reference(
+        lambda op: Mamba2Family(REAL["nemotron3_super"], act_dtype=torch.bfloat16,
+                                device="cuda", decode_op=op, seed=4),
+        _op(), L=16, T=1, lp=lp, out_tol=out_tolerance(lp, "cuda"), requests=6)
 
 
 @pytest.mark.gpu
@@ -89,5 +150,5 @@ def test_real_geometry_on_gpu(geom, lp, T, route):
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 def test_real_geometry_stock_route_on_gpu(geom, lp):
     fam = Mamba2Family(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=2,
-                       decode_op=_op("split"), stock_route_op=m2_stock.mamba2_stock_route_decode)
+                       decode_op=_op(), stock_route_op=stock_route.mamba2_stock_route_decode)
     check_mixed_routes(fam, L=16, lp=lp, rounding=None)

@@ -1,281 +1,60 @@
-"""Triton Mamba-2 ReplaySSM decode: one launch per layer and step, plain or speculative.
+"""The Mamba-2 replay route in Triton: one decode step of one layer for a batch of rows.
 
-One program per (headdim tile, group, row), looping over the group's heads: the cursor plan,
-the ring's B records and their dot products with the window's C are computed once per
-program and shared by the heads. Per head it either folds the committed entries into HP
-(flush rows: HP and LP written, the folded state kept in registers) or reads LP (HP when LP
-is off), reads out every window token from checkpoint + ring history + window, and appends
-the window's records. The row's last program stores the new cursor words. No host
-synchronisation, no allocation, launch shape fixed by the batch: safe in CUDA graphs.
-Semantics: `reference.mamba2_replay_decode`.
+Plain decode (one token per row, window 1) runs three launches that share caller-owned
+scratch (`plan.Mamba2Scratch`):
+1. `plan.py`: cursor words -> dense plan rows; per (row, group) B_j . C and per (row, head)
+   the readout coefficients; dt and B records appended; the list of rows that read HP;
+2. `flush.py`: persistent over that list: flush rows fold their records into HP with one
+   tensor-core product (HP read once, HP and LP written) and read out; stale-LP rows read
+   out from HP;
+3. `readout.py`: every other row, one ~8 KiB checkpoint tile per program, LP (or HP when LP
+   is off) + history; stores the cursor words.
+Speculative windows (T = 1 + k) run the one-launch window step (`window.py`).
+
+No host synchronisation, no allocation when scratch is given, launch shapes fixed by the
+batch: safe in CUDA graphs. Semantics: `reference.mamba2_replay_decode`.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
-import triton.language as tl
 
 from vllm_replayssm.kernels.common.cursor import ring_rows
-from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens, softplus
+from vllm_replayssm.kernels.mamba2.flush import mamba2_flush
+from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, mamba2_plan
+from vllm_replayssm.kernels.mamba2.readout import mamba2_readout
+from vllm_replayssm.kernels.mamba2.window import mamba2_window_decode
 from vllm_replayssm.layout import Mamba2ReplayCache
 
 NULL_BLOCK_ID = 0
+TILE_BYTES = 8192  # checkpoint bytes per readout program
 
 
-FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@triton.jit
-def _fold_tile(S, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n, m_p, m_n,
-               stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row, stride_rB_dstate):
-    """S (one head's [BLOCK_P, BLOCK_N] fp32 tile) folded over ring entries [fo, fo + fn).
-    Rank-1 fp32 updates: a tensor-core dot costs registers in every program."""
-    lam_tot = tl.zeros([], dtype=tl.float32)
-    for j in tl.range(fn, num_stages=1):
-        lam_tot += tl.load(p_rdt + ((fo + j) % C) * stride_rdt_row)
-    S = S * tl.exp(A * lam_tot)
-    lam_j = tl.zeros([], dtype=tl.float32)
-    for j in tl.range(fn, num_stages=1):
-        row_j = (fo + j) % C
-        dt_j = tl.load(p_rdt + row_j * stride_rdt_row)
-        lam_j += dt_j
-        x_j = tl.load(p_rx + row_j * stride_rx_row + o_p * stride_rx_dim, mask=m_p,
-                      other=0.0).to(tl.float32)
-        B_j = tl.load(p_rB + row_j * stride_rB_row + o_n * stride_rB_dstate, mask=m_n,
-                      other=0.0).to(tl.float32)
-        S += (dt_j * tl.exp(A * (lam_tot - lam_j)) * x_j)[:, None] * B_j[None, :]
-    return S
+def launch_config(num_rows: int, nheads: int, headdim: int, dstate: int,
+                  ckpt_itemsize: int, device: torch.device) -> dict:
+    """Launch knobs of the plain-decode launches.
 
-
-@triton.jit
-def _fold_head(hp_base, off_hp, lp_base, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n,
-               m_p, m_n, m_pn,
-               stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row, stride_rB_dstate,
-               HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr):
-    """Fold ring entries [fo, fo + fn) of one head into its HP tile; write HP and LP; return
-    the folded tile (fp32)."""
-    S = _fold_tile(tl.load(hp_base + off_hp, mask=m_pn, other=0.0), p_rdt, p_rx, p_rB, A, fo,
-                   fn, C, o_p, o_n, m_p, m_n, stride_rdt_row, stride_rx_row, stride_rx_dim,
-                   stride_rB_row, stride_rB_dstate)
-    tl.store(hp_base + off_hp, S, mask=m_pn)
-    if HAS_LP:
-        S_lp = S
-        if LP_IS_FP16:
-            S_lp = tl.minimum(tl.maximum(S, -65504.0), 65504.0)
-        tl.store(lp_base + off_lp, S_lp.to(lp_base.dtype.element_ty), mask=m_pn)
-    return S
-
-
-@triton.jit
-def _dot_window(S, c_w, o_t, T: tl.constexpr):
-    """[BLOCK_T, BLOCK_P] = S . C_i for the window's tokens (S dies here: only this small
-    tile stays live in the readout)."""
-    sc = tl.zeros([c_w.shape[0], S.shape[0]], dtype=tl.float32)
-    for i in tl.static_range(T):
-        c_i = tl.sum(tl.where(o_t[:, None] == i, c_w, 0.0), axis=0)
-        sc = tl.where(o_t[:, None] == i, tl.sum(S * c_i[None, :], axis=1)[None, :], sc)
-    return sc
-
-
-@triton.jit
-def _load_checkpoint(hp_base, off_hp, lp_base, off_lp, m_pn, HAS_LP: tl.constexpr):
-    if HAS_LP:
-        S = tl.load(lp_base + off_lp, mask=m_pn, other=0.0).to(tl.float32)
+    readout: block_p rows of the checkpoint per program (TILE_BYTES of them), one warp
+    (no cross-warp reductions); flush: one head's tile (up to 64 rows) per item, four
+    warps, a persistent grid of two programs per SM (8 programs in the interpreter)."""
+    block_p = TILE_BYTES // (triton.next_power_of_2(dstate) * ckpt_itemsize)
+    block_p = max(8, min(block_p, triton.next_power_of_2(headdim)))
+    flush_p = max(16, min(64, triton.next_power_of_2(headdim)))
+    if device.type == "cuda":
+        programs = 2 * _num_sms(device.index if device.index is not None else 0)
     else:
-        S = tl.load(hp_base + off_hp, mask=m_pn, other=0.0)
-    return S
-
-
-@triton.jit
-def _mamba2_replay_decode_kernel(
-    hp_ptr, lp_ptr, ring_dt_ptr, ring_x_ptr, ring_B_ptr, meta_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr,
-    state_indices_ptr, qsl_ptr, acc_ptr, out_ptr,
-    null_block_id, heads_per_group, num_programs_per_row, C,
-    stride_hp_slot, stride_hp_head, stride_hp_dim, stride_hp_dstate,
-    stride_lp_slot, stride_lp_head, stride_lp_dim, stride_lp_dstate,
-    stride_rdt_slot, stride_rdt_head, stride_rdt_row,
-    stride_rx_slot, stride_rx_head, stride_rx_row, stride_rx_dim,
-    stride_rB_slot, stride_rB_group, stride_rB_row, stride_rB_dstate,
-    stride_meta_slot, stride_meta_word,
-    stride_x_tok, stride_x_head, stride_x_dim,
-    stride_dt_tok, stride_dt_head,
-    stride_B_tok, stride_B_group, stride_B_dstate,
-    stride_C_tok, stride_C_group, stride_C_dstate,
-    stride_out_tok, stride_out_head, stride_out_dim,
-    headdim: tl.constexpr, dstate: tl.constexpr, T: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, HAS_D: tl.constexpr,
-    HAS_ACC: tl.constexpr, IS_VARLEN: tl.constexpr, MODE: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
-):
-    pid_p = tl.program_id(0)
-    pid_hb = tl.program_id(1).to(tl.int64)
-    pid_r = tl.program_id(2).to(tl.int64)
-    bos, q = row_tokens(qsl_ptr, pid_r, IS_VARLEN)
-    o_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    m_p = o_p < headdim
-    h0 = pid_hb * HEADS_PER_PROGRAM
-    pid_g = h0 // heads_per_group
-    slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
-    if MODE == 1:  # noqa: SIM102 (constexpr, then runtime)  FLUSH_ONLY: no outputs
-        if slot == null_block_id:
-            return
-    if slot == null_block_id:
-        for h in range(h0, h0 + HEADS_PER_PROGRAM):
-            for i in tl.static_range(T):
-                p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
-                tl.store(p_out + o_p * stride_out_dim, tl.zeros([BLOCK_P], dtype=tl.float32),
-                         mask=m_p & (i < q))
-        return
-
-    p_meta = meta_ptr + slot * stride_meta_slot
-    o, n, kap, fo, fn, flush, stale = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T,
-                                        HAS_ACC)
-    o_n = tl.arange(0, BLOCK_N)
-    m_n = o_n < dstate
-    m_pn = m_p[:, None] & m_n[None, :]
-    # int32 offsets inside a head's tile; pointers are formed where they are used.
-    off_hp = (o_p[:, None] * stride_hp_dim + o_n[None, :] * stride_hp_dstate).to(tl.int32)
-    off_lp = (o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate).to(tl.int32)
-    if MODE == 1:
-        if flush:
-            for h in range(h0, h0 + HEADS_PER_PROGRAM):
-                _fold_head(
-                    hp_ptr + slot * stride_hp_slot + h * stride_hp_head, off_hp,
-                    lp_ptr + slot * stride_lp_slot + h * stride_lp_head, off_lp,
-                    ring_dt_ptr + slot * stride_rdt_slot + h * stride_rdt_head,
-                    ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head,
-                    ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group,
-                    tl.load(A_ptr + h).to(tl.float32), fo, fn, C, o_p, o_n, m_p, m_n, m_pn,
-                    stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row,
-                    stride_rB_dstate, HAS_LP, LP_IS_FP16)
-        return
-    o_t = tl.arange(0, BLOCK_T)
-    o_h = tl.arange(0, BLOCK_H)
-    # The committed history (< L entries, empty after a flush) at the post-flush origin.
-    m_hist = o_h < n
-    row_h = (o + o_h) % C
-    p_rB = ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group
-
-    # Group-shared dot products: bc_h[i, j] = B_j . C_i (history), bc_w[i, j] = B_j . C_i.
-    B_h = tl.load(p_rB + row_h[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
-                  mask=m_hist[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-    c_w = tl.load(C_ptr + (bos + o_t[:, None]) * stride_C_tok + pid_g * stride_C_group
-                  + o_n[None, :] * stride_C_dstate, mask=(o_t < q)[:, None] & m_n[None, :],
-                  other=0.0).to(tl.float32)  # [BLOCK_T, BLOCK_N]
-    bc_h = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
-    bc_w = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
-    for i in tl.static_range(T):
-        c_i = tl.sum(tl.where(o_t[:, None] == i, c_w, 0.0), axis=0)
-        bc_h = tl.where(o_t[:, None] == i, tl.sum(B_h * c_i[None, :], axis=1)[None, :], bc_h)
-        for j in tl.static_range(i + 1):
-            B_l = tl.load(B_ptr + (bos + j) * stride_B_tok + pid_g * stride_B_group
-                          + o_n * stride_B_dstate, mask=m_n & (i < q), other=0.0)
-            bc_w = tl.where((o_t[:, None] == i) & (o_t[None, :] == j),
-                            tl.sum(B_l.to(tl.float32) * c_i, axis=0), bc_w)
-            if j == i:  # noqa: SIM102 (constexpr, then runtime)
-                if (pid_p == 0) & (h0 % heads_per_group == 0):  # append B_i once per group
-                    tl.store(p_rB + (o + n + i) % C * stride_rB_row + o_n * stride_rB_dstate,
-                             B_l, mask=m_n & (i < q))
-
-    for h in tl.range(h0, h0 + HEADS_PER_PROGRAM, num_stages=NUM_STAGES):
-        A = tl.load(A_ptr + h).to(tl.float32)
-        dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
-        p_rdt = ring_dt_ptr + slot * stride_rdt_slot + h * stride_rdt_head
-        p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
-        hp_h = hp_ptr + slot * stride_hp_slot + h * stride_hp_head
-        lp_h = lp_ptr + slot * stride_lp_slot + h * stride_lp_head
-        # sc[i] = checkpoint . C_i; the checkpoint tile is dead after this. Flush rows use
-        # the folded HP (FUSED: in registers; READOUT: just rewritten by FLUSH_ONLY); rows
-        # whose LP is stale (a stock-route step) read HP; the others read LP (or HP).
-        if MODE == 0:
-            if flush:
-                sc = _dot_window(_fold_head(
-                    hp_h, off_hp, lp_h, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n,
-                    m_p, m_n, m_pn, stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row,
-                    stride_rB_dstate, HAS_LP, LP_IS_FP16), c_w, o_t, T)
-            elif stale:
-                sc = _dot_window(tl.load(hp_h + off_hp, mask=m_pn, other=0.0), c_w, o_t, T)
-            else:
-                sc = _dot_window(
-                    _load_checkpoint(hp_h, off_hp, lp_h, off_lp, m_pn, HAS_LP), c_w, o_t, T)
-        else:
-            if flush | stale:
-                sc = _dot_window(tl.load(hp_h + off_hp, mask=m_pn, other=0.0), c_w, o_t, T)
-            else:
-                sc = _dot_window(
-                    _load_checkpoint(hp_h, off_hp, lp_h, off_lp, m_pn, HAS_LP), c_w, o_t, T)
-        dt_h = tl.load(p_rdt + row_h * stride_rdt_row, mask=m_hist, other=0.0)
-        lam_h = tl.cumsum(dt_h, axis=0)
-        lam_n = tl.sum(dt_h, axis=0)
-        x_h = tl.load(p_rx + row_h[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-                      mask=m_hist[:, None] & m_p[None, :], other=0.0).to(tl.float32)
-        if HAS_D:
-            D = tl.load(D_ptr + h).to(tl.float32)
-        # Window token i at logical n + i: checkpoint + history + window tokens 0..i.
-        lam_i = lam_n
-        for i in tl.static_range(T):
-            tok_i = bos + i
-            live_i = i < q
-            dt_i = softplus(tl.load(dt_ptr + tok_i * stride_dt_tok + h * stride_dt_head,
-                                    mask=live_i, other=0.0).to(tl.float32) + dt_bias)
-            lam_i += dt_i
-            bc_hi = tl.sum(tl.where(o_t[:, None] == i, bc_h, 0.0), axis=0)  # [BLOCK_H]
-            w_h = tl.where(m_hist, dt_h * tl.exp(tl.where(m_hist, A * (lam_i - lam_h), 0.0)),
-                           0.0) * bc_hi
-            y = tl.sum(tl.where(o_t[:, None] == i, sc, 0.0), axis=0) * tl.exp(A * lam_i)
-            y += tl.sum(w_h[:, None] * x_h, axis=0)
-            lam_l = lam_n
-            for j in tl.static_range(i + 1):
-                tok_l = bos + j
-                dt_l = softplus(tl.load(dt_ptr + tok_l * stride_dt_tok + h * stride_dt_head,
-                                        mask=live_i, other=0.0).to(tl.float32) + dt_bias)
-                lam_l += dt_l
-                x_l = tl.load(x_ptr + tok_l * stride_x_tok + h * stride_x_head
-                              + o_p * stride_x_dim, mask=m_p & live_i, other=0.0)
-                bc_il = tl.sum(tl.sum(tl.where((o_t[:, None] == i) & (o_t[None, :] == j),
-                                               bc_w, 0.0), axis=1), axis=0)
-                y += (dt_l * tl.exp(A * (lam_i - lam_l)) * bc_il) * x_l.to(tl.float32)
-                if j == i:
-                    if HAS_D:
-                        y += D * x_l.to(tl.float32)
-                    row_i = (o + n + i) % C
-                    tl.store(p_rx + row_i * stride_rx_row + o_p * stride_rx_dim, x_l,
-                             mask=m_p & live_i)
-                    if pid_p == 0:
-                        tl.store(p_rdt + row_i * stride_rdt_row, dt_l, mask=live_i)
-            p_out = out_ptr + tok_i * stride_out_tok + h * stride_out_head
-            tl.store(p_out + o_p * stride_out_dim, y, mask=m_p & live_i)
-    finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn, stale)
-
-
-def _pow2(x: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(x))
-
-
-STOCK_ROUTE_MAX_ROWS = 64  # plain decode up to this many rows takes the stock route
-
-
-def launch_config(num_rows: int, heads_per_group: int, plain: bool = True) -> dict:
-    """Launch configuration by batch size, from the H200 sweeps in benchmarks/results/.
-
-    Plain decode of up to STOCK_ROUTE_MAX_ROWS rows: the stock route (HP read + write; at
-    bs 1 / 32 it ran at 0.89-0.96x / 1.03x of vLLM's kernel on Nemotron-3 Super, where the
-    replay kernels ran at 0.55x / 0.72x). Speculative decode, or small batches that are not
-    plain: one fused launch, one head per program. Larger batches: flush + readout
-    ("split"), one warp per program (no cross-warp reductions), as many heads of a group
-    per program as keep rows x heads_per_group / heads_per_program >= 512."""
-    if plain and num_rows <= STOCK_ROUTE_MAX_ROWS:
-        return dict(route="stock", block_p=8, num_warps=1, heads_per_program=1, num_stages=1)
-    if num_rows <= 16:
-        return dict(route="fused", block_p=16, num_warps=1, heads_per_program=1, num_stages=1)
-    hpp = 1
-    while heads_per_group % (hpp * 2) == 0 and num_rows * heads_per_group // (hpp * 2) >= 512:
-        hpp *= 2
-    return dict(route="split", block_p=16, num_warps=1, heads_per_program=hpp,
-                num_stages=2 if hpp > 1 else 1)
+        programs = 8
+    flush_items = num_rows * nheads * triton.cdiv(headdim, flush_p)
+    return dict(readout_block_p=block_p, readout_warps=1, flush_block_p=flush_p,
+                flush_warps=4, flush_programs=min(programs, flush_items), plan_warps=1)
 
 
 def mamba2_replay_decode(
@@ -295,93 +74,65 @@ def mamba2_replay_decode(
     query_start_loc: torch.Tensor | None = None,
     num_accepted_tokens: torch.Tensor | None = None,
     null_block_id: int = NULL_BLOCK_ID,
-    block_p: int | None = None,
-    num_warps: int | None = None,
-    route: str | None = None,
-    heads_per_program: int | None = None,
-    num_stages: int | None = None,
-    stagger: bool = True,
+    scratch: Mamba2Scratch | None = None,
+    **knobs,
 ) -> None:
     """Triton twin of `reference.mamba2_replay_decode` (same arguments and effects).
 
-    route: "fused" (one launch; flush rows fold in the readout kernel), "split" (a flush
-    launch, then the readout launch, whose flush rows re-read the fresh HP; the readout
-    kernel then carries no fold code and runs with fewer registers) or "stock" (plain
-    decode only: the stock read + write step on the page, `stock_step.py`; `stagger`
-    spreads the flushes of the replay steps after it). Default: by batch size
-    (`launch_config`). block_p, num_warps, heads_per_program (a divisor of the heads
-    per group; the heads one program loops over) and num_stages (software pipelining of
-    that loop) override the launch configuration (`launch_config`).
+    scratch: `Mamba2Scratch` for at least R rows (plain decode); None allocates one per call
+    (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
+    readout_block_p, readout_warps, flush_block_p, flush_warps, flush_programs, plan_warps,
+    dot_precision) or set the window step's (speculative: block_p, num_warps,
+    heads_per_program, num_stages).
     """
     H, P = x.shape[1], x.shape[2]
-    G, N = B.shape[1], B.shape[2]
+    N = B.shape[2]
     R = state_indices.shape[0]
-    Cn = ring_rows(buffer_len, window)
-    _check(cache, x, dt, A, B, C, D, dt_bias, state_indices, out, Cn, query_start_loc,
-           num_accepted_tokens, R)
+    ring_len = ring_rows(buffer_len, window)
+    check_args(cache, x, dt, A, B, C, D, dt_bias, state_indices, out, ring_len,
+               query_start_loc, num_accepted_tokens)
     if R == 0:
         return
-    cfg = launch_config(R, H // G, plain=query_start_loc is None and num_accepted_tokens is None)
-    for key, val in (("block_p", block_p), ("num_warps", num_warps), ("route", route),
-                     ("heads_per_program", heads_per_program), ("num_stages", num_stages)):
-        if val is not None:
-            cfg[key] = val
-    if cfg["route"] == "stock":
-        if query_start_loc is not None or num_accepted_tokens is not None:
-            raise ValueError("the stock route is for plain decode (one token per row)")
-        from vllm_replayssm.kernels.mamba2.stock_step import mamba2_stock_route_decode
-
-        mamba2_stock_route_decode(
+    plain = window == 1 and query_start_loc is None and num_accepted_tokens is None
+    if not plain:
+        mamba2_window_decode(
             cache, x, dt, A, B, C, D, dt_bias, state_indices, out, buffer_len=buffer_len,
-            window=window, stagger=stagger, null_block_id=null_block_id,
-            block_p=block_p, num_warps=num_warps)
+            window=window, query_start_loc=query_start_loc,
+            num_accepted_tokens=num_accepted_tokens, null_block_id=null_block_id, **knobs)
         return
-    if cfg["route"] not in ("fused", "split"):
-        raise ValueError(f"route must be 'fused', 'split' or 'stock', got {cfg['route']!r}")
-    hpp = cfg["heads_per_program"]
-    if (H // G) % hpp:
-        raise ValueError(f"heads_per_program={hpp} must divide the {H // G} heads per group")
-    grid = (triton.cdiv(P, cfg["block_p"]), H // hpp, R)
-    lp = cache.lp if cache.lp is not None else cache.hp
-    modes = (FUSED,) if cfg["route"] == "fused" else (FLUSH_ONLY, READOUT)
-    for mode in modes:
-        _launch(grid, mode, cfg, cache, lp, x, dt, A, B, C, D, dt_bias,
-                state_indices, query_start_loc, num_accepted_tokens, out, null_block_id,
-                H, G, P, N, Cn, window, buffer_len)
+    if scratch is None:
+        scratch = Mamba2Scratch.allocate(R, H, buffer_len, x.device)
+    elif not scratch.fits(R, H, buffer_len):
+        raise ValueError(f"scratch {tuple(scratch.coef.shape)} too small for {R} rows, "
+                         f"{H} heads, buffer_len {buffer_len}")
+    ckpt = cache.lp if cache.lp is not None else cache.hp
+    cfg = launch_config(R, H, P, N, ckpt.element_size(), x.device)
+    unknown = set(knobs) - set(cfg) - {"dot_precision"}
+    if unknown:
+        raise ValueError(f"unknown plain-decode knobs {sorted(unknown)}")
+    cfg.update(knobs)
+    common = dict(ring_len=ring_len, buffer_len=buffer_len)
+    mamba2_plan(cache, dt, A, B, C, D, dt_bias, state_indices, scratch,
+                null_block_id=null_block_id, num_warps=cfg["plan_warps"], **common)
+    mamba2_flush(cache, x, C, out, scratch, block_p=cfg["flush_block_p"],
+                 num_warps=cfg["flush_warps"], num_programs=cfg["flush_programs"],
+                 dot_precision=cfg.get("dot_precision", "tf32x3"), **common)
+    mamba2_readout(cache, x, C, out, scratch, null_block_id=null_block_id,
+                   block_p=cfg["readout_block_p"], num_warps=cfg["readout_warps"], **common)
 
 
-def _launch(grid, mode, cfg, cache, lp, x, dt, A, B, C, D, dt_bias, state_indices,
-            query_start_loc, num_accepted_tokens, out, null_block_id, H, G, P, N, Cn, window,
-            buffer_len) -> None:
-    _mamba2_replay_decode_kernel[grid](
-        cache.hp, lp, cache.ring_dt, cache.ring_x, cache.ring_B, cache.meta,
-        x, dt, A, B, C, D if D is not None else A, dt_bias,
-        state_indices, query_start_loc if query_start_loc is not None else state_indices,
-        num_accepted_tokens if num_accepted_tokens is not None else state_indices, out,
-        null_block_id, H // G, grid[0] * grid[1], Cn,
-        *cache.hp.stride(), *lp.stride(), *cache.ring_dt.stride(), *cache.ring_x.stride(),
-        *cache.ring_B.stride(), *cache.meta.stride(),
-        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *out.stride(),
-        headdim=P, dstate=N, T=window, BLOCK_T=_pow2(window, 1), BLOCK_P=cfg["block_p"],
-        BLOCK_N=_pow2(N), BLOCK_H=_pow2(buffer_len),
-        HAS_LP=cache.lp is not None,
-        LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
-        HAS_D=D is not None, HAS_ACC=num_accepted_tokens is not None,
-        IS_VARLEN=query_start_loc is not None, MODE=mode,
-        HEADS_PER_PROGRAM=cfg["heads_per_program"], NUM_STAGES=cfg["num_stages"],
-        num_warps=cfg["num_warps"],
-    )
-
-
-def _check(cache, x, dt, A, B, C, D, dt_bias, state_indices, out, Cn, qsl, acc, R) -> None:
+def check_args(cache, x, dt, A, B, C, D, dt_bias, state_indices, out, ring_len, qsl,
+               acc) -> None:
+    """Shapes, dtypes and devices of a decode step's arguments (see mamba2_replay_decode)."""
     H, P = x.shape[1], x.shape[2]
     G, N = B.shape[1], B.shape[2]
     S = cache.hp.shape[0]
+    R = state_indices.shape[0]
     want = {
         "hp": (cache.hp, (S, H, P, N), torch.float32),
-        "ring_dt": (cache.ring_dt, (S, H, Cn), torch.float32),
-        "ring_x": (cache.ring_x, (S, H, Cn, P), None),
-        "ring_B": (cache.ring_B, (S, G, Cn, N), None),
+        "ring_dt": (cache.ring_dt, (S, H, ring_len), torch.float32),
+        "ring_x": (cache.ring_x, (S, H, ring_len, P), None),
+        "ring_B": (cache.ring_B, (S, G, ring_len, N), None),
         "meta": (cache.meta, (S, 8), torch.int32),
         "dt": (dt, (x.shape[0], H), None),
         "C": (C, tuple(B.shape), None),

@@ -14,14 +14,14 @@ import triton.language as tl
 
 from vllm_replayssm.kernels.common.cursor import ring_rows
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, softplus, stock_route_row
-from vllm_replayssm.kernels.mamba2.decode import _fold_tile, _pow2
+from vllm_replayssm.kernels.mamba2.tiles import fold_tile, pow2
 from vllm_replayssm.layout import Mamba2ReplayCache
 
 NULL_BLOCK_ID = 0
 
 
 @triton.jit
-def _mamba2_stock_step_kernel(
+def _mamba2_stock_route_kernel(
     hp_ptr, ring_dt_ptr, ring_x_ptr, ring_B_ptr, meta_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, state_indices_ptr, out_ptr,
     null_block_id, heads_per_group, num_programs_per_row, C, stagger_mod,
@@ -68,7 +68,7 @@ def _mamba2_stock_step_kernel(
     p_meta = meta_ptr + slot * stride_meta_slot
     o, n_c, kap_reset, reset = stock_route_row(p_meta, stride_meta_word, slot, C, stagger_mod, T)
     if n_c > 0:  # a row arriving from the replay route: fold its ring first
-        S = _fold_tile(S, ring_dt_ptr + slot * stride_rdt_slot + pid_h * stride_rdt_head,
+        S = fold_tile(S, ring_dt_ptr + slot * stride_rdt_slot + pid_h * stride_rdt_head,
                        ring_x_ptr + slot * stride_rx_slot + pid_h * stride_rx_head,
                        ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group, A, o, n_c, C,
                        o_p, o_n, m_p, m_n, stride_rdt_row, stride_rx_row, stride_rx_dim,
@@ -118,13 +118,13 @@ def mamba2_stock_route_decode(
     Cn = ring_rows(buffer_len, window)
     bp = block_p or 16
     grid = (triton.cdiv(P, bp), H, R)
-    _mamba2_stock_step_kernel[grid](
+    _mamba2_stock_route_kernel[grid](
         cache.hp, cache.ring_dt, cache.ring_x, cache.ring_B, cache.meta,
         x, dt, A, B, C, D if D is not None else A, dt_bias, state_indices, out,
         null_block_id, H // G, grid[0] * H, Cn, (buffer_len - window + 1) if stagger else 1,
         *cache.hp.stride(), *cache.ring_dt.stride(), *cache.ring_x.stride(),
         *cache.ring_B.stride(), *cache.meta.stride(),
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *out.stride(),
-        headdim=P, dstate=N, T=window, BLOCK_P=bp, BLOCK_N=_pow2(N), HAS_D=D is not None,
+        headdim=P, dstate=N, T=window, BLOCK_P=bp, BLOCK_N=pow2(N), HAS_D=D is not None,
         num_warps=num_warps or 1,
     )

@@ -1,0 +1,148 @@
+"""Plain-decode flush for Mamba-2 (the second launch; `decode.py` runs them).
+
+Runs only over the rows that read HP this step (the plan's HP list): flush rows, and rows
+whose LP is stale (a stock-route step wrote HP alone). A persistent grid walks the list's
+(row, head, headdim tile) items. Per item it reads the HP tile once; a flush row folds its
+committed records in one tensor-core product at fp32 accuracy (tf32x3):
+
+    S = e^{A Λ_n} S0 + (X diag(w))ᵀ B          X: [n, P] records, B: [n, N] records
+
+writes HP and LP from registers, and reads out the current token from S (an empty history);
+a stale row reads out from HP and its history as the readout launch would. LP never enters
+HP. The readout launch skips these rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_replayssm.kernels.mamba2.plan import (
+    T_PLAN_COUNT,
+    T_PLAN_FLUSH,
+    T_PLAN_FOLD_COUNT,
+    T_PLAN_FOLD_ORIGIN,
+    T_PLAN_LEN,
+    T_PLAN_ORIGIN,
+    T_PLAN_SLOT,
+    T_PLAN_WRITE_ROW,
+    Mamba2Scratch,
+    history_block,
+)
+
+FP16_MAX = 65504.0
+
+
+@triton.jit
+def _mamba2_flush_kernel(
+    hp_ptr, lp_ptr, ring_x_ptr, ring_B_ptr, x_ptr, C_ptr, out_ptr,
+    plan_ptr, coef_ptr, hp_rows_ptr, hp_count_ptr,
+    ring_len,
+    stride_hp_slot, stride_hp_head, stride_hp_dim, stride_hp_dstate,
+    stride_lp_slot, stride_lp_head, stride_lp_dim, stride_lp_dstate,
+    stride_rx_slot, stride_rx_head, stride_rx_row, stride_rx_dim,
+    stride_rB_slot, stride_rB_group, stride_rB_row, stride_rB_dstate,
+    stride_x_tok, stride_x_head, stride_x_dim,
+    stride_C_tok, stride_C_group, stride_C_dstate,
+    stride_out_tok, stride_out_head, stride_out_dim,
+    stride_coef_row, stride_coef_head,
+    NUM_HEADS: tl.constexpr, HEADS_PER_GROUP: tl.constexpr, TILES_PER_HEAD: tl.constexpr,
+    headdim: tl.constexpr, dstate: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    items_per_row: tl.constexpr = NUM_HEADS * TILES_PER_HEAD
+    total = tl.load(hp_count_ptr) * items_per_row
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < dstate
+    o_j = tl.arange(0, BLOCK_L)
+    for item in tl.range(pid, total, num_programs):
+        k = item // items_per_row
+        h = (item % items_per_row) // TILES_PER_HEAD
+        g = h // HEADS_PER_GROUP
+        o_p = (item % TILES_PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
+        m_p = o_p < headdim
+        m_pn = m_p[:, None] & m_n[None, :]
+        r = tl.load(hp_rows_ptr + k)
+        r64 = r.to(tl.int64)
+        p_plan = plan_ptr + r * T_PLAN_LEN
+        slot = tl.load(p_plan + T_PLAN_SLOT).to(tl.int64)
+        o = tl.load(p_plan + T_PLAN_ORIGIN)
+        n = tl.load(p_plan + T_PLAN_COUNT)
+        write_row = tl.load(p_plan + T_PLAN_WRITE_ROW)
+        flush = tl.load(p_plan + T_PLAN_FLUSH)
+        fo = tl.load(p_plan + T_PLAN_FOLD_ORIGIN)
+        fn = tl.load(p_plan + T_PLAN_FOLD_COUNT)
+        p_coef = coef_ptr + r64 * stride_coef_row + h * stride_coef_head
+        coef = tl.load(p_coef + o_j)  # fold weights (flush) or history coefficients
+        cur = tl.load(p_coef + BLOCK_L)
+        scale = tl.load(p_coef + BLOCK_L + 1)
+        decay = tl.load(p_coef + BLOCK_L + 2)
+        c = tl.load(C_ptr + r64 * stride_C_tok + g * stride_C_group + o_n * stride_C_dstate,
+                    mask=m_n, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + r64 * stride_x_tok + h * stride_x_head + o_p * stride_x_dim,
+                    mask=m_p, other=0.0)
+        p_hp = (hp_ptr + slot * stride_hp_slot + h * stride_hp_head
+                + o_p[:, None] * stride_hp_dim + o_n[None, :] * stride_hp_dstate)
+        S = tl.load(p_hp, mask=m_pn, other=0.0)  # [BLOCK_P, BLOCK_N]
+        p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
+        if flush != 0:
+            rows = fo + o_j
+            rows = tl.where(rows >= ring_len, rows - ring_len, rows)
+            m_j = o_j < fn
+            x_f = tl.load(p_rx + o_p[:, None] * stride_rx_dim + rows[None, :] * stride_rx_row,
+                          mask=m_p[:, None] & m_j[None, :], other=0.0)  # [BLOCK_P, BLOCK_L]
+            B_f = tl.load(ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group
+                          + rows[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
+                          mask=m_j[:, None] & m_n[None, :], other=0.0)  # [BLOCK_L, BLOCK_N]
+            S = tl.dot(x_f.to(tl.float32) * coef[None, :], B_f.to(tl.float32), acc=S * decay,
+                       input_precision=DOT_PRECISION)
+            tl.store(p_hp, S, mask=m_pn)
+            if HAS_LP:
+                S_lp = S
+                if LP_IS_FP16:
+                    S_lp = tl.minimum(tl.maximum(S, -FP16_MAX), FP16_MAX)
+                tl.store(lp_ptr + slot * stride_lp_slot + h * stride_lp_head
+                         + o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate,
+                         S_lp.to(lp_ptr.dtype.element_ty), mask=m_pn)
+            y = scale * tl.sum(S * c[None, :], axis=1)
+        else:  # stale LP: read out from HP and the history, as the readout would from LP
+            rows = o + o_j
+            rows = tl.where(rows >= ring_len, rows - ring_len, rows)
+            x_h = tl.load(p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+                          mask=(o_j < n)[:, None] & m_p[None, :], other=0.0)
+            y = scale * tl.sum(S * c[None, :], axis=1)
+            y += tl.sum(coef[:, None] * x_h.to(tl.float32), axis=0)
+        y += cur * x.to(tl.float32)
+        tl.store(out_ptr + r64 * stride_out_tok + h * stride_out_head + o_p * stride_out_dim,
+                 y, mask=m_p)
+        tl.store(p_rx + write_row * stride_rx_row + o_p * stride_rx_dim, x, mask=m_p)
+
+
+def mamba2_flush(
+    cache, x: torch.Tensor, C: torch.Tensor, out: torch.Tensor, scratch: Mamba2Scratch, *,
+    ring_len: int, buffer_len: int, block_p: int, num_warps: int, num_programs: int,
+    dot_precision: str = "tf32x3",
+) -> None:
+    """Launch the flush over the plan's HP list (after `mamba2_plan`, before
+    `mamba2_readout`): HP and LP of flush rows written; out [R, H, P] and the x record
+    written for the listed rows. num_programs: the persistent grid (any size >= 1)."""
+    H, P = x.shape[1], x.shape[2]
+    G, N = C.shape[1], C.shape[2]
+    lp = cache.lp if cache.lp is not None else cache.hp
+    tiles = triton.cdiv(P, block_p)
+    _mamba2_flush_kernel[(max(1, num_programs),)](
+        cache.hp, lp, cache.ring_x, cache.ring_B, x, C, out,
+        scratch.plan, scratch.coef, scratch.hp_rows, scratch.hp_count,
+        ring_len,
+        *cache.hp.stride(), *lp.stride(), *cache.ring_x.stride(), *cache.ring_B.stride(),
+        *x.stride(), *C.stride(), *out.stride(), scratch.coef.stride(0), scratch.coef.stride(1),
+        NUM_HEADS=H, HEADS_PER_GROUP=H // G, TILES_PER_HEAD=tiles, headdim=P, dstate=N,
+        BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
+        BLOCK_L=history_block(buffer_len), HAS_LP=cache.lp is not None,
+        LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
+        DOT_PRECISION=dot_precision, num_warps=num_warps,
+    )

@@ -1,0 +1,250 @@
+"""Plain-decode plan for Mamba-2 (the first of three launches; `decode.py` runs them).
+
+One program per (group, row) reads the row's cursor words (nobody writes them in this
+launch), applies commit and the flush rule (`cursor.plan_step`), and computes what every
+head of the group needs from the history, once: the scalars B_j . C of the group and, per
+head, the readout coefficients w_j (B_j . C) (flush rows: the fold weights w_j), the output
+scale e^{A Λ_m}, the current token's coefficient and the fold decay. It appends the
+row-shared records (dt after softplus per head, B per group). The group-0 program writes the
+dense plan row and, for rows that must read HP (flush rows, and rows whose LP is stale),
+appends the row to the HP list. The new cursor words travel in the plan row and are stored
+by the readout launch, so every launch has a single writer of them.
+
+Scratch (`Mamba2Scratch`) is caller-allocated and sized by the largest batch, so the three
+launches are safe in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_replayssm.kernels.common.cursor import META_LEN, META_MAGIC, META_MAGIC_LP_STALE
+from vllm_replayssm.kernels.common.triton_cursor import softplus
+
+# Plan row (int32 words per batch row).
+PLAN_SLOT, PLAN_ORIGIN, PLAN_COUNT, PLAN_WRITE_ROW, PLAN_READ_HP, PLAN_FLUSH = range(6)
+PLAN_FOLD_ORIGIN, PLAN_FOLD_COUNT = 6, 7
+PLAN_META = 8  # words PLAN_META .. PLAN_META + META_LEN - 1: the new cursor words
+PLAN_LEN = PLAN_META + META_LEN
+
+
+def history_block(buffer_len: int) -> int:
+    """Coefficient slots per (row, head): a power of two >= L and >= 16 (the fold's dot
+    needs an inner dimension of at least 16)."""
+    return max(16, triton.next_power_of_2(buffer_len))
+
+
+def coef_len(buffer_len: int) -> int:
+    """Per (row, head): [0, BLOCK_L) history coefficients or fold weights, then the current
+    token's coefficient, the output scale and the fold decay (padded to 2 * BLOCK_L)."""
+    return 2 * history_block(buffer_len)
+
+
+@dataclass
+class Mamba2Scratch:
+    """Caller-owned scratch of the plain-decode launches, for up to `max_rows` rows.
+
+    plan: [max_rows, PLAN_LEN] int32; coef: [max_rows, H, coef_len(L)] fp32;
+    hp_rows: [max_rows] int32 (rows that read HP this step, in any order);
+    hp_count: [1] int32, the length of hp_rows (zero between steps: the readout launch
+    resets it).
+    """
+
+    plan: torch.Tensor
+    coef: torch.Tensor
+    hp_rows: torch.Tensor
+    hp_count: torch.Tensor
+
+    @classmethod
+    def allocate(cls, max_rows: int, nheads: int, buffer_len: int,
+                 device: torch.device | str) -> Mamba2Scratch:
+        return cls(
+            plan=torch.zeros(max_rows, PLAN_LEN, dtype=torch.int32, device=device),
+            coef=torch.zeros(max_rows, nheads, coef_len(buffer_len), dtype=torch.float32,
+                             device=device),
+            hp_rows=torch.zeros(max_rows, dtype=torch.int32, device=device),
+            hp_count=torch.zeros(1, dtype=torch.int32, device=device),
+        )
+
+    def fits(self, num_rows: int, nheads: int, buffer_len: int) -> bool:
+        return (self.plan.shape[0] >= num_rows and self.coef.shape[1] == nheads
+                and self.coef.shape[2] == coef_len(buffer_len))
+
+
+MAGIC_WORD = tl.constexpr(META_MAGIC)
+MAGIC_WORD_LP_STALE = tl.constexpr(META_MAGIC_LP_STALE)
+T_PLAN_SLOT = tl.constexpr(PLAN_SLOT)
+T_PLAN_ORIGIN = tl.constexpr(PLAN_ORIGIN)
+T_PLAN_COUNT = tl.constexpr(PLAN_COUNT)
+T_PLAN_WRITE_ROW = tl.constexpr(PLAN_WRITE_ROW)
+T_PLAN_READ_HP = tl.constexpr(PLAN_READ_HP)
+T_PLAN_FLUSH = tl.constexpr(PLAN_FLUSH)
+T_PLAN_FOLD_ORIGIN = tl.constexpr(PLAN_FOLD_ORIGIN)
+T_PLAN_FOLD_COUNT = tl.constexpr(PLAN_FOLD_COUNT)
+T_PLAN_META = tl.constexpr(PLAN_META)
+T_PLAN_LEN = tl.constexpr(PLAN_LEN)
+
+
+@triton.jit
+def _mamba2_plan_kernel(
+    meta_ptr, ring_dt_ptr, ring_B_ptr,
+    dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, state_indices_ptr,
+    plan_ptr, coef_ptr, hp_rows_ptr, hp_count_ptr,
+    null_block_id, ring_len,
+    stride_meta_slot, stride_meta_word,
+    stride_rdt_slot, stride_rdt_head, stride_rdt_row,
+    stride_rB_slot, stride_rB_group, stride_rB_row, stride_rB_dstate,
+    stride_dt_tok, stride_dt_head,
+    stride_B_tok, stride_B_group, stride_B_dstate,
+    stride_C_tok, stride_C_group, stride_C_dstate,
+    stride_coef_row, stride_coef_head,
+    HEADS_PER_GROUP: tl.constexpr, dstate: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_HG: tl.constexpr, BLOCK_L: tl.constexpr, HAS_D: tl.constexpr,
+    HAS_LP: tl.constexpr,
+):
+    pid_g = tl.program_id(0)
+    r = tl.program_id(1)
+    p_plan = plan_ptr + r * T_PLAN_LEN
+    slot32 = tl.load(state_indices_ptr + r).to(tl.int32)
+    if slot32 == null_block_id:
+        if pid_g == 0:
+            tl.store(p_plan + T_PLAN_SLOT, slot32)
+        return
+    slot = slot32.to(tl.int64)
+    r64 = r.to(tl.int64)
+
+    # Loads that do not depend on the cursor words.
+    o_hg = tl.arange(0, BLOCK_HG)
+    m_hg = o_hg < HEADS_PER_GROUP
+    h = pid_g * HEADS_PER_GROUP + o_hg  # [BLOCK_HG]
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < dstate
+    A = tl.load(A_ptr + h, mask=m_hg, other=0.0).to(tl.float32)
+    dt_bias = tl.load(dt_bias_ptr + h, mask=m_hg, other=0.0).to(tl.float32)
+    dt_raw = tl.load(dt_ptr + r64 * stride_dt_tok + h * stride_dt_head, mask=m_hg, other=0.0)
+    b_cur = tl.load(B_ptr + r64 * stride_B_tok + pid_g * stride_B_group + o_n * stride_B_dstate,
+                    mask=m_n, other=0.0)
+    c = tl.load(C_ptr + r64 * stride_C_tok + pid_g * stride_C_group + o_n * stride_C_dstate,
+                mask=m_n, other=0.0).to(tl.float32)
+    p_meta = meta_ptr + slot * stride_meta_slot
+    o = tl.load(p_meta + 0 * stride_meta_word)
+    n = tl.load(p_meta + 1 * stride_meta_word)
+    p = tl.load(p_meta + 2 * stride_meta_word)
+    kap = tl.load(p_meta + 3 * stride_meta_word)
+    fo = tl.load(p_meta + 4 * stride_meta_word)
+    fn = tl.load(p_meta + 5 * stride_meta_word)
+    magic = tl.load(p_meta + 6 * stride_meta_word)
+
+    # Commit (plain decode: everything pending) and the flush rule, q = T = 1.
+    valid = (((magic == MAGIC_WORD) | (magic == MAGIC_WORD_LP_STALE))
+             & (o >= 0) & (o < ring_len) & (n >= 0) & (p >= 0) & (p <= 1)
+             & (kap >= 2) & (kap <= ring_len) & (n + p + 1 <= kap))
+    o = tl.where(valid, o, 0)
+    n = tl.where(valid, n + p, 0)
+    kap = tl.where(valid, kap, ring_len)
+    fo = tl.where(valid, fo, 0)
+    fn = tl.where(valid, fn, 0)
+    flush = n + 2 > kap
+    stale = valid & (magic == MAGIC_WORD_LP_STALE) & (flush == 0)
+    o_next = o + n
+    o_next = tl.where(flush, tl.where(o_next >= ring_len, o_next - ring_len, o_next), o)
+    n_next = tl.where(flush, 0, n)
+    write_row = o_next + n_next
+    write_row = tl.where(write_row >= ring_len, write_row - ring_len, write_row)
+
+    # Entries [0, n) from origin o: the fold region of a flush row, the history otherwise.
+    o_j = tl.arange(0, BLOCK_L)
+    m_j = o_j < n
+    rows = o + o_j
+    rows = tl.where(rows >= ring_len, rows - ring_len, rows)
+    dt_h = tl.load(ring_dt_ptr + slot * stride_rdt_slot + h[:, None] * stride_rdt_head
+                   + rows[None, :] * stride_rdt_row, mask=m_hg[:, None] & m_j[None, :],
+                   other=0.0)  # [BLOCK_HG, BLOCK_L]
+    B_h = tl.load(ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group
+                  + rows[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
+                  mask=(m_j & (flush == 0))[:, None] & m_n[None, :],
+                  other=0.0).to(tl.float32)  # [BLOCK_L, BLOCK_N]
+    bc = tl.sum(B_h * c[None, :], axis=1)  # [BLOCK_L]
+    bc_cur = tl.sum(b_cur.to(tl.float32) * c, axis=0)
+    dt_cur = softplus(dt_raw.to(tl.float32) + dt_bias)  # [BLOCK_HG]
+    lam = tl.cumsum(dt_h, axis=1)
+    lam_n = tl.sum(dt_h, axis=1)
+    # Readout of logical m = n (history + the current token); a flush row folds [0, n)
+    # and then reads out from the fresh checkpoint with an empty history.
+    lam_end = tl.where(flush, lam_n, lam_n + dt_cur)
+    keep = m_hg[:, None] & m_j[None, :]
+    w = tl.where(keep, dt_h * tl.exp(tl.where(keep, A[:, None] * (lam_end[:, None] - lam),
+                                              0.0)), 0.0)
+    coef = tl.where(flush, w, w * bc[None, :])
+    scale = tl.exp(A * tl.where(flush, dt_cur, lam_n + dt_cur))
+    cur = dt_cur * bc_cur
+    if HAS_D:
+        cur += tl.load(D_ptr + h, mask=m_hg, other=0.0).to(tl.float32)
+    decay = tl.exp(A * lam_n)
+    p_coef = coef_ptr + r64 * stride_coef_row + h * stride_coef_head  # [BLOCK_HG]
+    tl.store(p_coef[:, None] + o_j[None, :], coef, mask=m_hg[:, None])
+    tl.store(p_coef + BLOCK_L, cur, mask=m_hg)
+    tl.store(p_coef + BLOCK_L + 1, scale, mask=m_hg)
+    tl.store(p_coef + BLOCK_L + 2, decay, mask=m_hg)
+
+    # Row-shared records of the current token.
+    tl.store(ring_dt_ptr + slot * stride_rdt_slot + h * stride_rdt_head
+             + write_row * stride_rdt_row, dt_cur, mask=m_hg)
+    tl.store(ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group
+             + write_row * stride_rB_row + o_n * stride_rB_dstate, b_cur, mask=m_n)
+
+    if pid_g == 0:
+        read_hp = flush
+        if HAS_LP:  # a stale LP is never read: such rows read HP until their next flush
+            read_hp = flush | stale
+        tl.store(p_plan + T_PLAN_SLOT, slot32)
+        tl.store(p_plan + T_PLAN_ORIGIN, o_next)
+        tl.store(p_plan + T_PLAN_COUNT, n_next)
+        tl.store(p_plan + T_PLAN_WRITE_ROW, write_row)
+        tl.store(p_plan + T_PLAN_READ_HP, read_hp.to(tl.int32))
+        tl.store(p_plan + T_PLAN_FLUSH, flush.to(tl.int32))
+        tl.store(p_plan + T_PLAN_FOLD_ORIGIN, tl.where(flush, o, fo))
+        tl.store(p_plan + T_PLAN_FOLD_COUNT, tl.where(flush, n, fn))
+        p_words = p_plan + T_PLAN_META
+        tl.store(p_words + 0, o_next)
+        tl.store(p_words + 1, n_next)
+        tl.store(p_words + 2, 1)
+        tl.store(p_words + 3, tl.where(flush, ring_len, kap))
+        tl.store(p_words + 4, tl.where(flush, o, fo))
+        tl.store(p_words + 5, tl.where(flush, n, fn))
+        tl.store(p_words + 6, tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD))
+        tl.store(p_words + 7, 0)
+        if read_hp:
+            k = tl.atomic_add(hp_count_ptr, 1, sem="relaxed")
+            tl.store(hp_rows_ptr + k, r)
+
+
+def mamba2_plan(
+    cache, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+    D: torch.Tensor | None, dt_bias: torch.Tensor, state_indices: torch.Tensor,
+    scratch: Mamba2Scratch, *, ring_len: int, buffer_len: int, null_block_id: int,
+    num_warps: int = 1,
+) -> None:
+    """Launch the plan for R rows (plain decode, one token per row).
+
+    cache: Mamba2ReplayCache (reads meta, ring_dt, ring_B; appends dt and B records);
+    dt: [R, H] raw; A, D, dt_bias: [H]; B, C: [R, G, N]; state_indices: [R] int;
+    scratch: written (plan rows, coefficients, HP list; hp_count must be 0 on entry).
+    """
+    R, H = dt.shape
+    G, N = B.shape[1], B.shape[2]
+    _mamba2_plan_kernel[(G, R)](
+        cache.meta, cache.ring_dt, cache.ring_B,
+        dt, A, B, C, D if D is not None else A, dt_bias, state_indices,
+        scratch.plan, scratch.coef, scratch.hp_rows, scratch.hp_count,
+        null_block_id, ring_len,
+        *cache.meta.stride(), *cache.ring_dt.stride(), *cache.ring_B.stride(),
+        *dt.stride(), *B.stride(), *C.stride(), scratch.coef.stride(0), scratch.coef.stride(1),
+        HEADS_PER_GROUP=H // G, dstate=N, BLOCK_N=max(16, triton.next_power_of_2(N)),
+        BLOCK_HG=max(2, triton.next_power_of_2(H // G)), BLOCK_L=history_block(buffer_len),
+        HAS_D=D is not None, HAS_LP=cache.lp is not None, num_warps=num_warps,
+    )

@@ -1,0 +1,133 @@
+"""Plain-decode readout for Mamba-2 (the third launch; `decode.py` runs them).
+
+One program per (row, head, headdim tile) of BLOCK_P x dstate checkpoint elements (about
+8 KiB: 16 x 128 fp32 HP or 32 x 128 bf16 LP), no loop over heads:
+
+    y = scale * (S0 . C) + sum_j coef_j x_j + cur * x
+
+with scale, coef and cur from the plan, x_j the history records of this head and tile.
+Everything but the tile and the history records is loaded before the plan row arrives.
+Rows that read HP (flush rows, stale LP) are left to the flush launch. The program of
+head 0, tile 0 stores the row's new cursor words from the plan row, and program (0, 0)
+clears the HP-list counter for the next step. No atomics, no barriers across warps.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_replayssm.kernels.common.cursor import META_LEN
+from vllm_replayssm.kernels.mamba2.plan import (
+    T_PLAN_COUNT,
+    T_PLAN_LEN,
+    T_PLAN_META,
+    T_PLAN_ORIGIN,
+    T_PLAN_READ_HP,
+    T_PLAN_SLOT,
+    T_PLAN_WRITE_ROW,
+    Mamba2Scratch,
+    history_block,
+)
+
+T_META_LEN = tl.constexpr(META_LEN)
+
+
+@triton.jit
+def _mamba2_readout_kernel(
+    ckpt_ptr, ring_x_ptr, meta_ptr, x_ptr, C_ptr, out_ptr,
+    plan_ptr, coef_ptr, hp_count_ptr,
+    null_block_id, ring_len,
+    stride_ck_slot, stride_ck_head, stride_ck_dim, stride_ck_dstate,
+    stride_rx_slot, stride_rx_head, stride_rx_row, stride_rx_dim,
+    stride_meta_slot, stride_meta_word,
+    stride_x_tok, stride_x_head, stride_x_dim,
+    stride_C_tok, stride_C_group, stride_C_dstate,
+    stride_out_tok, stride_out_head, stride_out_dim,
+    stride_coef_row, stride_coef_head,
+    HEADS_PER_GROUP: tl.constexpr, TILES_PER_HEAD: tl.constexpr, headdim: tl.constexpr,
+    dstate: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    r = tl.program_id(1)
+    h = pid // TILES_PER_HEAD
+    g = h // HEADS_PER_GROUP
+    o_p = (pid % TILES_PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
+    m_p = o_p < headdim
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < dstate
+    o_j = tl.arange(0, BLOCK_L)
+    r64 = r.to(tl.int64)
+
+    # Loads that do not depend on the plan row.
+    p_plan = plan_ptr + r * T_PLAN_LEN
+    slot32 = tl.load(p_plan + T_PLAN_SLOT)
+    o = tl.load(p_plan + T_PLAN_ORIGIN)
+    n = tl.load(p_plan + T_PLAN_COUNT)
+    write_row = tl.load(p_plan + T_PLAN_WRITE_ROW)
+    read_hp = tl.load(p_plan + T_PLAN_READ_HP)
+    p_coef = coef_ptr + r64 * stride_coef_row + h * stride_coef_head
+    coef = tl.load(p_coef + o_j)
+    cur = tl.load(p_coef + BLOCK_L)
+    scale = tl.load(p_coef + BLOCK_L + 1)
+    c = tl.load(C_ptr + r64 * stride_C_tok + g * stride_C_group + o_n * stride_C_dstate,
+                mask=m_n, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + r64 * stride_x_tok + h * stride_x_head + o_p * stride_x_dim,
+                mask=m_p, other=0.0)
+    p_out = out_ptr + r64 * stride_out_tok + h * stride_out_head + o_p * stride_out_dim
+
+    if pid == 0:
+        if r == 0:
+            tl.store(hp_count_ptr, 0)
+        if slot32 != null_block_id:
+            o_w = tl.arange(0, T_META_LEN)
+            words = tl.load(p_plan + T_PLAN_META + o_w)
+            tl.store(meta_ptr + slot32.to(tl.int64) * stride_meta_slot
+                     + o_w * stride_meta_word, words)
+    if slot32 == null_block_id:
+        tl.store(p_out, tl.zeros([BLOCK_P], dtype=tl.float32), mask=m_p)
+        return
+    if read_hp != 0:
+        return
+    slot = slot32.to(tl.int64)
+    S0 = tl.load(ckpt_ptr + slot * stride_ck_slot + h * stride_ck_head
+                 + o_p[:, None] * stride_ck_dim + o_n[None, :] * stride_ck_dstate,
+                 mask=m_p[:, None] & m_n[None, :], other=0.0)  # [BLOCK_P, BLOCK_N]
+    rows = o + o_j
+    rows = tl.where(rows >= ring_len, rows - ring_len, rows)
+    p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
+    x_h = tl.load(p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+                  mask=(o_j < n)[:, None] & m_p[None, :], other=0.0)  # [BLOCK_L, BLOCK_P]
+    y = scale * tl.sum(S0.to(tl.float32) * c[None, :], axis=1)
+    y += tl.sum(coef[:, None] * x_h.to(tl.float32), axis=0)
+    y += cur * x.to(tl.float32)
+    tl.store(p_out, y, mask=m_p)
+    tl.store(p_rx + write_row * stride_rx_row + o_p * stride_rx_dim, x, mask=m_p)
+
+
+def mamba2_readout(
+    cache, x: torch.Tensor, C: torch.Tensor, out: torch.Tensor, scratch: Mamba2Scratch, *,
+    ring_len: int, buffer_len: int, null_block_id: int, block_p: int, num_warps: int,
+) -> None:
+    """Launch the readout for R rows after `mamba2_plan` (and `mamba2_flush`).
+
+    Reads LP (HP when LP is off), ring_x history, the plan; writes out [R, H, P] for rows
+    that read neither HP nor a NULL slot (zeros for NULL rows), the x record, the rows'
+    cursor words, and clears scratch.hp_count.
+    """
+    R, H, P = x.shape
+    G, N = C.shape[1], C.shape[2]
+    ckpt = cache.lp if cache.lp is not None else cache.hp
+    tiles = triton.cdiv(P, block_p)
+    _mamba2_readout_kernel[(H * tiles, R)](
+        ckpt, cache.ring_x, cache.meta, x, C, out,
+        scratch.plan, scratch.coef, scratch.hp_count,
+        null_block_id, ring_len,
+        *ckpt.stride(), *cache.ring_x.stride(), *cache.meta.stride(),
+        *x.stride(), *C.stride(), *out.stride(), scratch.coef.stride(0), scratch.coef.stride(1),
+        HEADS_PER_GROUP=H // G, TILES_PER_HEAD=tiles, headdim=P, dstate=N, BLOCK_P=block_p,
+        BLOCK_N=max(16, triton.next_power_of_2(N)), BLOCK_L=history_block(buffer_len),
+        num_warps=num_warps,
+    )
