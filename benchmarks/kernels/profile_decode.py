@@ -5,7 +5,8 @@
         python3 benchmarks/kernels/profile_decode.py --geom nemotron3_super --bs 256
 
 Builds one layer as bench_decode.py does (pages, stagger, LP) and calls our decode kernel
-`--steps` times (flush rows included: about 1/16 of the rows per step)."""
+`--steps` times (flush rows included: about 1/16 of the rows per step). With
+--kernel-times it prints each kernel's GPU time per step instead (torch.profiler, eager)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ def main() -> None:
     p.add_argument("--bs", type=int, default=256)
     p.add_argument("--lp", default="bf16", choices=list(bench.LP_DTYPES))
     p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                   help="Mamba-2 launch knob (repeatable), as in bench_decode.py")
+    p.add_argument("--kernel-times", action="store_true",
+                   help="time each kernel with torch.profiler instead of running for ncu")
     p.add_argument("--route", default=None,
                    help="Mamba-2: auto, replay, stock; GDN: fused, split, stock")
     args = p.parse_args()
@@ -36,12 +41,37 @@ def main() -> None:
     slots = torch.arange(1, args.bs + 1, dtype=torch.int32, device="cuda")
     layers = bench.our_layers(geom, args.bs, 1, bench.LP_DTYPES[args.lp], slots)
     config = {"route": args.route} if args.route else {}
+    for item in args.knob:
+        name, _, val = item.partition("=")
+        config[name] = int(val) if val.lstrip("-").isdigit() else val
     calls = bench.our_calls(geom, layers, slots, config)
-    for _ in range(args.steps):
-        for fn, a, kw in calls:
-            fn(*a, **kw)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            for fn, a, kw in calls:
+                fn(*a, **kw)
+
+    if not args.kernel_times:
+        steps(args.steps)
+        torch.cuda.synchronize()
+        print(f"ran {args.steps} steps of {args.geom} bs={args.bs} lp={args.lp}")
+        return
+    steps(bench.STEPS)  # compile and warm up
     torch.cuda.synchronize()
-    print(f"ran {args.steps} steps of {args.geom} bs={args.bs} lp={args.lp}")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        steps(args.steps)
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            times.setdefault(ev.name, []).append(ev.device_time)
+    print(f"# GPU time per kernel over {args.steps} eager steps of {args.geom} bs={args.bs} "
+          f"lp={args.lp} (us; per step = total / steps)")
+    for name, ts in sorted(times.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{sum(ts) / args.steps:10.2f} us/step {sum(ts) / len(ts):10.2f} us/call "
+              f"{len(ts):6d} calls  {name[:70]}")
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ def mamba2_replay_decode(
                 null_block_id=null_block_id, num_warps=cfg["plan_warps"], **common)
     mamba2_flush(cache, x, C, out, scratch, block_p=cfg["flush_block_p"],
                  num_warps=cfg["flush_warps"], num_programs=cfg["flush_programs"],
-                 dot_precision=cfg.get("dot_precision", "tf32x3"), **common)
+                 dot_precision=cfg.get("dot_precision"), **common)
     mamba2_readout(cache, x, C, out, scratch, null_block_id=null_block_id,
                    block_p=cfg["readout_block_p"], num_warps=cfg["readout_warps"], **common)
 

@@ -3,7 +3,8 @@
 Runs only over the rows that read HP this step (the plan's HP list): flush rows, and rows
 whose LP is stale (a stock-route step wrote HP alone). A persistent grid walks the list's
 (row, head, headdim tile) items. Per item it reads the HP tile once; a flush row folds its
-committed records in one tensor-core product at fp32 accuracy (tf32x3):
+committed records in one tensor-core product at fp32 accuracy (a 3-way bf16 split of the
+weighted x records against the exact bf16 B records, or tf32x3):
 
     S = e^{A Λ_n} S0 + (X diag(w))ᵀ B          X: [n, P] records, B: [n, N] records
 
@@ -98,8 +99,20 @@ def _mamba2_flush_kernel(
             B_f = tl.load(ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group
                           + rows[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
                           mask=m_j[:, None] & m_n[None, :], other=0.0)  # [BLOCK_L, BLOCK_N]
-            S = tl.dot(x_f.to(tl.float32) * coef[None, :], B_f.to(tl.float32), acc=S * decay,
-                       input_precision=DOT_PRECISION)
+            a = x_f.to(tl.float32) * coef[None, :]  # [BLOCK_P, BLOCK_L]
+            if DOT_PRECISION == "bf16x3":
+                # B records are bf16 (exact operands); a = hi + mid + lo in bf16 carries
+                # 24 bits, so three bf16 products accumulated in fp32 are fp32-accurate.
+                a_hi = a.to(tl.bfloat16)
+                a = a - a_hi.to(tl.float32)
+                a_mid = a.to(tl.bfloat16)
+                a_lo = (a - a_mid.to(tl.float32)).to(tl.bfloat16)
+                S = tl.dot(a_hi, B_f, acc=S * decay)
+                S = tl.dot(a_mid, B_f, acc=S)
+                S = tl.dot(a_lo, B_f, acc=S)
+            else:
+                S = tl.dot(a, B_f.to(tl.float32), acc=S * decay,
+                           input_precision=DOT_PRECISION)
             tl.store(p_hp, S, mask=m_pn)
             if HAS_LP:
                 S_lp = S
@@ -125,11 +138,19 @@ def _mamba2_flush_kernel(
 def mamba2_flush(
     cache, x: torch.Tensor, C: torch.Tensor, out: torch.Tensor, scratch: Mamba2Scratch, *,
     ring_len: int, buffer_len: int, block_p: int, num_warps: int, num_programs: int,
-    dot_precision: str = "tf32x3",
+    dot_precision: str | None = None,
 ) -> None:
     """Launch the flush over the plan's HP list (after `mamba2_plan`, before
     `mamba2_readout`): HP and LP of flush rows written; out [R, H, P] and the x record
-    written for the listed rows. num_programs: the persistent grid (any size >= 1)."""
+    written for the listed rows. num_programs: the persistent grid (any size >= 1).
+    dot_precision of the fold: "bf16x3" (bf16 records on a GPU; the default there),
+    "tf32x3" (the default otherwise: Triton's interpreter multiplies bf16 dot operands as
+    raw bits) or "ieee"."""
+    if dot_precision is None:
+        bf16_records = cache.ring_B.dtype == torch.bfloat16
+        dot_precision = "bf16x3" if bf16_records and x.is_cuda else "tf32x3"
+    if dot_precision == "bf16x3" and cache.ring_B.dtype != torch.bfloat16:
+        raise ValueError("dot_precision bf16x3 needs bf16 records")
     H, P = x.shape[1], x.shape[2]
     G, N = C.shape[1], C.shape[2]
     lp = cache.lp if cache.lp is not None else cache.hp
