@@ -9,6 +9,8 @@ scratch (`plan.Mamba2Scratch`):
    out from HP;
 3. `readout.py`: every other row, one ~8 KiB checkpoint tile per program, LP (or HP when LP
    is off) + history; stores the cursor words.
+2 and 3 touch different rows; with `overlap` the flush runs on a side stream beside the
+readout.
 Speculative windows (T = 1 + k) run the one-launch window step (`window.py`).
 
 No host synchronisation, no allocation when scratch is given, launch shapes fixed by the
@@ -17,6 +19,7 @@ batch: safe in CUDA graphs. Semantics: `reference.mamba2_replay_decode`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -38,6 +41,18 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream the flush runs on beside the readout (one per device, made on first use,
+    before any CUDA-graph capture: the layers' warm-up runs a decode step first)."""
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
 def launch_config(num_rows: int, nheads: int, headdim: int, dstate: int,
                   ckpt_itemsize: int, device: torch.device) -> dict:
     """Launch knobs of the plain-decode launches.
@@ -54,7 +69,8 @@ def launch_config(num_rows: int, nheads: int, headdim: int, dstate: int,
         programs = 8
     flush_items = num_rows * nheads * triton.cdiv(headdim, flush_p)
     return dict(readout_block_p=block_p, readout_warps=1, flush_block_p=flush_p,
-                flush_warps=4, flush_programs=min(programs, flush_items), plan_warps=1)
+                flush_warps=4, flush_programs=min(programs, flush_items), plan_warps=1,
+                overlap=False)
 
 
 def mamba2_replay_decode(
@@ -114,11 +130,17 @@ def mamba2_replay_decode(
     common = dict(ring_len=ring_len, buffer_len=buffer_len)
     mamba2_plan(cache, dt, A, B, C, D, dt_bias, state_indices, scratch,
                 null_block_id=null_block_id, num_warps=cfg["plan_warps"], **common)
-    mamba2_flush(cache, x, C, out, scratch, block_p=cfg["flush_block_p"],
-                 num_warps=cfg["flush_warps"], num_programs=cfg["flush_programs"],
-                 dot_precision=cfg.get("dot_precision"), **common)
+    side = _side_stream(x.device) if cfg["overlap"] and x.is_cuda else None
+    if side is not None:  # the flush and the readout touch different rows: run both at once
+        side.wait_stream(torch.cuda.current_stream(x.device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        mamba2_flush(cache, x, C, out, scratch, block_p=cfg["flush_block_p"],
+                     num_warps=cfg["flush_warps"], num_programs=cfg["flush_programs"],
+                     dot_precision=cfg.get("dot_precision"), **common)
     mamba2_readout(cache, x, C, out, scratch, null_block_id=null_block_id,
                    block_p=cfg["readout_block_p"], num_warps=cfg["readout_warps"], **common)
+    if side is not None:
+        torch.cuda.current_stream(x.device).wait_stream(side)
 
 
 def check_args(cache, x, dt, A, B, C, D, dt_bias, state_indices, out, ring_len, qsl,

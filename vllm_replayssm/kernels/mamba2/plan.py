@@ -50,8 +50,7 @@ class Mamba2Scratch:
 
     plan: [max_rows, PLAN_LEN] int32; coef: [max_rows, H, coef_len(L)] fp32;
     hp_rows: [max_rows] int32 (rows that read HP this step, in any order);
-    hp_count: [1] int32, the length of hp_rows (zero between steps: the readout launch
-    resets it).
+    hp_count: [1] int32, the length of hp_rows (`mamba2_plan` zeroes it first).
     """
 
     plan: torch.Tensor
@@ -233,10 +232,11 @@ def mamba2_plan(
 
     cache: Mamba2ReplayCache (reads meta, ring_dt, ring_B; appends dt and B records);
     dt: [R, H] raw; A, D, dt_bias: [H]; B, C: [R, G, N]; state_indices: [R] int;
-    scratch: written (plan rows, coefficients, HP list; hp_count must be 0 on entry).
+    scratch: written (plan rows, coefficients, HP list and its length).
     """
     R, H = dt.shape
     G, N = B.shape[1], B.shape[2]
+    scratch.hp_count.zero_()
     _mamba2_plan_kernel[(G, R)](
         cache.meta, cache.ring_dt, cache.ring_B,
         dt, A, B, C, D if D is not None else A, dt_bias, state_indices,

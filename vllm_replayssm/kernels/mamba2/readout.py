@@ -7,9 +7,9 @@ One program per (row, head, headdim tile) of BLOCK_P x dstate checkpoint element
 
 with scale, coef and cur from the plan, x_j the history records of this head and tile.
 Everything but the tile and the history records is loaded before the plan row arrives.
-Rows that read HP (flush rows, stale LP) are left to the flush launch. The program of
-head 0, tile 0 stores the row's new cursor words from the plan row, and program (0, 0)
-clears the HP-list counter for the next step. No atomics, no barriers across warps.
+Rows that read HP (flush rows, stale LP) are left to the flush launch, which may run at
+the same time (the two touch different rows). The program of head 0, tile 0 stores the
+row's new cursor words from the plan row. No atomics, no barriers across warps.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ T_META_LEN = tl.constexpr(META_LEN)
 @triton.jit
 def _mamba2_readout_kernel(
     ckpt_ptr, ring_x_ptr, meta_ptr, x_ptr, C_ptr, out_ptr,
-    plan_ptr, coef_ptr, hp_count_ptr,
+    plan_ptr, coef_ptr,
     null_block_id, ring_len,
     stride_ck_slot, stride_ck_head, stride_ck_dim, stride_ck_dstate,
     stride_rx_slot, stride_rx_head, stride_rx_row, stride_rx_dim,
@@ -78,9 +78,7 @@ def _mamba2_readout_kernel(
                 mask=m_p, other=0.0)
     p_out = out_ptr + r64 * stride_out_tok + h * stride_out_head + o_p * stride_out_dim
 
-    if pid == 0:
-        if r == 0:
-            tl.store(hp_count_ptr, 0)
+    if pid == 0:  # noqa: SIM102 (the store is shaped by the row, not the program)
         if slot32 != null_block_id:
             o_w = tl.arange(0, T_META_LEN)
             words = tl.load(p_plan + T_PLAN_META + o_w)
@@ -111,11 +109,11 @@ def mamba2_readout(
     cache, x: torch.Tensor, C: torch.Tensor, out: torch.Tensor, scratch: Mamba2Scratch, *,
     ring_len: int, buffer_len: int, null_block_id: int, block_p: int, num_warps: int,
 ) -> None:
-    """Launch the readout for R rows after `mamba2_plan` (and `mamba2_flush`).
+    """Launch the readout for R rows after `mamba2_plan` (alongside `mamba2_flush`).
 
     Reads LP (HP when LP is off), ring_x history, the plan; writes out [R, H, P] for rows
-    that read neither HP nor a NULL slot (zeros for NULL rows), the x record, the rows'
-    cursor words, and clears scratch.hp_count.
+    that read neither HP nor a NULL slot (zeros for NULL rows), their x records and every
+    row's cursor words.
     """
     R, H, P = x.shape
     G, N = C.shape[1], C.shape[2]
@@ -123,7 +121,7 @@ def mamba2_readout(
     tiles = triton.cdiv(P, block_p)
     _mamba2_readout_kernel[(H * tiles, R)](
         ckpt, cache.ring_x, cache.meta, x, C, out,
-        scratch.plan, scratch.coef, scratch.hp_count,
+        scratch.plan, scratch.coef,
         null_block_id, ring_len,
         *ckpt.stride(), *cache.ring_x.stride(), *cache.meta.stride(),
         *x.stride(), *C.stride(), *out.stride(), scratch.coef.stride(0), scratch.coef.stride(1),
