@@ -257,6 +257,8 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
            "decode_tok_s": bs * (n_out - 1) / decode if decode > 0 else None,
            "output_lengths": lengths, "tokens_sha256": tokens_sha256(tokens),
            "distinct_tokens": len({t for seq in tokens for t in seq}), "token_ids": tokens}
+    if spec["mode"] == "on":
+        row["route"] = route_ran(spec, bs)
     if lengths != [n_out]:
         row["error"] = f"output lengths {lengths}, expected {n_out} (ignore_eos not honoured?)"
     dec = row["decode_tok_s"]
@@ -264,6 +266,21 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         f"tok/s, decode {'-' if dec is None else format(dec, '.1f')} tok/s, "
         f"tokens {row['tokens_sha256'][:12]}", tag)
     return row
+
+
+def route_ran(spec: dict, bs: int) -> str:
+    """Which ReplaySSM route plain decode of bs rows takes in the SSM layers (results credit
+    only what ran): the layers' dispatchers decide from the `route` key and the batch."""
+    route = spec["replay"].get("route", "auto")
+    if spec["model"] == "nemotron_h":
+        from vllm_replayssm.kernels.mamba2.dispatch import choose_route
+
+        return choose_route(route, bs, plain=True)
+    if route != "auto":
+        return route
+    from vllm_replayssm.kernels.gdn.decode import launch_config
+
+    return launch_config(bs, 2)["route"]  # Qwen3.5-4B geometry: 2 value heads per key head
 
 
 def engine_kwargs(spec: dict, on_gpu: bool) -> dict:
@@ -418,12 +435,13 @@ def compare(runs: list[dict], tokens: dict[tuple[str, str, int], list[list[int]]
             "output_speedup": on["output_tok_s"] / off["output_tok_s"],
             "identical": identical, "match_fraction": identical / bs,
             "mean_common_prefix": statistics.mean(prefix) / output_len,
-            "same_sha256": on["tokens_sha256"] == off["tokens_sha256"]})
+            "same_sha256": on["tokens_sha256"] == off["tokens_sha256"],
+            "route": on.get("route")})
     return rows
 
 
-HEADER = ["model", "bs", "mode", "decode tok/s", "output tok/s", "t_full s", "t_prefill s",
-          "speedup", "match", "prefix", "distinct"]
+HEADER = ["model", "bs", "mode", "route", "decode tok/s", "output tok/s", "t_full s",
+          "t_prefill s", "speedup", "match", "prefix", "distinct"]
 
 
 def table_rows(runs: list[dict], comparisons: list[dict]) -> list[list]:
@@ -431,15 +449,15 @@ def table_rows(runs: list[dict], comparisons: list[dict]) -> list[list]:
     rows = []
     for run in runs:
         if run["error"] and not run["results"]:
-            rows.append([run["model"], "-", run["mode"], "ERROR"]
-                        + [None] * (len(HEADER) - 4))
+            rows.append([run["model"], "-", run["mode"], None, "ERROR"]
+                        + [None] * (len(HEADER) - 5))
         for r in run["results"]:
             if "error" in r and "t_full_s" not in r:
-                rows.append([run["model"], r["bs"], run["mode"],
-                             "ERROR"] + [None] * (len(HEADER) - 4))
+                rows.append([run["model"], r["bs"], run["mode"], r.get("route"),
+                             "ERROR"] + [None] * (len(HEADER) - 5))
                 continue
             c = cmp.get((run["model"], r["bs"])) if run["mode"] == "on" else None
-            rows.append([run["model"], r["bs"], run["mode"], r["decode_tok_s"],
+            rows.append([run["model"], r["bs"], run["mode"], r.get("route"), r["decode_tok_s"],
                          r["output_tok_s"], r["t_full_s"], r["t_prefill_s"],
                          c and c["decode_speedup"],
                          c and f"{c['identical']}/{r['bs']}",

@@ -59,7 +59,11 @@ def launch_config(num_rows: int, nheads: int, headdim: int, dstate: int,
 
     readout: block_p rows of the checkpoint per program (TILE_BYTES of them), one warp
     (no cross-warp reductions); flush: one head's tile (up to 64 rows) per item, four
-    warps, a persistent grid of two programs per SM (8 programs in the interpreter)."""
+    warps, a persistent grid of two programs per SM (8 programs in the interpreter), on a
+    side stream beside the readout (GPU). H200 sweeps, Nemotron-3 Super bs 256
+    (benchmarks/results/kernels-h200-20261201-*): readout 16 or 32 rows and one warp
+    within 1% of each other, two warps 2-7% slower; flush 64 rows x 4 warps and 32 x 2
+    best, 8 warps 13% slower, 264-1056 programs alike; the overlap 2-8% faster."""
     block_p = TILE_BYTES // (triton.next_power_of_2(dstate) * ckpt_itemsize)
     block_p = max(8, min(block_p, triton.next_power_of_2(headdim)))
     flush_p = max(16, min(64, triton.next_power_of_2(headdim)))
@@ -70,7 +74,7 @@ def launch_config(num_rows: int, nheads: int, headdim: int, dstate: int,
     flush_items = num_rows * nheads * triton.cdiv(headdim, flush_p)
     return dict(readout_block_p=block_p, readout_warps=1, flush_block_p=flush_p,
                 flush_warps=4, flush_programs=min(programs, flush_items), plan_warps=1,
-                overlap=False)
+                overlap=device.type == "cuda")
 
 
 def mamba2_replay_decode(

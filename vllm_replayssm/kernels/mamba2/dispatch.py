@@ -16,9 +16,11 @@ from vllm_replayssm.kernels.mamba2.stock_route import mamba2_stock_route_decode
 from vllm_replayssm.layout import Mamba2ReplayCache
 
 ROUTES = ("auto", "replay", "stock")
-# Plain decode of up to this many rows takes the stock route: at bs 1 / 32 the stock route
-# ran at 0.89-0.96x / 1.03x of vLLM's kernel on Nemotron-3 Super (H200, 2026-11-29).
-STOCK_ROUTE_MAX_ROWS = 64
+# Plain decode of up to this many rows takes the stock route. H200, 2026-12-01
+# (benchmarks/results/kernels-h200-20261201-*-route-*.json), replay vs stock route: Nemotron-3
+# Super bs 4 0.71-0.76x vs 0.94x of vLLM's kernel, bs 8 0.89-1.06x vs 0.99x, bs 16
+# 1.10-1.33x vs 1.02x; Nano 4B alike.
+STOCK_ROUTE_MAX_ROWS = 8
 
 
 def choose_route(route: str, num_rows: int, plain: bool) -> str:

@@ -116,7 +116,7 @@ def mamba2_stock_route_decode(
     if R == 0:
         return
     Cn = ring_rows(buffer_len, window)
-    bp = block_p or 16
+    bp = block_p or 8  # H200 bs 1: 8 rows 4-6% faster than 16 (Super, Nano 4B), 4 alike
     grid = (triton.cdiv(P, bp), H, R)
     _mamba2_stock_route_kernel[grid](
         cache.hp, cache.ring_dt, cache.ring_x, cache.ring_B, cache.meta,
