@@ -137,7 +137,8 @@ def test_real_geometry_on_gpu(geom, lp, T):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
+@pytest.mark.parametrize("lp", [None, torch.bfloat16, torch.float16],
+                         ids=["hp", "lp_bf16", "lp_fp16"])
 def test_real_geometry_lockstep_on_gpu(lp):
     check_kernel_matches_reference(
         lambda op: Mamba2Family(REAL["nemotron3_super"], act_dtype=torch.bfloat16,

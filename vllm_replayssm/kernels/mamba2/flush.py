@@ -32,7 +32,7 @@ from vllm_replayssm.kernels.mamba2.plan import (
     history_block,
 )
 
-FP16_MAX = 65504.0
+FP16_MAX = tl.constexpr(65504.0)
 
 
 @triton.jit
