@@ -16,8 +16,8 @@ from vllm.logger import init_logger
 from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 from vllm_replayssm.config_checks import SUPPORTED_ARCHS
 from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid, ring_rows
-from vllm_replayssm.kernels.common.refresh import NULL_BLOCK_ID
 from vllm_replayssm.layout import (
+    NULL_BLOCK_ID,
     GDNGeometry,
     GDNReplayCache,
     Mamba2Geometry,

@@ -13,9 +13,7 @@ from vllm_replayssm.kernels.common.checkpoint import read_checkpoint, write_chec
 from vllm_replayssm.kernels.common.cursor import plan_step, reset_meta, ring_rows
 from vllm_replayssm.kernels.common.ring import gather_logical, scatter_window, window_tokens
 from vllm_replayssm.kernels.gdn.naive import gdn_gates, l2norm
-from vllm_replayssm.layout import GDNReplayCache
-
-NULL_BLOCK_ID = 0
+from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache
 
 
 def delta_rule_step(
