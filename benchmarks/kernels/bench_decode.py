@@ -224,14 +224,14 @@ def vllm_calls(geom, bs: int, nl: int, slots: torch.Tensor):
 def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tensor):
     """NL layers of (cache, inputs, out); each cache gets random HP, then the prefill hook
     (cursors reset with stagger, LP <- HP)."""
-    from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+    from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 
     cache_cls = Mamba2ReplayCache if family(geom) == "mamba2" else GDNReplayCache
     layers = []
     for _ in range(nl):
         cache = cache_cls.from_views(_pages(our_specs(geom, lp), bs + 1))
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, buffer_len=BUFFER_LEN,
-                              window=WINDOW, stagger=True)
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=BUFFER_LEN,
+                           window=WINDOW, stagger=True)
         t = make_inputs(geom, bs)
         out = torch.empty(t["x" if "x" in t else "v"].shape, dtype=ACT, device=DEV)
         layers.append((cache, t, out))

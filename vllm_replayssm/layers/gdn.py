@@ -27,7 +27,7 @@ from vllm.utils.torch_utils import (
 
 from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend
 from vllm_replayssm.cpu_amx import vllm_uses_amx
-from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.gdn.reference import (
     gdn_replay_decode,
     gdn_replay_materialise,
@@ -99,7 +99,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         if md.num_decodes:
             gdn_replay_materialise(cache, state_indices[: md.num_decodes], **common)
         super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, rows, **common)
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, rows, **common)
         return None
 
     def _decode_gpu(self, cache, mixed_qkv, b, a, core_attn_out, md) -> None:
@@ -211,8 +211,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                     _encode_layer_name(self.prefix))
             finally:
                 attn_metadata[self.prefix] = md
-            refresh_after_prefill(cache.hp, cache.lp, cache.meta, state_indices[nd: nd + npf],
-                                  buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger)
+            apply_prefill_hook(cache.hp, cache.lp, cache.meta, state_indices[nd: nd + npf],
+                               buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger)
 
     # --- CPU forward, speculative decoding configured ---------------------------------------
 
@@ -318,8 +318,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             attn_metadata[self.prefix] = md
         core_attn_out.index_copy_(0, tokens, out)
         conv_context_to_back(conv, slots.long(), K)
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, buffer_len=cfg.buffer_len,
-                              window=self.replay_window, stagger=cfg.stagger)
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=cfg.buffer_len,
+                           window=self.replay_window, stagger=cfg.stagger)
         self._window_starts(cache.meta.shape[0], mixed_qkv.device)[slots.long()] = (
             seq_lens.long())
 

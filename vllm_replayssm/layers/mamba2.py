@@ -26,7 +26,7 @@ from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.platforms import current_platform
 
 from vllm_replayssm.config import ReplayConfigError
-from vllm_replayssm.kernels.common.refresh import NULL_BLOCK_ID, refresh_after_prefill
+from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.mamba2 import reference
 from vllm_replayssm.layers.conv import (
     conv_context_to_back,
@@ -34,6 +34,7 @@ from vllm_replayssm.layers.conv import (
     spec_conv_update,
 )
 from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2_page_specs
+from vllm_replayssm.layout import NULL_BLOCK_ID
 
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
@@ -237,7 +238,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 super().conv_ssm_forward(projected_states=projected_states, output=output)
             finally:
                 attn_metadata[self.prefix] = md
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, **common)
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, **common)
 
     def _prefill_cpu(self, projected_states: torch.Tensor, output: torch.Tensor, md,
                      ssm_state: torch.Tensor) -> None:
