@@ -5,7 +5,8 @@ Measured: microseconds per decode step per layer for a batch of bs rows (plain d
 window T = 1, buffer_len L = 16, fp32 HP, bf16 activations, GDN exact flush):
   Mamba-2  ours `mamba2_replay_decode` vs vLLM `mamba_ssm.selective_state_update`, called
            as `MambaMixer2`'s decode path calls it (stride-0 expansions: TIE_HDIM path)
-  GDN      ours `gdn_replay_decode` vs vLLM `fused_recurrent_gated_delta_rule_packed_decode`,
+  GDN      ours `dispatch.gdn_decode` (route "auto", as the layer calls it, unless --route
+           says otherwise) vs vLLM `fused_recurrent_gated_delta_rule_packed_decode`,
            called as `QwenGatedDeltaNetAttention._forward_core_decode_non_spec` calls it
 Method: NL independent layers (own state pages, own inputs) so that the states cannot stay
 in L2 (stock fp32 states >= 256 MiB in all, 2 GiB at bs 256); one CUDA graph holds a full
@@ -239,17 +240,22 @@ def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tens
 
 
 def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
-    """Our decode kernel on the layers; config: launcher overrides (Mamba-2 only)."""
-    kwargs = dict(buffer_len=BUFFER_LEN, window=WINDOW, **config)
+    """Our decode op on the layers, as the layer calls it ("auto" route); config: launch
+    overrides."""
     if family(geom) == "mamba2":
         from vllm_replayssm.kernels.mamba2.decode import mamba2_replay_decode
 
+        kwargs = dict(buffer_len=BUFFER_LEN, window=WINDOW, **config)
         names, fn = ("x", "dt", "A", "B", "C", "D", "dt_bias"), mamba2_replay_decode
     else:
-        from vllm_replayssm.kernels.gdn.decode import gdn_replay_decode
+        from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
 
-        names, fn = ("q", "k", "v", "a", "b", "A_log", "dt_bias"), gdn_replay_decode
-        kwargs["scale"] = geom.head_k_dim**-0.5
+        if config.get("route") == "stock":  # the stock route has no head loop
+            config = {k: v for k, v in config.items()
+                      if k not in ("heads_per_program", "num_stages")}
+        kwargs = dict(buffer_len=BUFFER_LEN, window=WINDOW, stagger=True,
+                      scale=geom.head_k_dim**-0.5, launch=config)
+        names, fn = ("q", "k", "v", "a", "b", "A_log", "dt_bias"), gdn_decode
     return [(fn, (cache, *(t[n] for n in names), slots, out), kwargs)
             for cache, t, out in layers]
 
@@ -295,8 +301,8 @@ def run_vllm(geom, bs: int, nl: int, slots: torch.Tensor, args) -> dict:
 
 
 def launch_configs(geom, args) -> list[dict]:
-    """Launcher overrides to try: the product of the knob lists given on the command line
-    (the launcher's `launch_config` decides what is not given)."""
+    """Launch overrides to try: the product of the knob lists given on the command line
+    (the family's `launch_config` decides what is not given)."""
     group = (geom.nheads // geom.ngroups if family(geom) == "mamba2"
              else geom.num_v_heads // geom.num_k_heads)
     given = [(k, getattr(args, k)) for k in KNOBS if getattr(args, k)]
