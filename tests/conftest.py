@@ -1,7 +1,8 @@
 """Test session setup: Triton kernels run in the interpreter where there is no GPU
 (`TRITON_INTERPRET` must be set before any kernel module is imported), `gpu`-marked tests
 are skipped there, and vLLM's CPU kernels run without AMX in this process and every engine
-and server it starts (vllm_replayssm.cpu_amx; the plugin does the same on the CPU platform)."""
+and server it starts, stock ones included (REPLAYSSM_CPU_AMX=0; vllm_replayssm.cpu_amx: an
+engine with ReplaySSM on hides AMX in its own processes, stock vLLM keeps it)."""
 
 import os
 

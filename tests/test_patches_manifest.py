@@ -2,13 +2,45 @@
 a relied-on symbol, parameter, field or attribute is gone."""
 
 import ast
+import tomllib
 from pathlib import Path
 
+import pytest
+
 from vllm_replayssm.compat import MANIFEST, check_manifest, main
+
+REPO = Path(__file__).resolve().parents[1]
+ENTRIES = tomllib.loads(MANIFEST.read_text())["entry"]
+REQUIRED = ("symbol", "kind", "ours", "why", "upstream", "drop_when")
+KINDS = ("subclass", "call", "read-field", "register", "override")
 
 
 def test_manifest_matches_installed_vllm():
     assert check_manifest() == []
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["symbol"] for e in ENTRIES])
+def test_entry_has_every_field(entry):
+    """Style rule 5: symbol, kind, our file, why, upstream and how we would drop it, each a
+    non-empty string; the kind one of KINDS."""
+    missing = [k for k in REQUIRED
+               if not isinstance(entry.get(k), str) or not entry[k].strip()]
+    assert not missing, f"{entry.get('symbol')}: {missing} missing or empty"
+    assert entry["kind"] in KINDS, entry["kind"]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["symbol"] for e in ENTRIES])
+def test_entry_names_files_that_use_it(entry):
+    """`ours` lists existing files ("a.py, b.py", an optional "(detail)" after a path), and
+    one of them names the symbol (its last component, as imported, called or overridden) or
+    one of the fields, methods or attributes its fingerprint lists."""
+    paths = [part.split(" (")[0].strip() for part in entry["ours"].split(",")]
+    missing = [p for p in paths if not (REPO / p).is_file()]
+    assert not missing, missing
+    names = [entry["symbol"].rsplit(".", 1)[-1], *entry.get("fields", []),
+             *entry.get("methods", {}), *entry.get("self_attrs", [])]
+    source = "".join((REPO / p).read_text() for p in paths)
+    assert any(name in source for name in names), (names, paths)
 
 
 def _manifest(tmp_path: Path, text: str) -> Path:
@@ -24,6 +56,8 @@ symbol = "vllm.model_executor.layers.mamba.mamba_utils.MambaStateShapeCalculator
 kind = "call"
 ours = "x"
 why = "x"
+upstream = "x"
+drop_when = "x"
 ''')
     problems = check_manifest(path)
     assert len(problems) == 1 and "gone_shape: missing" in problems[0]

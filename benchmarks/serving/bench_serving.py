@@ -84,7 +84,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import common  # noqa: E402
-from tests.serving.process import ServerError, ServerProcess  # noqa: E402
+from vllm_replayssm.server_process import ServerError, ServerProcess  # noqa: E402
 
 
 def _load_e2e() -> Any:

@@ -118,7 +118,7 @@ def check_kernel_matches_reference(make_fam, kernel_op, *, L: int, T: int,
     compare everything each step: outputs, cursor words (exact), records copied from the
     inputs (exact), computed records, HP and LP (to rounding). With stock_share > 0 (plain
     decode), a random share of steps takes the stock route on both sides."""
-    from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+    from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 
     ref, ker = make_fam(None), make_fam(kernel_op)
     if stock_route_op is not None:
@@ -136,8 +136,8 @@ def check_kernel_matches_reference(make_fam, kernel_op, *, L: int, T: int,
     idx = torch.tensor(slots, device=init.device)
     for cache in caches:
         cache.hp[idx] = init
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, idx, buffer_len=L, window=T,
-                              stagger=True)
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, idx, buffer_len=L, window=T,
+                           stagger=True)
     for si, st in enumerate(sched):
         qs = [1 if r < 0 else st.q[r] for r in st.order]
         tok = ref.tokens(sum(qs), gen)

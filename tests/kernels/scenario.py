@@ -5,7 +5,7 @@ as -1), the tokens each request decodes (q <= T) and the acceptance of its previ
 The runner drives a family's decode op over a paged cache and, for every request, replays
 the same tokens through the naive recurrence: commit the accepted prefix of the previous
 window, then read out the new window. Requests that appear for the first time are
-prefilled (HP written, refresh hook); requests that come back after missing steps are
+prefilled (HP written, prefill hook); requests that come back after missing steps are
 re-prefilled with their committed state, as vLLM's preemption recompute does.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm_replayssm.kernels.common.cursor import META_LEN, plan_step
-from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 
 from .families import cat_tokens, index_tokens
 
@@ -99,8 +99,8 @@ def run_scenario(
     def prefill(r: int, state64: torch.Tensor) -> None:
         s = torch.tensor([slot[r]], device=dev)
         cache.hp[s] = state64.to(torch.float32).to(dev)[None]
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, s, buffer_len=L, window=T,
-                              stagger=stagger)
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, s, buffer_len=L, window=T,
+                           stagger=stagger)
 
     for si, st in enumerate(schedule):
         for r in st.order:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.layout import GDNGeometry, Mamba2Geometry
 
 from .families import GDNFamily, Mamba2Family
@@ -47,8 +47,8 @@ def _study(fam) -> tuple[dict[str, list[float]], dict[str, float]]:
         st[1:] = S0.to(st.dtype)
     for cache in caches.values():
         cache.hp[1:] = S0
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, buffer_len=L, window=1,
-                              stagger=True)
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=L, window=1,
+                           stagger=True)
     errs: dict[str, list[torch.Tensor]] = {k: [] for k in ("a", "a'", "b", "c")}
     flush_checks = 0
     prev_stock = stock["a"][1:].clone()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from . import process
-from .process import launcher_cmd  # noqa: F401 (the tests' import point)
+from vllm_replayssm import server_process
+from vllm_replayssm.server_process import launcher_cmd  # noqa: F401 (the tests' import point)
 
 START_TIMEOUT_S = 420  # engine start-up is 20-70 s alone; CI machines are shared
 # Defaults for server processes (the caller's environment wins): vLLM's CPU worker pins
@@ -18,7 +18,7 @@ START_TIMEOUT_S = 420  # engine start-up is 20-70 s alone; CI machines are share
 SERVER_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 
 
-class ServerProcess(process.ServerProcess):
+class ServerProcess(server_process.ServerProcess):
     """A test server: SERVER_ENV defaults, START_TIMEOUT_S to come up."""
 
     def __init__(self, args: list[str], log: Path) -> None:

@@ -1,5 +1,6 @@
-"""The short causal conv of SSM layers under speculative decoding, on our one-page layout
-(torch; the CPU platform).
+"""The short causal conv state of SSM layers on our page: its dim-first view
+(`conv_state_view`), and, under speculative decoding (torch; the CPU platform), the conv of
+a window on the one-page layout.
 
 The conv state of a slot holds M = K - 1 + k input columns (vLLM's width with k speculative
 tokens), in vLLM's GPU order: the newest column last. After a decode step of q tokens the
@@ -14,8 +15,19 @@ prefill conv, which keeps the last K - 1 inputs in the first columns
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch.nn import functional
+
+
+def conv_state_view(kv_cache: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A layer's conv state (its page's tensor 0, as vLLM's stock layers keep it) as
+    [slots, dim, width], dim-first whatever the stored orientation (a view)."""
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    conv = kv_cache[0]
+    return conv if is_conv_state_dim_first() else conv.transpose(-1, -2)
 
 
 def conv_context_to_back(conv_state: torch.Tensor, slots: torch.Tensor, kernel: int) -> None:
@@ -57,41 +69,41 @@ def spec_conv_update(
     updated in place for `slots` [R] (padding rows may all name the NULL slot: whatever they
     write there is never read); pending: [R] int, each row's previous window length (0 after
     a prefill); committed: [R] int, how many of those tokens are committed now
-    (min(accepted, pending)); weight: [D, K]; bias: [D] or None; window: T >= every row's
+    (min(accepted, pending)); weight: [D, K]; bias: [D] or None; window: >= every row's
     token count. Returns [num_tokens, D] in x's dtype (tokens past query_start_loc[-1]: 0).
     """
     R, D, K = slots.shape[0], weight.shape[0], weight.shape[-1]
-    M, N, T = conv_state.shape[-1], x.shape[0], window
+    M, N = conv_state.shape[-1], x.shape[0]
     dev = x.device
     if R == 0 or N == 0:
         return torch.zeros_like(x)
     qsl = query_start_loc.to(device=dev, dtype=torch.long)
     starts, q = qsl[:-1], qsl[1:] - qsl[:-1]
-    i = torch.arange(T, device=dev)
-    mask = i[None, :] < q[:, None]  # [R, T]
+    i = torch.arange(window, device=dev)
+    mask = i[None, :] < q[:, None]  # [R, window]
     tok = torch.where(mask, starts[:, None] + i[None, :], 0).clamp(max=N - 1)
     rows = conv_state[slots]  # [R, D, M]
-    xw = torch.where(mask[:, None, :], x[tok].transpose(1, 2).to(rows.dtype), 0)  # [R, D, T]
+    xw = torch.where(mask[:, None, :], x[tok].transpose(1, 2).to(rows.dtype), 0)  # [R, D, window]
     end = (M - pending.long() + committed.long()).clamp(K - 1, M)  # committed context end
     prior_idx = end[:, None] + torch.arange(-(K - 1), 0, device=dev)[None, :]  # [R, K - 1]
     prior = torch.gather(rows, 2, prior_idx[:, None, :].expand(R, D, K - 1))
-    seq = torch.cat([prior, xw], dim=-1).to(weight.dtype)  # [R, D, K - 1 + T]
-    y = functional.conv1d(seq.reshape(1, R * D, K - 1 + T), weight.repeat(R, 1)[:, None, :],
+    seq = torch.cat([prior, xw], dim=-1).to(weight.dtype)  # [R, D, K - 1 + window]
+    y = functional.conv1d(seq.reshape(1, R * D, K - 1 + window), weight.repeat(R, 1)[:, None, :],
                           None if bias is None else bias.repeat(R), groups=R * D)
-    y = y.reshape(R, D, T)
+    y = y.reshape(R, D, window)
     if activation in ("silu", "swish"):
         y = functional.silu(y)
     # Token t of row r(t) at window position t - qsl[r(t)].
     t = torch.arange(N, device=dev)
     r_of_t = (torch.searchsorted(qsl[1:], t, right=True)).clamp(max=R - 1)
-    pos = (t - starts[r_of_t]).clamp(0, T - 1)
+    pos = (t - starts[r_of_t]).clamp(0, window - 1)
     out = y[r_of_t, :, pos].to(x.dtype)
     out = torch.where((t < qsl[-1])[:, None], out, 0)
     # New state: the last M columns of (committed columns [0, end), then the q inputs).
     m = torch.arange(M, device=dev)
     src = end[:, None] + q[:, None] - M + m[None, :]  # position in that sequence  [R, M]
     from_state = torch.gather(rows, 2, src.clamp(0, M - 1)[:, None, :].expand(R, D, M))
-    from_x = torch.gather(xw, 2, (src - end[:, None]).clamp(0, T - 1)[:, None, :]
+    from_x = torch.gather(xw, 2, (src - end[:, None]).clamp(0, window - 1)[:, None, :]
                           .expand(R, D, M))
     conv_state[slots] = torch.where((src < end[:, None])[:, None, :], from_state, from_x)
     return out

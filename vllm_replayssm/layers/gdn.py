@@ -1,10 +1,10 @@
 """ReplaySSM for Qwen Gated DeltaNet layers (Qwen3-Next, Qwen3.5).
 
 `ReplayQwenGatedDeltaNetAttention`: with `replayssm.enabled` off, the layer is the stock one
-(every override defers to it). On, its page holds the ReplaySSM tensors (`layers/pages.py`),
-and on CPU (tests, CI) its core runs decode rows through the torch reference
-(`kernels/gdn/reference.py`) and delegates prefill rows to vLLM's own CPU op, then resets
-their cursors and LP (the prefill hook).
+(every override defers to it). On, its page holds the ReplaySSM tensors (`layers/pages.py`)
+and decode rows go through `kernels/gdn/dispatch.gdn_decode`, which picks the route (Triton
+on GPUs, the torch references on CPU); prefill rows go to vLLM's own op, then the prefill
+hook resets their cursors and LP.
 """
 
 from __future__ import annotations
@@ -27,18 +27,19 @@ from vllm.utils.torch_utils import (
 
 from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend
 from vllm_replayssm.cpu_amx import vllm_uses_amx
-from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
-from vllm_replayssm.kernels.gdn.reference import (
-    gdn_replay_decode,
-    gdn_replay_materialise,
-    gdn_stock_route_decode,
-)
+from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
+from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
+from vllm_replayssm.kernels.gdn.reference import gdn_replay_materialise
 from vllm_replayssm.layers.conv import (
     conv_context_to_back,
     conv_context_to_front,
+    conv_state_view,
     spec_conv_update,
 )
 from vllm_replayssm.layers.pages import ReplayPage, gdn_cache_from_kv, gdn_page_specs
+from vllm_replayssm.layers.spec import SpecWindows
+from vllm_replayssm.layout import ring_rows
+from vllm_replayssm.metrics import StepCounters
 
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
@@ -53,6 +54,9 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                                   spec_missing="on GPUs yet (the CPU platform runs it)"):
             return
         self.replay_specs = gdn_page_specs(vllm_config, config)
+        self.spec_windows = SpecWindows(self.replay.buffer_len, self.replay_window)
+        self.step_counters = StepCounters(
+            "gdn", ring_rows(self.replay.buffer_len, self.replay_window))
         logger.info_once("ReplaySSM active for GDN layers: buffer_len=%d, lp_dtype=%s, "
                          "gdn_flush=%s", self.replay.buffer_len, self.replay.lp_dtype,
                          self.replay.gdn_flush)
@@ -74,10 +78,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
 
     def _forward_core(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                       core_attn_out: torch.Tensor):
-        """Pure decode batches: the stock conv update, then one ReplaySSM step (Triton, route
-        by batch size). Batches with prefill rows (design 3.6, v1): decode rows are
-        materialised, vLLM's own path runs every row from HP, and the prefill hook resets
-        every row it wrote."""
+        """Pure decode batches: the stock conv update, then one ReplaySSM step (`gdn_decode`:
+        Triton, route by `replayssm.route` and batch size). Batches with prefill rows (design
+        3.6, v1): decode rows are materialised, vLLM's own path runs every row from HP, and
+        the prefill hook resets every row it wrote."""
         if not self.replay.enabled:
             return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a,
                                          core_attn_out=core_attn_out)
@@ -99,18 +103,16 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         if md.num_decodes:
             gdn_replay_materialise(cache, state_indices[: md.num_decodes], **common)
         super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, rows, **common)
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, rows, **common)
         return None
 
     def _decode_gpu(self, cache, mixed_qkv, b, a, core_attn_out, md) -> None:
         from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
 
-        from vllm_replayssm.kernels.gdn import decode
-
         cfg = self.replay
         n = md.num_actual_tokens
         state_indices = md.non_spec_state_indices_tensor[:n]
-        conv_state = self._conv_state()
+        conv_state = conv_state_view(self.kv_cache)
         weight = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
         x = causal_conv1d_update(mixed_qkv[:n], conv_state, weight, self.conv1d.bias,
                                  self.activation, conv_state_indices=state_indices,
@@ -119,16 +121,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         q, k, v = (t.reshape(n, -1, d) for t, d in zip(
             x.split([kd, kd, vd], dim=-1),
             (self.head_k_dim, self.head_k_dim, self.head_v_dim), strict=True))
-        route = None  # "auto": by batch size (decode.launch_config)
-        if cfg.route == "stock":
-            route = "stock"
-        elif cfg.route == "replay":
-            route = decode.launch_config(n, self.num_v_heads // self.num_k_heads,
-                                         plain=False)["route"]
-        self._count_step("gdn", cache.meta, state_indices, lambda: decode.gdn_replay_decode(
+        self.step_counters.step(cache.meta, state_indices, lambda: gdn_decode(
             cache, q, k, v, a[:n], b[:n], self.A_log, self.dt_bias, state_indices,
             core_attn_out[:n], scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
-            window=self.replay_window, route=route, stagger=cfg.stagger))
+            window=self.replay_window, stagger=cfg.stagger, route=cfg.route))
 
     # --- CPU forward ------------------------------------------------------------------------
 
@@ -159,7 +155,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
 
     def replay_core_cpu(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                         core_attn_out: torch.Tensor) -> None:
-        """Decode rows: stock conv update, then the ReplaySSM reference step. Prefill rows:
+        """Decode rows: stock conv update, then one ReplaySSM step (`gdn_decode`: the torch
+        references on CPU; "auto" replays). Prefill rows:
         vLLM's CPU op on a prefill-only view of the metadata, then the prefill hook."""
         attn_metadata = get_forward_context().attn_metadata
         if attn_metadata is None:  # profile run
@@ -184,18 +181,11 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             q, k, v = (t.reshape(ndt, -1, d) for t, d in zip(
                 x.split([kd, kd, vd], dim=-1),
                 (self.head_k_dim, self.head_k_dim, self.head_v_dim), strict=True))
-            common = dict(scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
-                          window=window)
-            args = (cache, q, k, v, a[:ndt], b[:ndt], self.A_log, self.dt_bias,
-                    state_indices[:nd], core_attn_out[:ndt])
-            if cfg.route == "stock" and ndt == nd:  # torch paths: "auto" replays
-                def step():
-                    gdn_stock_route_decode(*args, stagger=cfg.stagger, **common)
-            else:
-                def step():
-                    gdn_replay_decode(*args, query_start_loc=None if ndt == nd
-                                      else qsl[: nd + 1], **common)
-            self._count_step("gdn", cache.meta, state_indices[:nd], step)
+            self.step_counters.step(cache.meta, state_indices[:nd], lambda: gdn_decode(
+                cache, q, k, v, a[:ndt], b[:ndt], self.A_log, self.dt_bias, state_indices[:nd],
+                core_attn_out[:ndt], scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
+                window=window, stagger=cfg.stagger, route=cfg.route,
+                query_start_loc=None if ndt == nd else qsl[: nd + 1]))
         if npf:
             prefill_md = dataclasses.replace(
                 md, num_decodes=0, num_decode_tokens=0, num_actual_tokens=npt,
@@ -211,8 +201,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                     _encode_layer_name(self.prefix))
             finally:
                 attn_metadata[self.prefix] = md
-            refresh_after_prefill(cache.hp, cache.lp, cache.meta, state_indices[nd: nd + npf],
-                                  buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger)
+            apply_prefill_hook(cache.hp, cache.lp, cache.meta, state_indices[nd: nd + npf],
+                               buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger)
 
     # --- CPU forward, speculative decoding configured ---------------------------------------
 
@@ -269,10 +259,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         cfg = self.replay
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
         slots = slots.long()
-        start, accepted, pending, committed = self._spec_acceptance(
+        start, accepted, pending, committed = self.spec_windows.acceptance(
             cache.meta, slots, qsl[1:] - qsl[:-1], seq_lens)
-        x = spec_conv_update(mixed_qkv[tokens], self._conv_state(), slots, qsl, pending,
-                             committed, self._conv_weight_2d(), self.conv1d.bias,
+        x = spec_conv_update(mixed_qkv[tokens], conv_state_view(self.kv_cache), slots, qsl,
+                             pending, committed, self._conv_weight_2d(), self.conv1d.bias,
                              self.activation, self.replay_window)
         n = tokens.shape[0]
         kd, vd = self.key_dim // self.tp_size, self.value_dim // self.tp_size
@@ -281,13 +271,14 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             (self.head_k_dim, self.head_k_dim, self.head_v_dim), strict=True))
         out = torch.zeros((n, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype,
                           device=core_attn_out.device)
-        self._count_step("gdn", cache.meta, slots, lambda: gdn_replay_decode(
+        self.step_counters.step(cache.meta, slots, lambda: gdn_decode(
             cache, qq, kk, vv, a[tokens], b[tokens], self.A_log, self.dt_bias, slots, out,
             scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
-            window=self.replay_window, query_start_loc=qsl, num_accepted_tokens=accepted),
+            window=self.replay_window, stagger=cfg.stagger, route=cfg.route,
+            query_start_loc=qsl, num_accepted_tokens=accepted),
             accepted)
         core_attn_out.index_copy_(0, tokens, out)
-        self._window_starts(cache.meta.shape[0], mixed_qkv.device)[slots] = start
+        self.spec_windows.starts(cache.meta.shape[0], mixed_qkv.device)[slots] = start
 
     def _prefill_rows_spec(self, mixed_qkv, b, a, core_attn_out, md, attn_metadata, tokens,
                            slots, qsl, has_init, seq_lens) -> None:
@@ -296,7 +287,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         cfg = self.replay
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
         K = self._conv_weight_2d().shape[-1]
-        conv = self._conv_state()
+        conv = conv_state_view(self.kv_cache)
         conv_context_to_front(conv, slots[has_init].long(), K)
         npf, npt = slots.shape[0], tokens.shape[0]
         view = dataclasses.replace(
@@ -318,9 +309,9 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             attn_metadata[self.prefix] = md
         core_attn_out.index_copy_(0, tokens, out)
         conv_context_to_back(conv, slots.long(), K)
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, buffer_len=cfg.buffer_len,
-                              window=self.replay_window, stagger=cfg.stagger)
-        self._window_starts(cache.meta.shape[0], mixed_qkv.device)[slots.long()] = (
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=cfg.buffer_len,
+                           window=self.replay_window, stagger=cfg.stagger)
+        self.spec_windows.starts(cache.meta.shape[0], mixed_qkv.device)[slots.long()] = (
             seq_lens.long())
 
     def _conv_weight_2d(self) -> torch.Tensor:
@@ -337,7 +328,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         )
 
         weight = self._conv_weight_2d()  # refuses vLLM's AMX layout
-        conv_state = self._conv_state()
+        conv_state = conv_state_view(self.kv_cache)
         rows = conv_state[state_indices].contiguous()
         out = causal_conv1d_update_torch(x=x.unsqueeze(-1), conv_state=rows, weight=weight,
                                          bias=self.conv1d.bias, activation=self.activation)

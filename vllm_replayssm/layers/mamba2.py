@@ -27,14 +27,18 @@ from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.platforms import current_platform
 
 from vllm_replayssm.config import ReplayConfigError
-from vllm_replayssm.kernels.common.refresh import NULL_BLOCK_ID, refresh_after_prefill
+from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.mamba2 import reference
 from vllm_replayssm.layers.conv import (
     conv_context_to_back,
     conv_context_to_front,
+    conv_state_view,
     spec_conv_update,
 )
 from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2_page_specs
+from vllm_replayssm.layers.spec import SpecWindows
+from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
+from vllm_replayssm.metrics import StepCounters
 
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
@@ -77,6 +81,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             vllm_config, num_heads=self.num_heads, head_dim=self.head_dim,
             state_size=self.ssm_state_size, n_groups=self.n_groups,
             conv_kernel=self.conv_kernel_size)
+        self.spec_windows = SpecWindows(self.replay.buffer_len, self.replay_window)
+        self.step_counters = StepCounters(
+            "mamba2", ring_rows(self.replay.buffer_len, self.replay_window))
         logger.info_once("ReplaySSM active for Mamba-2 layers: buffer_len=%d, lp_dtype=%s, "
                          "route=%s", self.replay.buffer_len, self.replay.lp_dtype,
                          self.replay.route)
@@ -145,7 +152,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
     def _decode(self, projected_states: torch.Tensor, output: torch.Tensor,
                 state_indices: torch.Tensor, cpu: bool) -> None:
         xBC, dt = self._split_projection(projected_states)
-        conv_state = self._conv_state()
+        conv_state = conv_state_view(self.kv_cache)
         if cpu:
             from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import (
                 causal_conv1d_update_torch,
@@ -172,25 +179,26 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         common = dict(buffer_len=cfg.buffer_len, window=self.replay_window)
         if cpu:  # torch paths: "auto" replays
             if cfg.route == "stock":
-                self._count_step("mamba2", cache.meta, state_indices,
-                                 lambda: reference.mamba2_stock_route_decode(
-                                     cache, *args, stagger=cfg.stagger, **common))
+                self.step_counters.step(cache.meta, state_indices,
+                                        lambda: reference.mamba2_stock_route_decode(
+                                            cache, *args, stagger=cfg.stagger, **common))
             else:
-                self._count_step("mamba2", cache.meta, state_indices,
-                                 lambda: reference.mamba2_replay_decode(cache, *args, **common))
+                self.step_counters.step(cache.meta, state_indices,
+                                        lambda: reference.mamba2_replay_decode(cache, *args,
+                                                                               **common))
             return
         from vllm_replayssm.kernels.mamba2.dispatch import mamba2_decode
 
-        self._count_step("mamba2", cache.meta, state_indices,
-                         lambda: mamba2_decode(cache, *args, route=cfg.route,
-                                               stagger=cfg.stagger, scratch=self._scratch,
-                                               **common))
+        self.step_counters.step(cache.meta, state_indices,
+                                lambda: mamba2_decode(cache, *args, route=cfg.route,
+                                                      stagger=cfg.stagger,
+                                                      scratch=self._scratch, **common))
 
     def _decode_spec(self, projected_states: torch.Tensor, output: torch.Tensor,
                      state_indices: torch.Tensor, md) -> None:
         """Decode rows of a speculative step: each row holds 1 + its drafts
         (query_start_loc_d; one token for rows without drafts). The previous window's
-        accepted count (from positions: `_spec_acceptance`) commits ring records and conv
+        accepted count (from positions: `SpecWindows.acceptance`) commits ring records and conv
         columns, then the window is verified output-only and appended
         (reference.mamba2_replay_decode). Tensor ops only, no host synchronisation
         (debug_checks aside)."""
@@ -202,7 +210,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         if qsl is None:  # a step without drafts: one token per row
             qsl = torch.arange(nd + 1, dtype=torch.int32, device=dev)
         slots = state_indices.long()
-        start, accepted, pending, committed = self._spec_acceptance(
+        start, accepted, pending, committed = self.spec_windows.acceptance(
             cache.meta, slots, qsl[1:] - qsl[:-1], md.seq_lens[:nd])
         if md.num_accepted_tokens is not None and cfg.debug_checks:
             ours = committed[slots != NULL_BLOCK_ID]
@@ -212,18 +220,19 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 raise RuntimeError(f"replayssm: acceptance from positions {ours.tolist()} "
                                    f"!= vLLM's {theirs.tolist()}")
         xBC, dt = self._split_projection(projected_states)
-        xBC = spec_conv_update(xBC, self._conv_state(), slots, qsl, pending, committed,
-                               self.conv_weights, self.conv1d.bias, self.activation,
+        xBC = spec_conv_update(xBC, conv_state_view(self.kv_cache), slots, qsl, pending,
+                               committed, self.conv_weights, self.conv1d.bias, self.activation,
                                self.replay_window)
         x, dt, B, C = self._ssm_inputs(xBC, dt)
         out = output.view(output.shape[0], -1, self.head_dim)
-        self._count_step("mamba2", cache.meta, state_indices,
-                         lambda: reference.mamba2_replay_decode(
-                             cache, x, dt, self.A, B, C, self.D, self.dt_bias, state_indices,
-                             out, buffer_len=cfg.buffer_len, window=self.replay_window,
-                             query_start_loc=qsl, num_accepted_tokens=accepted),
-                         accepted)
-        self._window_starts(cache.meta.shape[0], dev)[slots] = start
+        self.step_counters.step(cache.meta, state_indices,
+                                lambda: reference.mamba2_replay_decode(
+                                    cache, x, dt, self.A, B, C, self.D, self.dt_bias,
+                                    state_indices, out, buffer_len=cfg.buffer_len,
+                                    window=self.replay_window, query_start_loc=qsl,
+                                    num_accepted_tokens=accepted),
+                                accepted)
+        self.spec_windows.starts(cache.meta.shape[0], dev)[slots] = start
 
     def _prefill_replay(self, projected_states: torch.Tensor, output: torch.Tensor, md,
                         attn_metadata: dict, cpu: bool) -> None:
@@ -238,13 +247,13 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         if cpu:
             spec = self.replay_window > 1
             if spec and md.has_initial_states_p is not None and md.prep_initial_states:
-                conv_context_to_front(self._conv_state(), slots[md.has_initial_states_p],
-                                      self.conv_kernel_size)
+                conv_context_to_front(conv_state_view(self.kv_cache),
+                                      slots[md.has_initial_states_p], self.conv_kernel_size)
             self._prefill_cpu(projected_states, output, md, cache.hp)
             if spec:
-                conv_context_to_back(self._conv_state(), slots, self.conv_kernel_size)
+                conv_context_to_back(conv_state_view(self.kv_cache), slots, self.conv_kernel_size)
                 nd, npf = md.num_decodes, md.num_prefills
-                self._window_starts(cache.meta.shape[0], slots.device)[slots.long()] = (
+                self.spec_windows.starts(cache.meta.shape[0], slots.device)[slots.long()] = (
                     md.seq_lens[nd:nd + npf].long())
         else:
             prefill_md = dataclasses.replace(
@@ -255,7 +264,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 super().conv_ssm_forward(projected_states=projected_states, output=output)
             finally:
                 attn_metadata[self.prefix] = md
-        refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, **common)
+        apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, **common)
 
     def _prefill_cpu(self, projected_states: torch.Tensor, output: torch.Tensor, md,
                      ssm_state: torch.Tensor) -> None:
@@ -269,8 +278,8 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         if has_init is None or not md.prep_initial_states:
             has_init = torch.zeros_like(slots, dtype=torch.bool)
         xBC = causal_conv1d_torch(xBC.transpose(0, 1), self.conv_weights, self.conv1d.bias,
-                                  self._conv_state(), md.query_start_loc_p, slots, has_init,
-                                  activation=self.activation).transpose(0, 1)
+                                  conv_state_view(self.kv_cache), md.query_start_loc_p, slots,
+                                  has_init, activation=self.activation).transpose(0, 1)
         x, dt, B, C = self._ssm_inputs(xBC, dt)
         initial = torch.where(has_init[:, None, None, None], ssm_state[slots].float(), 0.0)
         out = output.view(output.shape[0], -1, self.head_dim)

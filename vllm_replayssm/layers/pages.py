@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -15,8 +15,6 @@ from vllm.logger import init_logger
 
 from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 from vllm_replayssm.config_checks import SUPPORTED_ARCHS
-from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid, ring_rows
-from vllm_replayssm.kernels.common.refresh import NULL_BLOCK_ID
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -27,7 +25,6 @@ from vllm_replayssm.layout import (
     mamba2_state_specs,
     page_size_bytes,
 )
-from vllm_replayssm.metrics import GPU_COUNTERS, StepCounters
 
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
@@ -141,7 +138,6 @@ class ReplayPage:
     replay_specs: list[StateTensorSpec]
     replay_window: int
     _stock_page = False
-    _step_counters: StepCounters | None = None
 
     def _start_replay(self, vllm_config: Any, family: str, *, spec_supported: bool = False,
                       spec_missing: str = "yet") -> bool:
@@ -190,56 +186,6 @@ class ReplayPage:
         if self._replay_page() and spec is not None and spec.num_speculative_blocks:
             spec = dataclasses.replace(spec, num_speculative_blocks=0)
         return spec
-
-    def _count_step(self, family: str, meta: torch.Tensor, slots: torch.Tensor,
-                    run: Callable[[], None], accepted: torch.Tensor | None = None) -> None:
-        """Run one decode step `run()` and add its events to this layer's counters
-        (metrics.py): the cursor words of `slots` before and after; graph-safe."""
-        if meta.is_cuda and not GPU_COUNTERS:
-            run()
-            return
-        if self._step_counters is None:
-            self._step_counters = StepCounters(
-                family, ring_rows(self.replay.buffer_len, self.replay_window))
-        before = meta[slots]
-        run()
-        self._step_counters.count(before, meta[slots], slots != NULL_BLOCK_ID, accepted)
-
-    def _conv_state(self) -> torch.Tensor:
-        """The layer's conv state [slots, dim, width], dim-first whatever the stored
-        orientation (a view)."""
-        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
-
-        conv = self.kv_cache[0]  # type: ignore[attr-defined]
-        return conv if is_conv_state_dim_first() else conv.transpose(-1, -2)
-
-    def _window_starts(self, num_slots: int, device: torch.device) -> torch.Tensor:
-        """[num_slots] int64: per slot, the tokens before its pending window (speculative
-        steps); set by every prefill chunk and decode step that writes the slot."""
-        starts = getattr(self, "_window_start", None)
-        if starts is None or starts.shape[0] != num_slots or starts.device != device:
-            starts = torch.zeros(num_slots, dtype=torch.long, device=device)
-            self._window_start = starts
-        return starts
-
-    def _spec_acceptance(self, meta: torch.Tensor, slots: torch.Tensor, q: torch.Tensor,
-                         seq_lens: torch.Tensor):
-        """Commit counts of a speculative step's rows from positions (tensor ops only).
-
-        vLLM passes acceptance counts only on steps where some row has drafts; a row whose
-        drafts were rejected on the step before a draft-free step would then commit them.
-        So: accepted = the tokens before this window (seq_len - q) minus those before the
-        previous one (`_window_starts`). meta: [S, META_LEN] cursor words; slots, q,
-        seq_lens: [R]. Returns (start, accepted, pending, committed), [R] int64 each;
-        store `start` with `_window_starts(...)[slots] = start` after the step."""
-        cfg = self.replay
-        start = seq_lens.long() - q.long()
-        window_start = self._window_starts(meta.shape[0], meta.device)
-        accepted = (start - window_start[slots]).clamp(min=0)
-        words = meta[slots]
-        valid = meta_is_valid(words, cfg.buffer_len, self.replay_window)
-        pending = torch.where(valid, words[:, PENDING].long(), 0)
-        return start, accepted, pending, torch.minimum(accepted, pending)
 
     def _replay_page(self) -> bool:
         return self.replay is not None and self.replay.enabled and not self._stock_page

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vllm_replayssm.kernels.gdn import decode as gdn_triton
-from vllm_replayssm.kernels.gdn import stock_step as gdn_stock
+from vllm_replayssm.kernels.gdn import stock_route as gdn_stock
 from vllm_replayssm.layout import GDNGeometry
 
 from ..checks import (

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vllm_replayssm.kernels.common.cursor import plan_step
-from vllm_replayssm.kernels.common.refresh import refresh_after_prefill
+from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.layout import GDNGeometry
 
 from ..checks import (
@@ -85,8 +85,8 @@ def test_exact_flush_equals_stock_fp32_path_bitwise(lp, act):
     slots = torch.tensor([3, 1, 6, 2, 5], dtype=torch.int32)
     stock = torch.stack([fam.initial_state(gen) for _ in range(R + 2)])
     cache.hp[slots.long()] = stock[slots.long()]
-    refresh_after_prefill(cache.hp, cache.lp, cache.meta, slots, buffer_len=L, window=T,
-                          stagger=True)
+    apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=L, window=T,
+                       stagger=True)
     compared = 0
     for _ in range(steps):
         tok = fam.tokens(R, gen)

@@ -1,8 +1,20 @@
-"""Checkpoint reads and writes shared by both families' torch references."""
+"""Checkpoint reads and writes shared by both families' torch references and the prefill
+hook. LP is a cast copy of HP, saturating for fp16: an fp32 state beyond fp16's range becomes
+±FP16_MAX, not inf (`triton_checkpoint.store_lp` is the kernels' twin)."""
 
 from __future__ import annotations
 
 import torch
+
+FP16_MAX = 65504.0  # the largest finite float16
+
+
+def to_lp(S: torch.Tensor, lp_dtype: torch.dtype) -> torch.Tensor:
+    """The LP copy of fp32 checkpoint values S (any shape): cast to lp_dtype, saturating
+    for float16."""
+    if lp_dtype == torch.float16:
+        S = S.clamp(-FP16_MAX, FP16_MAX)
+    return S.to(lp_dtype)
 
 
 def read_checkpoint(cache, slots: torch.Tensor, lp_stale: torch.Tensor) -> torch.Tensor:
@@ -15,9 +27,7 @@ def read_checkpoint(cache, slots: torch.Tensor, lp_stale: torch.Tensor) -> torch
 
 
 def write_checkpoint(cache, slots: torch.Tensor, S: torch.Tensor) -> None:
-    """HP <- S (fp32) and LP <- S cast (saturating for fp16) for `slots`."""
+    """HP <- S (fp32) and LP <- `to_lp(S)` for `slots`."""
     cache.hp[slots] = S
     if cache.lp is not None:
-        if cache.lp.dtype == torch.float16:
-            S = S.clamp(-65504.0, 65504.0)
-        cache.lp[slots] = S.to(cache.lp.dtype)
+        cache.lp[slots] = to_lp(S, cache.lp.dtype)

@@ -1,8 +1,8 @@
 """The per-(request, layer) cursor machine that every ReplaySSM path shares (torch form).
 
-Each state page carries `META_LEN` int32 words. Logical ring entry i lives in ring row
-(origin + i) mod C, C = buffer_len + window. A decode step on one row with q tokens and the
-previous step's acceptance a does (design §1.4):
+Each state page carries `META_LEN` int32 words (`layout.py`). Logical ring entry i lives in
+ring row (origin + i) mod C, C = buffer_len + window. A decode step on one row with q tokens
+and the previous step's acceptance a does (design §1.4):
 
 1. commit: committed += min(a, pending); pending = 0 (plain decode: a = pending);
 2. flush iff committed + q + window > capacity: fold logical [0, committed) into the
@@ -29,17 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
-META_LEN = 8
+from vllm_replayssm.layout import META_LEN, ring_rows
+
 ORIGIN, COMMITTED, PENDING, CAPACITY, FOLD_ORIGIN, FOLD_COUNT, MAGIC, TICKET = range(META_LEN)
 META_MAGIC = 0x52504C59  # "RPLY": the page was reset by ReplaySSM, LP == HP
 META_MAGIC_LP_STALE = 0x52504C53  # "RPLS": as above, but LP is stale (HP was updated alone)
-
-
-def ring_rows(buffer_len: int, window: int) -> int:
-    """C = L + T ring rows: L committed entries plus one verify window."""
-    if window < 1 or buffer_len < window:
-        raise ValueError(f"need 1 <= window <= buffer_len, got window={window}, L={buffer_len}")
-    return buffer_len + window
 
 
 def stagger_phase(slots: torch.Tensor, buffer_len: int, window: int, stagger: bool) -> torch.Tensor:

@@ -31,12 +31,14 @@ def window_tokens(
 
 
 def gather_logical(ring: torch.Tensor, slots: torch.Tensor, origin: torch.Tensor) -> torch.Tensor:
-    """Ring rows of `slots` in logical order (entry i = row (origin + i) mod C).
+    """Ring rows of `slots` in logical order (entry i = row (origin + i) mod num_ring_rows).
 
-    ring: [S, heads, C, *rest]; slots, origin: [R]. Returns [R, heads, C, *rest] (a copy).
+    ring: [S, heads, num_ring_rows, *rest]; slots, origin: [R]. Returns [R, heads,
+    num_ring_rows, *rest] (a copy).
     """
-    C = ring.shape[2]
-    rows = torch.remainder(origin[:, None] + torch.arange(C, device=ring.device), C)  # [R, C]
+    num_ring_rows = ring.shape[2]
+    rows = torch.remainder(origin[:, None] + torch.arange(num_ring_rows, device=ring.device),
+                           num_ring_rows)  # [R, num_ring_rows]
     g = ring[slots]  # [R, heads, C, *rest]
     idx = rows[:, None, :].expand(-1, g.shape[1], -1)
     idx = idx.reshape(*idx.shape, *([1] * (g.dim() - 3))).expand(*g.shape[:3], *g.shape[3:])
@@ -52,10 +54,10 @@ def scatter_window(
 ) -> None:
     """Write window records into the ring in place.
 
-    ring: [S, heads, C, *rest]; slots, first_row: [R] (ring row of window token 0);
-    values: [R, T, heads, *rest] in any float dtype (cast to the ring's); mask: [R, T].
+    ring: [S, heads, num_ring_rows, *rest]; slots, first_row: [R] (ring row of window token
+    0); values: [R, window, heads, *rest] in any float dtype (cast to the ring's); mask:
+    [R, window].
     """
-    C = ring.shape[2]
     r, i = mask.nonzero(as_tuple=True)
-    rows = torch.remainder(first_row[r] + i, C)
+    rows = torch.remainder(first_row[r] + i, ring.shape[2])
     ring[slots[r], :, rows] = values[r, i].to(ring.dtype)

@@ -7,9 +7,10 @@ HP over the committed entries (flush rows; exact: the delta rule replayed serial
 over the cached k, v, g, beta; fold: weighted sum of cached corrected values) and writes HP +
 LP, or reads LP (HP when LP is off); then window token i is read out from checkpoint +
 history + the window's own corrected values (forward substitution), and only records are
-written. The row's last program stores the cursor words. Routes as in the Mamba-2 kernel:
-"fused" (one launch) or "split" (FLUSH_ONLY then READOUT). Semantics:
-`reference.gdn_replay_decode`.
+written. The row's last program stores the cursor words. Two launch forms, as in the Mamba-2
+kernel: "fused" (one launch) or "split" (FLUSH_ONLY then READOUT). Semantics:
+`reference.gdn_replay_decode`. Which route and launch configuration a step takes is
+`dispatch.py`'s decision; the launcher here runs what it is given.
 """
 
 from __future__ import annotations
@@ -18,17 +19,18 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.cursor import ring_rows
+from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens, softplus
-from vllm_replayssm.layout import GDNReplayCache
+from vllm_replayssm.kernels.gdn.tiles import advance_tile
+from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
-NULL_BLOCK_ID = 0
-FUSED, FLUSH_ONLY, READOUT = 0, 1, 2
+FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
 
 
 @triton.jit
 def _pick(mat, o_t, i):
-    """Row i of a [BLOCK_T, X] register tile, as [X]."""
+    """Row i of a [BLOCK_W, X] register tile, as [X]."""
     return tl.sum(tl.where(o_t[:, None] == i, mat, 0.0), axis=0)
 
 
@@ -43,60 +45,19 @@ def _l2norm_rows(x):
 
 
 @triton.jit
-def _advance_tile(S, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, C, o_v, o_k, m_v, m_k,
-                  stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k,
-                  stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v,
-                  EXACT_FLUSH: tl.constexpr):
-    """S (one value head's [BLOCK_V, BLOCK_K] fp32 tile) advanced over ring entries
-    [fo, fo + fn): exact, the delta rule replayed in the stock order; else the weighted sum
-    of cached corrected values."""
-    if EXACT_FLUSH:
-        for j in tl.range(fn, num_stages=1):
-            row = (fo + j) % C
-            k_j = tl.load(p_rk + row * stride_rk_row + o_k * stride_rk_k, mask=m_k,
-                          other=0.0).to(tl.float32)
-            k_j = k_j / tl.sqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
-            v_j = tl.load(p_rv + row * stride_rv_row + o_v * stride_rv_v, mask=m_v,
-                          other=0.0).to(tl.float32)
-            S = S * tl.exp(tl.load(p_rg + row * stride_rg_row))
-            d_j = (v_j - tl.sum(S * k_j[None, :], axis=1)) * tl.load(
-                p_rbeta + row * stride_rbeta_row)
-            S = S + d_j[:, None] * k_j[None, :]
-    else:
-        gam_tot = tl.zeros([], dtype=tl.float32)
-        for j in tl.range(fn, num_stages=1):
-            gam_tot += tl.load(p_rg + ((fo + j) % C) * stride_rg_row)
-        S = S * tl.exp(gam_tot)
-        gam_j = tl.zeros([], dtype=tl.float32)
-        for j in tl.range(fn, num_stages=1):
-            row = (fo + j) % C
-            gam_j += tl.load(p_rg + row * stride_rg_row)
-            k_j = tl.load(p_rk + row * stride_rk_row + o_k * stride_rk_k, mask=m_k,
-                          other=0.0).to(tl.float32)
-            k_j = k_j / tl.sqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
-            d_j = tl.load(p_rd + row * stride_rd_row + o_v * stride_rd_v, mask=m_v,
-                          other=0.0).to(tl.float32)
-            S += (tl.exp(gam_tot - gam_j) * d_j)[:, None] * k_j[None, :]
-    return S
-
-
-@triton.jit
-def _flush_head(p_hp, p_lp, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, C, o_v, o_k, m_v, m_k,
-                m_vk, stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k,
+def _flush_head(p_hp, p_lp, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, num_ring_rows, o_v, o_k,
+                m_v, m_k, m_vk, stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k,
                 stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v,
                 HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, EXACT_FLUSH: tl.constexpr):
     """Advance one value head's HP tile over ring entries [fo, fo + fn); write HP and LP;
     return the new tile (fp32)."""
-    S = _advance_tile(tl.load(p_hp, mask=m_vk, other=0.0), p_rg, p_rbeta, p_rk, p_rd, p_rv,
-                      fo, fn, C, o_v, o_k, m_v, m_k, stride_rg_row, stride_rbeta_row,
-                      stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v, stride_rv_row,
-                      stride_rv_v, EXACT_FLUSH)
+    S = advance_tile(tl.load(p_hp, mask=m_vk, other=0.0), p_rg, p_rbeta, p_rk, p_rd, p_rv,
+                     fo, fn, num_ring_rows, o_v, o_k, m_v, m_k, stride_rg_row,
+                     stride_rbeta_row, stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v,
+                     stride_rv_row, stride_rv_v, EXACT_FLUSH)
     tl.store(p_hp, S, mask=m_vk)
     if HAS_LP:
-        S_lp = S
-        if LP_IS_FP16:
-            S_lp = tl.minimum(tl.maximum(S, -65504.0), 65504.0)
-        tl.store(p_lp, S_lp.to(p_lp.dtype.element_ty), mask=m_vk)
+        store_lp(p_lp, S, m_vk, LP_IS_FP16)
     return S
 
 
@@ -105,7 +66,7 @@ def _gdn_replay_decode_kernel(
     hp_ptr, lp_ptr, ring_g_ptr, ring_beta_ptr, ring_k_ptr, ring_d_ptr, ring_v_ptr, meta_ptr,
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     state_indices_ptr, qsl_ptr, acc_ptr, out_ptr,
-    scale, null_block_id, num_programs_per_row, C,
+    scale, null_block_id, num_programs_per_row, num_ring_rows,
     stride_hp_slot, stride_hp_head, stride_hp_v, stride_hp_k,
     stride_lp_slot, stride_lp_head, stride_lp_v, stride_lp_k,
     stride_rg_slot, stride_rg_head, stride_rg_row,
@@ -121,7 +82,7 @@ def _gdn_replay_decode_kernel(
     stride_b_tok, stride_b_head,
     stride_out_tok, stride_out_head, stride_out_v,
     head_k_dim: tl.constexpr, head_v_dim: tl.constexpr, v_per_k: tl.constexpr,
-    T: tl.constexpr, BLOCK_T: tl.constexpr,
+    WINDOW: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, EXACT_FLUSH: tl.constexpr,
     HAS_ACC: tl.constexpr, IS_VARLEN: tl.constexpr, MODE: tl.constexpr,
@@ -141,15 +102,15 @@ def _gdn_replay_decode_kernel(
             return
     if slot == null_block_id:
         for h in range(h0, h0 + HEADS_PER_PROGRAM):
-            for i in tl.static_range(T):
+            for i in tl.static_range(WINDOW):
                 p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
                 tl.store(p_out + o_v * stride_out_v, tl.zeros([BLOCK_V], dtype=tl.float32),
                          mask=m_v & (i < q))
         return
 
     p_meta = meta_ptr + slot * stride_meta_slot
-    o, n, kap, fo, fn, flush, stale = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T,
-                                        HAS_ACC)
+    o, n, kap, fo, fn, flush, stale = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q,
+                                               num_ring_rows, WINDOW, HAS_ACC)
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
     m_vk = m_v[:, None] & m_k[None, :]
@@ -166,18 +127,18 @@ def _gdn_replay_decode_kernel(
                     ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
                     p_rk, ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
                     ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
-                    fo, fn, C, o_v, o_k, m_v, m_k, m_vk, stride_rg_row, stride_rbeta_row,
-                    stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v, stride_rv_row,
-                    stride_rv_v, HAS_LP, LP_IS_FP16, EXACT_FLUSH)
+                    fo, fn, num_ring_rows, o_v, o_k, m_v, m_k, m_vk, stride_rg_row,
+                    stride_rbeta_row, stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v,
+                    stride_rv_row, stride_rv_v, HAS_LP, LP_IS_FP16, EXACT_FLUSH)
         return
 
     # Key-head-shared quantities. History: committed entries [0, n) (empty after a flush).
     o_h = tl.arange(0, BLOCK_H)
     m_hist = o_h < n
-    row_h = (o + o_h) % C
+    row_h = (o + o_h) % num_ring_rows
     k_h = _l2norm_rows(tl.load(p_rk + row_h[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
                                mask=m_hist[:, None] & m_k[None, :], other=0.0).to(tl.float32))
-    o_t = tl.arange(0, BLOCK_T)
+    o_t = tl.arange(0, BLOCK_W)
     m_t = o_t < q
     tok = bos + o_t
     k_w_raw = tl.load(k_ptr + tok[:, None] * stride_k_tok + pid_k * stride_k_head
@@ -186,15 +147,15 @@ def _gdn_replay_decode_kernel(
     q_w = _l2norm_rows(tl.load(q_ptr + tok[:, None] * stride_q_tok + pid_k * stride_q_head
                                + o_k[None, :] * stride_q_k, mask=m_t[:, None] & m_k[None, :],
                                other=0.0).to(tl.float32)) * scale
-    # Gram products of the history keys with window keys / queries: [BLOCK_T, BLOCK_H].
-    gk = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
-    gq = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
-    for i in tl.static_range(T):
+    # Gram products of the history keys with window keys / queries: [BLOCK_W, BLOCK_H].
+    gk = tl.zeros([BLOCK_W, BLOCK_H], dtype=tl.float32)
+    gq = tl.zeros([BLOCK_W, BLOCK_H], dtype=tl.float32)
+    for i in tl.static_range(WINDOW):
         gk = tl.where(o_t[:, None] == i,
                       tl.sum(k_h * _pick(k_w, o_t, i)[None, :], axis=1)[None, :], gk)
         gq = tl.where(o_t[:, None] == i,
                       tl.sum(k_h * _pick(q_w, o_t, i)[None, :], axis=1)[None, :], gq)
-    row_w = (o + n + o_t) % C
+    row_w = (o + n + o_t) % num_ring_rows
     if (pid_v == 0) & (h0 % v_per_k == 0):  # append k once per key head
         tl.store(p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k, k_w_raw,
                  mask=m_t[:, None] & m_k[None, :])
@@ -212,10 +173,11 @@ def _gdn_replay_decode_kernel(
         # FLUSH_ONLY); rows whose LP is stale (a stock-route step) read HP; others read LP.
         if MODE == 0:
             if flush:
-                S = _flush_head(p_hp, p_lp, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn, C, o_v,
-                                o_k, m_v, m_k, m_vk, stride_rg_row, stride_rbeta_row,
-                                stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v,
-                                stride_rv_row, stride_rv_v, HAS_LP, LP_IS_FP16, EXACT_FLUSH)
+                S = _flush_head(p_hp, p_lp, p_rg, p_rbeta, p_rk, p_rd, p_rv, fo, fn,
+                                num_ring_rows, o_v, o_k, m_v, m_k, m_vk, stride_rg_row,
+                                stride_rbeta_row, stride_rk_row, stride_rk_k, stride_rd_row,
+                                stride_rd_v, stride_rv_row, stride_rv_v, HAS_LP, LP_IS_FP16,
+                                EXACT_FLUSH)
             elif stale:
                 S = tl.load(p_hp, mask=m_vk, other=0.0)
             elif HAS_LP:
@@ -248,8 +210,8 @@ def _gdn_replay_decode_kernel(
                           + o_v[None, :] * stride_v_v, mask=m_t[:, None] & m_v[None, :],
                           other=0.0)
         v_w = v_w_raw.to(tl.float32)
-        d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-        for i in tl.static_range(T):
+        d_w = tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32)
+        for i in tl.static_range(WINDOW):
             k_i = _pick(k_w, o_t, i)
             q_i = _pick(q_w, o_t, i)
             # u = S_n k_i, w = S_n q_i, S_n = e^{Gamma_n} S + sum_j w_h[j] d_j k_j^T.
@@ -285,26 +247,6 @@ def _gdn_replay_decode_kernel(
     finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn, stale)
 
 
-def _pow2(x: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(x))
-
-
-def launch_config(num_rows: int, v_per_k: int, plain: bool = True) -> dict:
-    """Launch configuration by batch size, from the H200 sweeps in benchmarks/results/.
-
-    Plain decode takes the stock route at every batch size: the GDN replay kernels lost to
-    vLLM's decode kernel at bs 1, 32 and 256 (0.72x / 0.46x / 0.93x on Qwen3.5-122B), the
-    stock route ran at 1.42x / 1.03x of it at bs 1 / 32. Speculative decode (which the stock
-    route cannot do): one warp per program, 16-row value tiles, fused up to 16 rows, else
-    flush + readout with all value heads of a key head per program."""
-    if plain:
-        return dict(route="stock", block_v=8, num_warps=1, heads_per_program=1, num_stages=1)
-    if num_rows <= 16:
-        return dict(route="fused", block_v=16, num_warps=1, heads_per_program=1, num_stages=1)
-    return dict(route="split", block_v=16, num_warps=1,
-                heads_per_program=v_per_k if num_rows >= 64 else 1, num_stages=1)
-
-
 def gdn_replay_decode(
     cache: GDNReplayCache,
     q: torch.Tensor,
@@ -323,73 +265,59 @@ def gdn_replay_decode(
     query_start_loc: torch.Tensor | None = None,
     num_accepted_tokens: torch.Tensor | None = None,
     null_block_id: int = NULL_BLOCK_ID,
-    block_v: int | None = None,
-    num_warps: int | None = None,
-    route: str | None = None,
-    heads_per_program: int | None = None,
-    num_stages: int | None = None,
-    stagger: bool = True,
+    route: str = "fused",
+    block_v: int = 16,
+    num_warps: int = 1,
+    heads_per_program: int = 1,
+    num_stages: int = 1,
 ) -> None:
     """Triton twin of `reference.gdn_replay_decode` (same arguments and effects).
 
-    route ("fused", "split" or "stock"), block_v (value-dim tile), num_warps,
-    heads_per_program (a divisor of the value heads per key head), num_stages and stagger
-    (stock route) override `launch_config`, as in `mamba2_replay_decode`.
+    Launch configuration (`dispatch.launch_config` chooses it for the layers): route
+    "fused" (one launch) or "split" (flush, then readout); block_v, the value-dim tile;
+    num_warps; heads_per_program, a divisor of the value heads per key head; num_stages, the
+    head loop's pipelining. The defaults are the small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
     R = state_indices.shape[0]
-    Cn = ring_rows(buffer_len, window)
-    _check(cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, Cn, query_start_loc,
-           num_accepted_tokens, R)
+    num_ring_rows = ring_rows(buffer_len, window)
+    _check(cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, num_ring_rows,
+           query_start_loc, num_accepted_tokens, R)
+    if route not in ("fused", "split"):
+        raise ValueError(f"route must be 'fused' or 'split', got {route!r}")
+    if (Hv // Hk) % heads_per_program:
+        raise ValueError(f"heads_per_program={heads_per_program} must divide the {Hv // Hk} "
+                         "value heads per key head")
     if R == 0:
         return
-    cfg = launch_config(R, Hv // Hk, plain=query_start_loc is None and num_accepted_tokens is None)
-    for key, val in (("block_v", block_v), ("num_warps", num_warps), ("route", route),
-                     ("heads_per_program", heads_per_program), ("num_stages", num_stages)):
-        if val is not None:
-            cfg[key] = val
-    if cfg["route"] == "stock":
-        if query_start_loc is not None or num_accepted_tokens is not None:
-            raise ValueError("the stock route is for plain decode (one token per row)")
-        from vllm_replayssm.kernels.gdn.stock_step import gdn_stock_route_decode
-
-        gdn_stock_route_decode(
-            cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, scale=scale,
-            buffer_len=buffer_len, window=window, stagger=stagger,
-            null_block_id=null_block_id, block_v=block_v, num_warps=num_warps)
-        return
-    if cfg["route"] not in ("fused", "split"):
-        raise ValueError(f"route must be 'fused', 'split' or 'stock', got {cfg['route']!r}")
-    hpp = cfg["heads_per_program"]
-    if (Hv // Hk) % hpp:
-        raise ValueError(f"heads_per_program={hpp} must divide the {Hv // Hk} value heads "
-                         "per key head")
-    grid = (triton.cdiv(V, cfg["block_v"]), Hv // hpp, R)
+    cfg = dict(block_v=block_v, num_warps=num_warps, heads_per_program=heads_per_program,
+               num_stages=num_stages)
+    grid = (triton.cdiv(V, block_v), Hv // heads_per_program, R)
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
-    for mode in (FUSED,) if cfg["route"] == "fused" else (FLUSH_ONLY, READOUT):
+    for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
         _launch(grid, mode, cfg, cache, lp, beta, ring_v, q, k, v, a, b, A_log,
                 dt_bias, state_indices, query_start_loc, num_accepted_tokens, out, scale,
-                null_block_id, K, V, Hv // Hk, Cn, window, buffer_len)
+                null_block_id, K, V, Hv // Hk, num_ring_rows, window, buffer_len)
 
 
 def _launch(grid, mode, cfg, cache, lp, beta, ring_v, q, k, v, a, b, A_log, dt_bias,
             state_indices, query_start_loc, num_accepted_tokens, out, scale, null_block_id,
-            K, V, v_per_k, Cn, window, buffer_len) -> None:
+            K, V, v_per_k, num_ring_rows, window, buffer_len) -> None:
     _gdn_replay_decode_kernel[grid](
         cache.hp, lp, cache.ring_g, beta, cache.ring_k, cache.ring_d, ring_v, cache.meta,
         q, k, v, a, b, A_log, dt_bias,
         state_indices, query_start_loc if query_start_loc is not None else state_indices,
         num_accepted_tokens if num_accepted_tokens is not None else state_indices, out,
-        scale, null_block_id, grid[0] * grid[1], Cn,
+        scale, null_block_id, grid[0] * grid[1], num_ring_rows,
         *cache.hp.stride(), *lp.stride(), *cache.ring_g.stride(), *beta.stride(),
         *cache.ring_k.stride(), *cache.ring_d.stride(), *ring_v.stride(), *cache.meta.stride(),
         *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *out.stride(),
         head_k_dim=K, head_v_dim=V, v_per_k=v_per_k,
-        T=window, BLOCK_T=_pow2(window, 1), BLOCK_V=cfg["block_v"], BLOCK_K=_pow2(K),
-        BLOCK_H=_pow2(buffer_len),
+        WINDOW=window, BLOCK_W=pow2_block(window, 1), BLOCK_V=cfg["block_v"],
+        BLOCK_K=pow2_block(K), BLOCK_H=pow2_block(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
         EXACT_FLUSH=cache.exact_flush, HAS_ACC=num_accepted_tokens is not None,
@@ -399,16 +327,17 @@ def _launch(grid, mode, cfg, cache, lp, beta, ring_v, q, k, v, a, b, A_log, dt_b
     )
 
 
-def _check(cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, Cn, qsl, acc, R) -> None:
+def _check(cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, num_ring_rows, qsl, acc,
+           R) -> None:
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
     S = cache.hp.shape[0]
     n_tok = v.shape[0]
     want = {
         "hp": (cache.hp, (S, Hv, V, K), torch.float32),
-        "ring_g": (cache.ring_g, (S, Hv, Cn), torch.float32),
-        "ring_k": (cache.ring_k, (S, Hk, Cn, K), k.dtype),
-        "ring_d": (cache.ring_d, (S, Hv, Cn, V), None),
+        "ring_g": (cache.ring_g, (S, Hv, num_ring_rows), torch.float32),
+        "ring_k": (cache.ring_k, (S, Hk, num_ring_rows, K), k.dtype),
+        "ring_d": (cache.ring_d, (S, Hv, num_ring_rows, V), None),
         "meta": (cache.meta, (S, 8), torch.int32),
         "q": (q, (n_tok, Hk, K), None),
         "k": (k, (n_tok, Hk, K), None),
@@ -422,8 +351,8 @@ def _check(cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, Cn, qsl, ac
     if cache.lp is not None:
         want["lp"] = (cache.lp, (S, Hv, V, K), None)
     if cache.exact_flush:
-        want["ring_beta"] = (cache.ring_beta, (S, Hv, Cn), torch.float32)
-        want["ring_v"] = (cache.ring_v, (S, Hv, Cn, V), v.dtype)
+        want["ring_beta"] = (cache.ring_beta, (S, Hv, num_ring_rows), torch.float32)
+        want["ring_v"] = (cache.ring_v, (S, Hv, num_ring_rows, V), v.dtype)
     if qsl is not None:
         want["query_start_loc"] = (qsl, (R + 1,), None)
     if acc is not None:

@@ -10,12 +10,10 @@ from __future__ import annotations
 import torch
 
 from vllm_replayssm.kernels.common.checkpoint import read_checkpoint, write_checkpoint
-from vllm_replayssm.kernels.common.cursor import plan_step, reset_meta, ring_rows
+from vllm_replayssm.kernels.common.cursor import plan_step, reset_meta
 from vllm_replayssm.kernels.common.ring import gather_logical, scatter_window, window_tokens
 from vllm_replayssm.kernels.gdn.naive import gdn_gates, l2norm
-from vllm_replayssm.layout import GDNReplayCache
-
-NULL_BLOCK_ID = 0
+from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 
 def delta_rule_step(
@@ -90,12 +88,12 @@ def _fold(
     """
     Hv, Hk = cache.hp.shape[1], cache.ring_k.shape[1]
     rep = Hv // Hk
-    C = cache.ring_g.shape[2]
-    keep = torch.arange(C, device=slots.device)[None, :] < count[:, None]  # [R, C]
+    num_ring_rows = cache.ring_g.shape[2]
+    keep = torch.arange(num_ring_rows, device=slots.device)[None, :] < count[:, None]
     g = torch.where(keep[:, None, :], gather_logical(cache.ring_g, slots, origin), 0.0)
     ks = gather_logical(cache.ring_k, slots, origin).float()
     ks = torch.where(keep[:, None, :, None], ks, 0.0)
-    kn = _heads(l2norm(ks), rep, 1)  # [R, Hv, C, K]
+    kn = _heads(l2norm(ks), rep, 1)  # [R, Hv, num_ring_rows, K]
     S = cache.hp[slots].float()
     if cache.exact_flush:
         vs = gather_logical(cache.ring_v, slots, origin).float()
@@ -109,7 +107,7 @@ def _fold(
     ds = torch.where(keep[:, None, :, None], ds, 0.0)
     gam = torch.cumsum(g, dim=-1)
     gam_n = gam[..., -1:]
-    w = torch.where(keep[:, None, :], torch.exp(gam_n - gam), 0.0)  # [R, Hv, C]
+    w = torch.where(keep[:, None, :], torch.exp(gam_n - gam), 0.0)  # [R, Hv, num_ring_rows]
     return torch.exp(gam_n)[..., None] * S + torch.einsum("rhc,rhcv,rhck->rhvk", w, ds, kn)
 
 
@@ -143,13 +141,12 @@ def gdn_replay_decode(
     A window of several tokens is verified output-only: corrected values d_i solve
     (I + A) d = r by forward substitution (design §1.5); nothing but records is written.
     """
-    L, T = buffer_len, window
-    Cn = ring_rows(L, T)
+    num_ring_rows = ring_rows(buffer_len, window)
     dev = v.device
     R = state_indices.numel()
     Hv, Hk = v.shape[1], k.shape[1]
     rep = Hv // Hk
-    tok, mask, q_len = window_tokens(R, T, query_start_loc, dev)
+    tok, mask, q_len = window_tokens(R, window, query_start_loc, dev)
     active = state_indices.to(dev) != null_block_id
     out[tok[~active][mask[~active]]] = 0
     if not bool(active.any()):
@@ -157,7 +154,7 @@ def gdn_replay_decode(
     slots = state_indices.to(dev)[active].long()
     tok, mask, q_len = tok[active], mask[active], q_len[active]
     acc = None if num_accepted_tokens is None else num_accepted_tokens.to(dev)[active]
-    plan = plan_step(cache.meta[slots], q_len, acc, L, T)
+    plan = plan_step(cache.meta[slots], q_len, acc, buffer_len, window)
 
     S0 = read_checkpoint(cache, slots, plan.lp_stale)
     if bool(plan.flush.any()):
@@ -166,36 +163,36 @@ def gdn_replay_decode(
         write_checkpoint(cache, slots[f], S_new)
         S0[f] = S_new
 
-    # Window quantities, fp32: [R, T, Hv, ...].
-    gw, bw = gdn_gates(a[tok], b[tok], A_log, dt_bias)  # [R, T, Hv]
+    # Window quantities, fp32: [R, window, Hv, ...].
+    gw, bw = gdn_gates(a[tok], b[tok], A_log, dt_bias)  # [R, window, Hv]
     gw = torch.where(mask[..., None], gw, 0.0)
-    knw = _heads(l2norm(k[tok].float()), rep, 2)  # [R, T, Hv, K]
+    knw = _heads(l2norm(k[tok].float()), rep, 2)  # [R, window, Hv, K]
     qnw = _heads(l2norm(q[tok].float()), rep, 2) * scale
     vw = v[tok].float()
 
     # History: committed entries [0, n) at the (post-flush) origin.
-    hist = torch.arange(Cn, device=dev)[None, :] < plan.committed[:, None]  # [R, C]
+    hist = torch.arange(num_ring_rows, device=dev)[None, :] < plan.committed[:, None]
     gh = torch.where(hist[:, None, :], gather_logical(cache.ring_g, slots, plan.origin), 0.0)
     hist4 = hist[:, None, :, None]
     kh = torch.where(hist4, gather_logical(cache.ring_k, slots, plan.origin).float(), 0.0)
-    knh = _heads(l2norm(kh), rep, 1)  # [R, Hv, C, K]
+    knh = _heads(l2norm(kh), rep, 1)  # [R, Hv, num_ring_rows, K]
     dh = torch.where(hist4, gather_logical(cache.ring_d, slots, plan.origin).float(), 0.0)
     gam = torch.cumsum(gh, dim=-1)
     gam_n = gam[..., -1]  # [R, Hv]
-    wh = torch.where(hist[:, None, :], torch.exp(gam_n[..., None] - gam), 0.0)  # [R, Hv, C]
+    wh = torch.where(hist[:, None, :], torch.exp(gam_n[..., None] - gam), 0.0)
     # u_i = S_n k_i and w_i = S_n q_i with S_n = e^{Gamma_n} S0 + sum_j wh_j d_j k_j^T.
-    def apply_state(vec: torch.Tensor) -> torch.Tensor:  # vec [R, T, Hv, K] -> [R, T, Hv, V]
+    def apply_state(vec: torch.Tensor) -> torch.Tensor:  # [R, window, Hv, K] -> [.., V]
         ck = torch.einsum("rhvk,rthk->rthv", S0, vec) * torch.exp(gam_n)[:, None, :, None]
         gram = torch.einsum("rhck,rthk->rthc", knh, vec) * wh[:, None]
         return ck + torch.einsum("rthc,rhcv->rthv", gram, dh)
 
     u, w = apply_state(knw), apply_state(qnw)
-    G = torch.cumsum(gw, dim=1)  # [R, T, Hv] window-local, inclusive
+    G = torch.cumsum(gw, dim=1)  # [R, window, Hv] window-local, inclusive
     kk = torch.einsum("rihk,rjhk->rhij", knw, knw)
     kq = torch.einsum("rjhk,rihk->rhij", knw, qnw)  # [R, Hv, i, j] = k_j . q_i
     ds: list[torch.Tensor] = []
     outs: list[torch.Tensor] = []
-    for i in range(T):
+    for i in range(window):
         d_i = bw[:, i, :, None] * (vw[:, i] - torch.exp(G[:, i])[..., None] * u[:, i])
         for j in range(i):
             coef = bw[:, i] * torch.exp(G[:, i] - G[:, j]) * kk[:, :, i, j]
@@ -205,7 +202,7 @@ def gdn_replay_decode(
         for j in range(i + 1):
             o_i = o_i + (torch.exp(G[:, i] - G[:, j]) * kq[:, :, i, j])[..., None] * ds[j]
         outs.append(o_i)
-    dw = torch.stack(ds, dim=1)  # [R, T, Hv, V]
+    dw = torch.stack(ds, dim=1)  # [R, window, Hv, V]
     ow = torch.stack(outs, dim=1)
 
     first = plan.origin + plan.committed

@@ -25,14 +25,12 @@ import functools
 import torch
 import triton
 
-from vllm_replayssm.kernels.common.cursor import ring_rows
 from vllm_replayssm.kernels.mamba2.flush import mamba2_flush
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, mamba2_plan
 from vllm_replayssm.kernels.mamba2.readout import mamba2_readout
 from vllm_replayssm.kernels.mamba2.window import mamba2_window_decode
-from vllm_replayssm.layout import Mamba2ReplayCache
+from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
 
-NULL_BLOCK_ID = 0
 TILE_BYTES = 8192  # checkpoint bytes per readout program
 
 

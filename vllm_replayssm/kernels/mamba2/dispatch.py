@@ -13,7 +13,7 @@ import torch
 from vllm_replayssm.kernels.mamba2.decode import mamba2_replay_decode
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch
 from vllm_replayssm.kernels.mamba2.stock_route import mamba2_stock_route_decode
-from vllm_replayssm.layout import Mamba2ReplayCache
+from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache
 
 ROUTES = ("auto", "replay", "stock")
 # Plain decode of up to this many rows takes the stock route. H200, 2026-12-01
@@ -53,7 +53,7 @@ def mamba2_decode(
     query_start_loc: torch.Tensor | None = None,
     num_accepted_tokens: torch.Tensor | None = None,
     scratch: Mamba2Scratch | None = None,
-    null_block_id: int = 0,
+    null_block_id: int = NULL_BLOCK_ID,
 ) -> None:
     """One decode step of a Mamba-2 layer on its ReplaySSM page.
 

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.mamba2.plan import (
     T_PLAN_COUNT,
     T_PLAN_FLUSH,
@@ -31,8 +32,6 @@ from vllm_replayssm.kernels.mamba2.plan import (
     Mamba2Scratch,
     history_block,
 )
-
-FP16_MAX = tl.constexpr(65504.0)
 
 
 @triton.jit
@@ -115,12 +114,9 @@ def _mamba2_flush_kernel(
                            input_precision=DOT_PRECISION)
             tl.store(p_hp, S, mask=m_pn)
             if HAS_LP:
-                S_lp = S
-                if LP_IS_FP16:
-                    S_lp = tl.minimum(tl.maximum(S, -FP16_MAX), FP16_MAX)
-                tl.store(lp_ptr + slot * stride_lp_slot + h * stride_lp_head
+                store_lp(lp_ptr + slot * stride_lp_slot + h * stride_lp_head
                          + o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate,
-                         S_lp.to(lp_ptr.dtype.element_ty), mask=m_pn)
+                         S, m_pn, LP_IS_FP16)
             y = scale * tl.sum(S * c[None, :], axis=1)
         else:  # stale LP: read out from HP and the history, as the readout would from LP
             rows = o + o_j

@@ -13,9 +13,7 @@ from vllm_replayssm.kernels.common.checkpoint import read_checkpoint, write_chec
 from vllm_replayssm.kernels.common.cursor import plan_step, reset_meta, ring_rows
 from vllm_replayssm.kernels.common.ring import gather_logical, scatter_window, window_tokens
 from vllm_replayssm.kernels.mamba2.naive import softplus_dt
-from vllm_replayssm.layout import Mamba2ReplayCache
-
-NULL_BLOCK_ID = 0
+from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache
 
 
 def _stock_update(

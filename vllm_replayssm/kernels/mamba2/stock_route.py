@@ -12,12 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.cursor import ring_rows
+from vllm_replayssm.kernels.common.blocks import pow2_block
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, softplus, stock_route_row
-from vllm_replayssm.kernels.mamba2.tiles import fold_tile, pow2
-from vllm_replayssm.layout import Mamba2ReplayCache
-
-NULL_BLOCK_ID = 0
+from vllm_replayssm.kernels.mamba2.tiles import fold_tile
+from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
 
 
 @triton.jit
@@ -125,6 +123,6 @@ def mamba2_stock_route_decode(
         *cache.hp.stride(), *cache.ring_dt.stride(), *cache.ring_x.stride(),
         *cache.ring_B.stride(), *cache.meta.stride(),
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *out.stride(),
-        headdim=P, dstate=N, T=window, BLOCK_P=bp, BLOCK_N=pow2(N), HAS_D=D is not None,
+        headdim=P, dstate=N, T=window, BLOCK_P=bp, BLOCK_N=pow2_block(N), HAS_D=D is not None,
         num_warps=num_warps or 1,
     )

@@ -7,11 +7,6 @@ import triton
 import triton.language as tl
 
 
-def pow2(x: int, lo: int = 16) -> int:
-    """The block size that covers x: a power of two, at least lo."""
-    return max(lo, triton.next_power_of_2(x))
-
-
 @triton.jit
 def fold_tile(S, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n, m_p, m_n,
               stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row, stride_rB_dstate):

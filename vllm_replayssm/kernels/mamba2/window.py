@@ -19,10 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.cursor import ring_rows
+from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens, softplus
-from vllm_replayssm.kernels.mamba2.tiles import fold_tile, pow2
-from vllm_replayssm.layout import Mamba2ReplayCache
+from vllm_replayssm.kernels.mamba2.tiles import fold_tile
+from vllm_replayssm.layout import Mamba2ReplayCache, ring_rows
 
 
 @triton.jit
@@ -37,10 +38,7 @@ def _fold_head(hp_base, off_hp, lp_base, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C
                    stride_rB_row, stride_rB_dstate)
     tl.store(hp_base + off_hp, S, mask=m_pn)
     if HAS_LP:
-        S_lp = S
-        if LP_IS_FP16:
-            S_lp = tl.minimum(tl.maximum(S, -65504.0), 65504.0)
-        tl.store(lp_base + off_lp, S_lp.to(lp_base.dtype.element_ty), mask=m_pn)
+        store_lp(lp_base + off_lp, S, m_pn, LP_IS_FP16)
     return S
 
 
@@ -247,8 +245,8 @@ def mamba2_window_decode(
         *cache.hp.stride(), *lp.stride(), *cache.ring_dt.stride(), *cache.ring_x.stride(),
         *cache.ring_B.stride(), *cache.meta.stride(),
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *out.stride(),
-        headdim=P, dstate=N, T=window, BLOCK_T=pow2(window, 1), BLOCK_P=block_p,
-        BLOCK_N=pow2(N), BLOCK_H=pow2(buffer_len),
+        headdim=P, dstate=N, T=window, BLOCK_T=pow2_block(window, 1), BLOCK_P=block_p,
+        BLOCK_N=pow2_block(N), BLOCK_H=pow2_block(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
         HAS_D=D is not None, HAS_ACC=num_accepted_tokens is not None,

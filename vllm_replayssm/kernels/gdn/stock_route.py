@@ -1,5 +1,7 @@
-"""Triton stock-route step for Gated DeltaNet on a ReplaySSM page (see the Mamba-2 twin):
-one program per (value-dim tile, value head, row) reads the HP tile before the cursor,
+"""The stock route of Gated DeltaNet decode in Triton: the stock read + write step on a
+ReplaySSM page, for plain decode where replay is slower (`dispatch.launch_config`).
+
+One program per (value-dim tile, value head, row) reads the HP tile before the cursor,
 advances it over any committed ring entries (a row arriving from the replay route), applies
 the token's delta-rule step, writes HP alone and, unless the row is already in the stock
 steady state, resets the cursor with LP marked stale. Semantics:
@@ -11,19 +13,17 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.cursor import ring_rows
+from vllm_replayssm.kernels.common.blocks import pow2_block
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, softplus, stock_route_row
-from vllm_replayssm.kernels.gdn.decode import _advance_tile, _pow2
-from vllm_replayssm.layout import GDNReplayCache
-
-NULL_BLOCK_ID = 0
+from vllm_replayssm.kernels.gdn.tiles import advance_tile, l2norm
+from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 
 @triton.jit
-def _gdn_stock_step_kernel(
+def _gdn_stock_route_kernel(
     hp_ptr, ring_g_ptr, ring_beta_ptr, ring_k_ptr, ring_d_ptr, ring_v_ptr, meta_ptr,
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_indices_ptr, out_ptr,
-    scale, null_block_id, num_programs_per_row, C, stagger_mod,
+    scale, null_block_id, num_programs_per_row, num_ring_rows, stagger_mod,
     stride_hp_slot, stride_hp_head, stride_hp_v, stride_hp_k,
     stride_rg_slot, stride_rg_head, stride_rg_row,
     stride_rbeta_slot, stride_rbeta_head, stride_rbeta_row,
@@ -38,7 +38,7 @@ def _gdn_stock_step_kernel(
     stride_b_tok, stride_b_head,
     stride_out_tok, stride_out_head, stride_out_v,
     head_k_dim: tl.constexpr, head_v_dim: tl.constexpr, v_per_k: tl.constexpr,
-    T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    WINDOW: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
@@ -70,19 +70,21 @@ def _gdn_stock_step_kernel(
     g_t = -tl.exp(tl.load(A_log_ptr + pid_h).to(tl.float32)) * softplus(
         a_t + tl.load(dt_bias_ptr + pid_h).to(tl.float32))
     beta_t = tl.sigmoid(b_raw.to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
-    k_t = k_t / tl.sqrt(tl.sum(k_t * k_t, axis=0) + 1e-6)
-    q_t = q_t / tl.sqrt(tl.sum(q_t * q_t, axis=0) + 1e-6) * scale
+    k_t = l2norm(k_t)
+    q_t = l2norm(q_t) * scale
     p_meta = meta_ptr + slot * stride_meta_slot
-    o, n_c, kap_reset, reset = stock_route_row(p_meta, stride_meta_word, slot, C, stagger_mod, T)
+    o, n_c, kap_reset, reset = stock_route_row(p_meta, stride_meta_word, slot, num_ring_rows,
+                                               stagger_mod, WINDOW)
     if n_c > 0:  # a row arriving from the replay route: advance over its ring first
-        S = _advance_tile(
+        S = advance_tile(
             S, ring_g_ptr + slot * stride_rg_slot + pid_h * stride_rg_head,
             ring_beta_ptr + slot * stride_rbeta_slot + pid_h * stride_rbeta_head,
             ring_k_ptr + slot * stride_rk_slot + kh * stride_rk_head,
             ring_d_ptr + slot * stride_rd_slot + pid_h * stride_rd_head,
             ring_v_ptr + slot * stride_rv_slot + pid_h * stride_rv_head,
-            o, n_c, C, o_v, o_k, m_v, m_k, stride_rg_row, stride_rbeta_row, stride_rk_row,
-            stride_rk_k, stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v, EXACT_FLUSH)
+            o, n_c, num_ring_rows, o_v, o_k, m_v, m_k, stride_rg_row, stride_rbeta_row,
+            stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v,
+            EXACT_FLUSH)
     S = S * tl.exp(g_t)
     d_t = (v_t - tl.sum(S * k_t[None, :], axis=1)) * beta_t
     S = S + d_t[:, None] * k_t[None, :]
@@ -109,12 +111,13 @@ def gdn_stock_route_decode(
     window: int,
     stagger: bool,
     null_block_id: int = NULL_BLOCK_ID,
-    block_v: int | None = None,
-    num_warps: int | None = None,
+    block_v: int = 16,
+    num_warps: int = 1,
 ) -> None:
     """Triton twin of `reference.gdn_stock_route_decode` (same arguments and effects):
-    q, k: [R, Hk, K], v: [R, Hv, V] (one token per row). block_v / num_warps override the
-    launch configuration."""
+    q, k: [R, Hk, K], v: [R, Hv, V] (one token per row). Launch configuration
+    (`dispatch.launch_config` chooses it for the layers): block_v, the value-dim tile, and
+    num_warps."""
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
     R = state_indices.shape[0]
@@ -123,18 +126,18 @@ def gdn_stock_route_decode(
                          f"out {tuple(out.shape)}, {R} rows")
     if R == 0:
         return
-    Cn = ring_rows(buffer_len, window)
-    bv = block_v or 16
-    grid = (triton.cdiv(V, bv), Hv, R)
+    num_ring_rows = ring_rows(buffer_len, window)
+    grid = (triton.cdiv(V, block_v), Hv, R)
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
-    _gdn_stock_step_kernel[grid](
+    _gdn_stock_route_kernel[grid](
         cache.hp, cache.ring_g, beta, cache.ring_k, cache.ring_d, ring_v, cache.meta,
         q, k, v, a, b, A_log, dt_bias, state_indices, out,
-        scale, null_block_id, grid[0] * Hv, Cn, (buffer_len - window + 1) if stagger else 1,
+        scale, null_block_id, grid[0] * Hv, num_ring_rows,
+        (buffer_len - window + 1) if stagger else 1,
         *cache.hp.stride(), *cache.ring_g.stride(), *beta.stride(), *cache.ring_k.stride(),
         *cache.ring_d.stride(), *ring_v.stride(), *cache.meta.stride(),
         *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *out.stride(),
-        head_k_dim=K, head_v_dim=V, v_per_k=Hv // Hk, T=window, BLOCK_V=bv,
-        BLOCK_K=_pow2(K), EXACT_FLUSH=cache.exact_flush, num_warps=num_warps or 1,
+        head_k_dim=K, head_v_dim=V, v_per_k=Hv // Hk, WINDOW=window, BLOCK_V=block_v,
+        BLOCK_K=pow2_block(K), EXACT_FLUSH=cache.exact_flush, num_warps=num_warps,
     )

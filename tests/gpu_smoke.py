@@ -4,9 +4,10 @@ tests/models/tiny.py: per model, stock vLLM (replayssm off) and ReplaySSM with r
 (compilation mode 0, FULL_DECODE_ONLY, capture sizes 1-4), chunked prefill and mixed batches
 (max_num_seqs 3, 32 batched tokens), 8 prompts x 40 greedy tokens, buffer_len 8; then the
 top-5 comparison of tests/models/compare.py. The same check as tests/plugin/test_gpu_engine.py,
-runnable without pytest:
+runnable without pytest (it lives with the tests whose helpers it uses; the JSON goes to
+benchmarks/results/ like the benchmarks'):
 
-    source .gpu/activate.sh && python benchmarks/e2e/gpu_smoke.py nemotron_h qwen3_next \
+    source .gpu/activate.sh && python tests/gpu_smoke.py nemotron_h qwen3_next \
         --json $OUT/gpu-smoke.json
 
 With --json PATH the figures (engines ok/failed and their times, identical prompts,
@@ -22,7 +23,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root
 
 from benchmarks import common
 from tests.models.compare import compare_greedy
@@ -37,7 +38,7 @@ MODES = (("stock", {"enabled": False}), ("replay", {"enabled": True, "route": "r
 
 
 def main(kinds: list[str], json_path: str | None = None) -> int:
-    report: dict = {"benchmark": "benchmarks/e2e/gpu_smoke.py", "command": " ".join(sys.argv),
+    report: dict = {"benchmark": "tests/gpu_smoke.py", "command": " ".join(sys.argv),
                     "engine": {k: v for k, v in ENGINE.items()}, "prompt_lens": PROMPT_LENS,
                     "max_tokens": 40, "buffer_len": 8, "results": {}}
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate(PROMPT_LENS)]

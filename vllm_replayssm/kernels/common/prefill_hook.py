@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
+from vllm_replayssm.kernels.common.checkpoint import to_lp
 from vllm_replayssm.kernels.common.cursor import reset_meta
+from vllm_replayssm.layout import NULL_BLOCK_ID
 
-NULL_BLOCK_ID = 0
 
-
-def refresh_after_prefill(
+def apply_prefill_hook(
     hp: torch.Tensor,
     lp: torch.Tensor | None,
     meta: torch.Tensor,
@@ -23,13 +23,11 @@ def refresh_after_prefill(
     null_block_id: int = NULL_BLOCK_ID,
 ) -> None:
     """hp: [S, ...] fp32; lp: like hp in bf16/fp16, or None; meta: [S, META_LEN] int32;
-    state_indices: [R] int slots whose HP prefill just wrote (NULL rows skipped)."""
+    state_indices: [R] int slots whose HP prefill just wrote (NULL rows skipped). LP of those
+    slots <- HP (saturating for fp16), their cursors reset (staggered if `stagger`)."""
     slots = state_indices[state_indices != null_block_id].long()
     if slots.numel() == 0:
         return
     if lp is not None:
-        S = hp[slots]
-        if lp.dtype == torch.float16:  # saturating, like every LP write
-            S = S.clamp(-65504.0, 65504.0)
-        lp[slots] = S.to(lp.dtype)
+        lp[slots] = to_lp(hp[slots], lp.dtype)
     reset_meta(meta, slots, buffer_len, window, stagger)

@@ -1,6 +1,7 @@
-"""A `vllm-replayssm serve` process on 127.0.0.1 (the launcher through `python -m
-vllm_replayssm.cli`) in its own process group, output to a log file: what the serving
-tests and benchmarks/serving/bench_serving.py start and stop."""
+"""A `vllm-replayssm serve` child process on 127.0.0.1 (the launcher through `python -m
+vllm_replayssm.cli`) in its own process group, output to a log file: start it, wait for
+/health, stop it with its engine processes. The serving tests and
+benchmarks/serving/bench_serving.py run their servers through it."""
 
 from __future__ import annotations
 

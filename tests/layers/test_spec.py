@@ -1,0 +1,59 @@
+"""layers/spec.py: the commit counts of speculative steps derived from positions, over a
+sequence of steps in which vLLM's own acceptance counts would be missing (a draft-free step
+after a step whose drafts were rejected)."""
+
+import torch
+
+from vllm_replayssm.kernels.common.cursor import PENDING, reset_meta
+from vllm_replayssm.layers.spec import SpecWindows
+from vllm_replayssm.layout import META_LEN
+
+L, T = 8, 4  # buffer_len, window (k = 3 drafts)
+
+
+def _step(spec: SpecWindows, meta: torch.Tensor, slots: torch.Tensor, q: list[int],
+          seq_lens: list[int]):
+    """One speculative step's commit counts; then what the decode step would leave: the
+    window's q records pending, and the window start recorded."""
+    q_t, lens = torch.tensor(q), torch.tensor(seq_lens)
+    start, accepted, pending, committed = spec.acceptance(meta, slots, q_t, lens)
+    meta[slots, PENDING] = q_t.to(meta.dtype)
+    spec.starts(meta.shape[0], meta.device)[slots] = start
+    return start.tolist(), accepted.tolist(), pending.tolist(), committed.tolist()
+
+
+def test_acceptance_from_positions():
+    meta = torch.zeros(4, META_LEN, dtype=torch.int32)
+    slots = torch.tensor([1, 3])
+    reset_meta(meta, slots, L, T, stagger=False)
+    spec = SpecWindows(L, T)
+    # After prefill: prompts of 10 and 6 tokens, nothing pending.
+    spec.starts(4, meta.device)[slots] = torch.tensor([10, 6])
+    # Step 1: both rows verify 1 + 3 tokens; nothing was pending, nothing commits.
+    assert _step(spec, meta, slots, [4, 4], [14, 10]) == ([10, 6], [0, 0], [0, 0], [0, 0])
+    # Step 2: row 1 accepted 2 of its window (bonus included), row 3 all 4.
+    assert _step(spec, meta, slots, [4, 4], [16, 14]) == ([12, 10], [2, 4], [4, 4], [2, 4])
+    # Step 3 has no drafts (one token per row); row 1 had its drafts rejected (1 accepted):
+    # positions still give it, where vLLM passes no acceptance on such a step.
+    assert _step(spec, meta, slots, [1, 1], [14, 15]) == ([13, 14], [1, 4], [4, 4], [1, 4])
+    # Step 4: the one-token windows commit.
+    assert _step(spec, meta, slots, [4, 4], [18, 19]) == ([14, 15], [1, 1], [1, 1], [1, 1])
+
+
+def test_garbage_words_count_nothing_pending():
+    """A page whose cursor words are not valid reads as freshly reset: nothing pending, so
+    nothing commits whatever the positions say."""
+    meta = torch.full((2, META_LEN), 12345, dtype=torch.int32)
+    spec = SpecWindows(L, T)
+    start, accepted, pending, committed = spec.acceptance(
+        meta, torch.tensor([1]), torch.tensor([4]), torch.tensor([30]))
+    assert start.tolist() == [26] and accepted.tolist() == [26]
+    assert pending.tolist() == [0] and committed.tolist() == [0]
+
+
+def test_starts_follow_the_slot_count_and_device():
+    spec = SpecWindows(L, T)
+    a = spec.starts(4, torch.device("cpu"))
+    a[2] = 7
+    assert spec.starts(4, torch.device("cpu"))[2] == 7
+    assert spec.starts(6, torch.device("cpu")).tolist() == [0] * 6  # a new cache: fresh
