@@ -88,7 +88,8 @@ def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC
     flush = n + q + T > kap
     fo = tl.where(flush, o, fo)
     fn = tl.where(flush, n, fn)
-    o = tl.where(flush, (o + n) % C, o)
+    o_end = o + n  # < 2C for valid words (o < C, n <= capacity <= C): no modulo needed
+    o = tl.where(flush, tl.where(o_end >= C, o_end - C, o_end), o)
     n = tl.where(flush, 0, n)
     kap = tl.where(flush, C, kap)
     stale = valid & (magic == MAGIC_WORD_LP_STALE) & (flush == 0)

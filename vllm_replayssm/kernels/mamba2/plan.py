@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.cursor import META_LEN, META_MAGIC, META_MAGIC_LP_STALE
-from vllm_replayssm.kernels.common.triton_cursor import softplus
+from vllm_replayssm.kernels.common.triton_cursor import plan_row, softplus
 
 # Plan row (int32 words per batch row).
 PLAN_SLOT, PLAN_ORIGIN, PLAN_COUNT, PLAN_WRITE_ROW, PLAN_READ_HP, PLAN_FLUSH = range(6)
@@ -129,33 +129,18 @@ def _mamba2_plan_kernel(
                     mask=m_n, other=0.0)
     c = tl.load(C_ptr + r64 * stride_C_tok + pid_g * stride_C_group + o_n * stride_C_dstate,
                 mask=m_n, other=0.0).to(tl.float32)
-    p_meta = meta_ptr + slot * stride_meta_slot
-    o = tl.load(p_meta + 0 * stride_meta_word)
-    n = tl.load(p_meta + 1 * stride_meta_word)
-    p = tl.load(p_meta + 2 * stride_meta_word)
-    kap = tl.load(p_meta + 3 * stride_meta_word)
-    fo = tl.load(p_meta + 4 * stride_meta_word)
-    fn = tl.load(p_meta + 5 * stride_meta_word)
-    magic = tl.load(p_meta + 6 * stride_meta_word)
-
     # Commit (plain decode: everything pending) and the flush rule, q = T = 1.
-    valid = (((magic == MAGIC_WORD) | (magic == MAGIC_WORD_LP_STALE))
-             & (o >= 0) & (o < ring_len) & (n >= 0) & (p >= 0) & (p <= 1)
-             & (kap >= 2) & (kap <= ring_len) & (n + p + 1 <= kap))
-    o = tl.where(valid, o, 0)
-    n = tl.where(valid, n + p, 0)
-    kap = tl.where(valid, kap, ring_len)
-    fo = tl.where(valid, fo, 0)
-    fn = tl.where(valid, fn, 0)
-    flush = n + 2 > kap
-    stale = valid & (magic == MAGIC_WORD_LP_STALE) & (flush == 0)
-    o_next = o + n
-    o_next = tl.where(flush, tl.where(o_next >= ring_len, o_next - ring_len, o_next), o)
-    n_next = tl.where(flush, 0, n)
+    o_next, n_next, kap, fo, fn, flush, stale = plan_row(
+        meta_ptr + slot * stride_meta_slot, stride_meta_word, state_indices_ptr, r, 1,
+        ring_len, 1, False)
+    o_next, n_next, kap = o_next.to(tl.int32), n_next.to(tl.int32), kap.to(tl.int32)
+    fo, fn = fo.to(tl.int32), fn.to(tl.int32)
     write_row = o_next + n_next
     write_row = tl.where(write_row >= ring_len, write_row - ring_len, write_row)
+    # The history of a non-flush row, the fold region of a flush row: entries [0, n) from o.
+    o = tl.where(flush, fo, o_next)
+    n = tl.where(flush, fn, n_next)
 
-    # Entries [0, n) from origin o: the fold region of a flush row, the history otherwise.
     o_j = tl.arange(0, BLOCK_L)
     m_j = o_j < n
     rows = o + o_j
@@ -206,15 +191,15 @@ def _mamba2_plan_kernel(
         tl.store(p_plan + T_PLAN_WRITE_ROW, write_row)
         tl.store(p_plan + T_PLAN_READ_HP, read_hp.to(tl.int32))
         tl.store(p_plan + T_PLAN_FLUSH, flush.to(tl.int32))
-        tl.store(p_plan + T_PLAN_FOLD_ORIGIN, tl.where(flush, o, fo))
-        tl.store(p_plan + T_PLAN_FOLD_COUNT, tl.where(flush, n, fn))
+        tl.store(p_plan + T_PLAN_FOLD_ORIGIN, fo)
+        tl.store(p_plan + T_PLAN_FOLD_COUNT, fn)
         p_words = p_plan + T_PLAN_META
         tl.store(p_words + 0, o_next)
         tl.store(p_words + 1, n_next)
         tl.store(p_words + 2, 1)
-        tl.store(p_words + 3, tl.where(flush, ring_len, kap))
-        tl.store(p_words + 4, tl.where(flush, o, fo))
-        tl.store(p_words + 5, tl.where(flush, n, fn))
+        tl.store(p_words + 3, kap)
+        tl.store(p_words + 4, fo)
+        tl.store(p_words + 5, fn)
         tl.store(p_words + 6, tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD))
         tl.store(p_words + 7, 0)
         if read_hp:
