@@ -23,15 +23,15 @@ from __future__ import annotations
 import pytest
 
 from ..models.compare import check_greedy, distinct_tokens
-from ..models.runs import BUFFER_LEN, PEAKED
+from ..models.runs import BUFFER_LEN, PEAKED, SCHEDULER, prompts
 
 pytestmark = pytest.mark.engine
 
 # Offsets below the first attention block boundary; all cross it within NEW_TOKENS.
 PROMPT_LENS = [17, 26, 41, 58, 23, 35, 49, 70]
 NEW_TOKENS = 64  # eight flush cycles of BUFFER_LEN
-SCHEDULER = dict(max_num_seqs=8, max_num_batched_tokens=32, enable_chunked_prefill=True,
-                 block_size=16)
+# The shared scheduler, with all eight requests admitted at once and the smallest block.
+PRESSURE_SCHEDULER = {**SCHEDULER, "max_num_seqs": 8, "block_size": 16}
 REPLAY = {"enabled": True, "buffer_len": BUFFER_LEN}  # bf16 LP copy (the default)
 
 # kind: (attention block size in tokens, bytes of K and V per token, max_model_len)
@@ -44,8 +44,7 @@ BLOCKS = 17
 
 def _prompts(kind: str) -> list[list[int]]:
     shift = CASES[kind][0] - 80
-    return [[(7 * i + 3 * j) % 500 + 1 for j in range(n + shift)]
-            for i, n in enumerate(PROMPT_LENS)]
+    return prompts([n + shift for n in PROMPT_LENS])
 
 
 def _run(runs, kind, *, pressure: bool, metrics: dict, **llm_kwargs):
@@ -53,8 +52,8 @@ def _run(runs, kind, *, pressure: bool, metrics: dict, **llm_kwargs):
     if pressure:
         llm_kwargs["kv_cache_memory_bytes"] = BLOCKS * block * kv_bytes
     return runs.greedy(runs.checkpoint(kind, **PEAKED), _prompts(kind), NEW_TOKENS,
-                       logprobs=5, metrics=metrics, max_model_len=max_model_len, **SCHEDULER,
-                       **llm_kwargs)
+                       logprobs=5, metrics=metrics, max_model_len=max_model_len,
+                       **PRESSURE_SCHEDULER, **llm_kwargs)
 
 
 # The reference runs without memory pressure. NemotronH: the plugin's CPU stock path
