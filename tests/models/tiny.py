@@ -224,13 +224,15 @@ def greedy_outputs(
     with a `layers` list, the model's SSM layers (`ssm_layers`) are put into it (a
     multi-process engine needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 to ship that function).
 
-    The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: no process to
-    spawn, no second import of torch and vLLM) unless `in_process` is False or the run is
-    tensor parallel. vLLM loads the plugin in this process as in any other; in-process runs
-    also check that the model's SSM layers are ours and, with replayssm enabled, that they
-    decoded through ReplaySSM (`check_ssm_layers`). vLLM's per-engine global state (its
-    distributed groups, the frozen GC heap, its environment cache, the CPU worker's
-    `torch.set_num_threads` stub) is released or restored afterwards."""
+    On the CPU platform the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING
+    set to 0: no process to spawn, no second import of torch and vLLM, no second compile of
+    vLLM's sampler) unless `in_process` is False or the run is tensor parallel; on GPUs it
+    runs in an engine process unless `in_process` is True (not yet tried on a GPU). vLLM
+    loads the plugin in this process as in any other; in-process runs also check that the
+    model's SSM layers are ours and, with replayssm enabled, that they decoded through
+    ReplaySSM (`check_ssm_layers`). vLLM's per-engine global state (its distributed groups,
+    the frozen GC heap, its environment cache, the CPU worker's `torch.set_num_threads`
+    stub) is released or restored afterwards."""
     from vllm import LLM, SamplingParams
 
     kwargs: dict[str, Any] = {
@@ -246,7 +248,7 @@ def greedy_outputs(
     if metrics is not None:
         kwargs["disable_log_stats"] = False
     if in_process is None:
-        in_process = kwargs.get("tensor_parallel_size", 1) == 1
+        in_process = kwargs.get("tensor_parallel_size", 1) == 1 and not torch.cuda.is_available()
     saved_env = os.environ.get(MULTIPROCESSING_ENV)
     set_num_threads = torch.set_num_threads
     llm = None
