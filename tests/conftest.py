@@ -30,3 +30,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> str:
     return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory):
+    """Tiny checkpoints and greedy engine runs, each built or run once per session
+    (tests/models/runs.py)."""
+    from .models.runs import EngineRuns
+
+    return EngineRuns(tmp_path_factory.mktemp("tiny"))

@@ -27,25 +27,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root
 
 from benchmarks import common
 from tests.models.compare import compare_greedy
+from tests.models.runs import BUFFER_LEN, GPU_ENGINE, GPU_NEW_TOKENS, PEAKED, PROMPT_LENS, prompts
 from tests.models.tiny import build_checkpoint, greedy_outputs
 
-PROMPT_LENS = [5, 9, 14, 22, 31, 40, 2, 57]
-ENGINE = dict(max_num_seqs=3, max_num_batched_tokens=32, enable_chunked_prefill=True,
-              enforce_eager=False,
-              compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
-                                  "cudagraph_capture_sizes": [1, 2, 3, 4]})
 MODES = (("stock", {"enabled": False}), ("replay", {"enabled": True, "route": "replay"}))
 
 
 def main(kinds: list[str], json_path: str | None = None) -> int:
     report: dict = {"benchmark": "tests/gpu_smoke.py", "command": " ".join(sys.argv),
-                    "engine": {k: v for k, v in ENGINE.items()}, "prompt_lens": PROMPT_LENS,
-                    "max_tokens": 40, "buffer_len": 8, "results": {}}
-    prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate(PROMPT_LENS)]
+                    "engine": dict(GPU_ENGINE), "prompt_lens": PROMPT_LENS,
+                    "max_tokens": GPU_NEW_TOKENS, "buffer_len": BUFFER_LEN, "results": {}}
     failed = False
     for kind in kinds:
-        model_dir = build_checkpoint(kind, Path(f"/tmp/replayssm-smoke-{kind}"),
-                                     initializer_range=0.3)
+        model_dir = build_checkpoint(kind, Path(f"/tmp/replayssm-smoke-{kind}"), **PEAKED)
         extra = {"gdn_prefill_backend": "triton"} if kind == "qwen3_next" else {}
         results = {}
         entry: dict = report["results"].setdefault(kind, {})
@@ -53,9 +47,9 @@ def main(kinds: list[str], json_path: str | None = None) -> int:
             start = time.time()
             try:
                 results[name] = greedy_outputs(
-                    model_dir, prompts, 40, logprobs=5,
-                    additional_config={"replayssm": {"buffer_len": 8, **replayssm}, **extra},
-                    **ENGINE)
+                    model_dir, prompts(), GPU_NEW_TOKENS, logprobs=5,
+                    additional_config={"replayssm": {"buffer_len": BUFFER_LEN, **replayssm},
+                                       **extra}, **GPU_ENGINE)
                 print(f"SMOKE {kind} {name} ok {time.time() - start:.0f} s", flush=True)
                 entry[name] = f"ok ({time.time() - start:.0f} s incl. start-up)"
             except Exception:

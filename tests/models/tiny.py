@@ -4,15 +4,19 @@ tier 2, §7.1).
 `build_checkpoint` writes a HuggingFace directory (config.json + model.safetensors, no
 tokenizer) from transformers' own config classes and init, so weights have the model's real
 scale (vLLM's dummy loader fills ±1e-3 and greedy outputs collapse). `greedy_outputs` runs
-`vllm.LLM` on CPU with the §7.1 settings and returns greedy token ids. vLLM spawns engine
-processes: scripts calling it need an `if __name__ == "__main__":` guard (pytest is fine).
+`vllm.LLM` on CPU with the §7.1 settings and returns greedy token ids, with the engine in the
+calling process unless it is tensor parallel. Multi-process engines are spawned: scripts that
+ask for one need an `if __name__ == "__main__":` guard (pytest is fine).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -209,14 +213,26 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
 
 def greedy_outputs(
     model_dir: Path | str, prompts: list[list[int]], max_tokens: int, *, logprobs: int = 0,
-    metrics: dict[str, float] | None = None, **llm_kwargs: Any,
+    metrics: dict[str, float] | None = None, in_process: bool | None = None,
+    layers: list | None = None, **llm_kwargs: Any,
 ) -> list[list[int]] | list[tuple[list[int], list[dict[int, float]]]]:
     """Greedy token ids from `vllm.LLM` on `model_dir` for token-id `prompts`, `max_tokens`
     new tokens each (EOS ignored). With logprobs=k, each prompt gives (token ids, per
     position {token id: logprob} of the top k). Defaults are design §7.1's CPU settings;
     `llm_kwargs` overrides them. With a `metrics` dict, stats logging is on and the engine's
-    counters and gauges (`LLM.get_metrics()`, e.g. "vllm:num_preemptions") are put into it.
-    Call under `if __name__ == "__main__":` in scripts."""
+    counters and gauges (`LLM.get_metrics()`, e.g. "vllm:num_preemptions") are put into it;
+    with a `layers` list, the model's SSM layers (`ssm_layers`) are put into it (a
+    multi-process engine needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 to ship that function).
+
+    On the CPU platform the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING
+    set to 0: no process to spawn, no second import of torch and vLLM, no second compile of
+    vLLM's sampler) unless `in_process` is False or the run is tensor parallel; on GPUs it
+    runs in an engine process unless `in_process` is True (not yet tried on a GPU). vLLM
+    loads the plugin in this process as in any other; in-process runs also check that the
+    model's SSM layers are ours and, with replayssm enabled, that they decoded through
+    ReplaySSM (`check_ssm_layers`). vLLM's per-engine global state (its distributed groups,
+    the frozen GC heap, its environment cache, the CPU worker's `torch.set_num_threads`
+    stub) is released or restored afterwards."""
     from vllm import LLM, SamplingParams
 
     kwargs: dict[str, Any] = {
@@ -231,32 +247,127 @@ def greedy_outputs(
     }
     if metrics is not None:
         kwargs["disable_log_stats"] = False
-    llm = LLM(model=str(model_dir), **kwargs)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                            logprobs=logprobs or None)
+    if in_process is None:
+        in_process = kwargs.get("tensor_parallel_size", 1) == 1 and not torch.cuda.is_available()
+    saved_env = os.environ.get(MULTIPROCESSING_ENV)
+    set_num_threads = torch.set_num_threads
+    llm = None
     try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        if in_process:
+            os.environ[MULTIPROCESSING_ENV] = "0"
+        with _stdout_with_fd():
+            llm = LLM(model=str(model_dir), **kwargs)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                logprobs=logprobs or None)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                            use_tqdm=False)
+        found = llm.apply_model(ssm_layers)[0] if in_process or layers is not None else []
+        if layers is not None:
+            layers.extend(found)
+        if in_process:
+            replayssm = (kwargs.get("additional_config") or {}).get("replayssm", {})
+            # Which route decodes: speculative steps always replay; "auto" replays on the
+            # CPU platform (torch paths) and follows the measured policy on GPUs.
+            route = "replay" if "speculative_config" in kwargs else replayssm.get("route")
+            replayed = {"stock": False, "replay": True}.get(
+                route, None if torch.cuda.is_available() else True)
+            check_ssm_layers(found, enabled=bool(replayssm.get("enabled", False)),
+                             replayed=replayed)
         if metrics is not None:
             for m in llm.get_metrics():
                 if hasattr(m, "value"):
                     metrics[m.name] = m.value
-        if not logprobs:
-            return [list(o.outputs[0].token_ids) for o in outs]
-        return [(list(o.outputs[0].token_ids),
-                 [{t: lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs])
-                for o in outs]
-    finally:  # stop the engine process now rather than at garbage collection
-        llm.llm_engine.engine_core.shutdown()
+    finally:  # stop the engine now rather than at garbage collection
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+        if in_process:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            del llm
+            cleanup_dist_env_and_memory()
+            torch.set_num_threads = set_num_threads
+            if saved_env is None:
+                os.environ.pop(MULTIPROCESSING_ENV, None)
+            else:
+                os.environ[MULTIPROCESSING_ENV] = saved_env
+    if not logprobs:
+        return [list(o.outputs[0].token_ids) for o in outs]
+    return [(list(o.outputs[0].token_ids),
+             [{t: lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs])
+            for o in outs]
+
+
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def _stdout_with_fd() -> contextlib.AbstractContextManager:
+    """vLLM silences C libraries by redirecting sys.stdout's file descriptor while it sets
+    up its process groups; pytest's `capsys` replaces sys.stdout with an object that has
+    none, so the engine starts with the interpreter's own stdout then."""
+    try:
+        sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return contextlib.redirect_stdout(sys.__stdout__)
+    return contextlib.nullcontext()
+
+
+def ssm_layers(model: torch.nn.Module) -> list[tuple[str, str, bool | None, list[int]]]:
+    """Runs on the engine's model (`LLM.apply_model`): per SSM layer (vLLM's MambaBase),
+    (name, class name, replayssm enabled or None, ReplaySSM step counters: decode rows,
+    flushes, ... in the order of vllm_replayssm.metrics.FIELDS; [] before any step)."""
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
+
+    rows = []
+    for name, m in model.named_modules():
+        if isinstance(m, MambaBase):
+            replay = getattr(m, "replay", None)
+            counters = getattr(m, "_step_counters", None)
+            totals = [] if counters is None or counters.totals is None else (
+                counters.totals.tolist())
+            rows.append((name, type(m).__name__, None if replay is None else replay.enabled,
+                         totals))
+    return rows
+
+
+def check_ssm_layers(layers: list[tuple[str, str, bool | None, list[int]]], *,
+                     enabled: bool, replayed: bool | None = True) -> None:
+    """The plugin is in the engine: every SSM layer is ours (Replay*) with replayssm
+    `enabled` as configured. Enabled layers decoded rows through ReplaySSM (their counters
+    moved), by replay (ring records held) if `replayed`, by the stock route alone (which
+    keeps no records) if `replayed` is False; disabled layers never counted a step. (On GPUs
+    the layers count only with REPLAYSSM_GPU_COUNTERS=1; without it, only classes and
+    settings are checked.)"""
+    from vllm_replayssm.metrics import FIELDS, GPU_COUNTERS
+
+    assert layers, "the engine's model has no SSM layers"
+    counted = GPU_COUNTERS or not torch.cuda.is_available()
+    for name, cls, on, totals in layers:
+        assert cls.startswith("Replay"), f"{name} is vLLM's {cls}: the plugin is not loaded"
+        assert on is enabled, f"{name}: replayssm enabled={on}, configured {enabled}"
+        if not counted:
+            continue
+        if not enabled:
+            assert not totals, f"{name}: ReplaySSM counted steps with replayssm off"
+            continue
+        counts = dict(zip(FIELDS, totals, strict=True)) if totals else {}
+        assert counts.get("decode_rows", 0) > 0, f"{name}: no decode row went through ReplaySSM"
+        held = counts["ring_records"]
+        assert replayed is None or (held > 0) is replayed, (
+            f"{name}: {held} ring records held; expected the "
+            f"{'replay' if replayed else 'stock'} route {counts}")
 
 
 def transformers_greedy_outputs(
     model_dir: Path | str, prompts: list[list[int]], max_tokens: int, *, logprobs: int = 5,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> list[tuple[list[int], list[dict[int, float]]]]:
-    """The same as `greedy_outputs(..., logprobs=k)` from transformers' own model (bf16
-    weights and activations, its torch reference kernels): an oracle independent of vLLM."""
+    """The same as `greedy_outputs(..., logprobs=k)` from transformers' own model (its torch
+    reference kernels; weights, activations and state in `dtype`, the checkpoint's bf16
+    weights upcast for float32): an oracle independent of vLLM. In float32 it is the third
+    implementation that decides where ReplaySSM and vLLM's less precise kernels disagree."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
     results = []
     with torch.no_grad():
         for prompt in prompts:
@@ -274,19 +385,33 @@ def transformers_greedy_outputs(
     return results
 
 
+# Scale of the token embedding under add_mtp_head: 2^9 (exact in bf16). Measured with
+# transformers on the MTP test's checkpoint and prompts (8 x 40 greedy tokens): the next token
+# was the embedding's own prediction g(x) at 2/320 positions with scale 1, 83/320 at 256,
+# 121/320 at 512, 219/320 at 768 (94-221 distinct tokens).
+MTP_EMBED_SCALE = 512.0
+
+
 def add_mtp_head(model_dir: Path | str) -> Path:
     """Give a tiny Qwen3-Next checkpoint in `model_dir` one multi-token-prediction layer, the
     draft model of vLLM's `method="mtp"` (Qwen3NextMTP): `num_nextn_predict_layers = 1` in
-    config.json and `mtp.*` tensors in model.safetensors.
+    config.json and `mtp.*` tensors in model.safetensors, with a head whose drafts the target
+    partly accepts.
 
     vLLM builds the MTP decoder layer as a full-attention layer with index 0, so its MLP kind
     is layer 0's, and Qwen3NextMTP needs it to be MoE (0 must not be in mlp_only_layers). The
     layer's weights are copies (attention and norms of the first full-attention layer, the
-    MLP of layer 0) with o_proj and every down_proj zeroed, and `mtp.fc` passes the target's
-    hidden state through (fc = [0 | I]), the three MTP RMSNorms being identity (zero: these
-    norms scale by 1 + weight). So the drafter runs all its kernels and proposes the token
-    the target has just sampled, again: accepted where the model repeats itself, which a
-    random head (vocab 512) hardly ever is. Idempotent; returns `model_dir`."""
+    MLP of layer 0) with o_proj and every down_proj zeroed, `mtp.fc` passes the embedding of
+    the token just sampled through (fc = [I | 0]; its input is [embedding | target hidden]),
+    and the three MTP RMSNorms are identity (zero: these norms scale by 1 + weight). So the
+    drafter runs all its kernels and proposes g(x) = argmax lm_head(norm(embed(x))) after a
+    token x, then g(g(x)), and so on: the token the embedding alone predicts.
+
+    The target is made to follow g often: its token embedding is scaled by MTP_EMBED_SCALE,
+    so the current token's embedding outweighs its layers' sum in the residual stream (whose
+    norm makes the scale invisible to g) about 40% of the time; elsewhere the layers, its
+    GDN state included, decide. A random head (vocab 512) would be accepted almost never.
+    Idempotent; returns `model_dir`."""
     from safetensors.torch import load_file, save_file
 
     model_dir = Path(model_dir)
@@ -310,10 +435,12 @@ def add_mtp_head(model_dir: Path | str) -> Path:
                     torch.zeros_like(tensor) if zero else tensor.clone())
     hidden = config["hidden_size"]
     fc = torch.zeros(hidden, 2 * hidden)  # input: [embedding of the new token | hidden]
-    fc[:, hidden:] = torch.eye(hidden)
+    fc[:, :hidden] = torch.eye(hidden)
     mtp["mtp.fc.weight"] = fc.to(torch.bfloat16)
     for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         mtp[f"mtp.{name}.weight"] = torch.zeros(hidden, dtype=torch.bfloat16)
+    embed = "model.embed_tokens.weight"
+    weights[embed] = weights[embed] * MTP_EMBED_SCALE
     save_file({**weights, **mtp}, weights_path, metadata={"format": "pt"})
     config["num_nextn_predict_layers"] = 1
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

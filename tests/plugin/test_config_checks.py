@@ -7,17 +7,15 @@ from __future__ import annotations
 import pytest
 from vllm.engine.arg_utils import EngineArgs
 
-from ..models.tiny import build_checkpoint
+
+@pytest.fixture(scope="module")
+def qwen3_next(runs):
+    return runs.checkpoint("qwen3_next")
 
 
 @pytest.fixture(scope="module")
-def qwen3_next(tmp_path_factory):
-    return build_checkpoint("qwen3_next", tmp_path_factory.mktemp("qwen3_next"))
-
-
-@pytest.fixture(scope="module")
-def nemotron_h(tmp_path_factory):
-    return build_checkpoint("nemotron_h", tmp_path_factory.mktemp("nemotron_h"))
+def nemotron_h(runs):
+    return runs.checkpoint("nemotron_h")
 
 
 def _config(model_dir, replayssm, **kw):

@@ -9,36 +9,26 @@ from __future__ import annotations
 
 import pytest
 
-from ..models.compare import compare_greedy, distinct_tokens
-from ..models.tiny import build_checkpoint, greedy_outputs
+from ..models.compare import NEAR_TIE, compare_greedy, distinct_tokens
+from ..models.runs import BUFFER_LEN, GPU_ENGINE, GPU_NEW_TOKENS, PEAKED, prompts
+from ..models.tiny import greedy_outputs
 
-PROMPT_LENS = [5, 9, 14, 22, 31, 40, 2, 57]
-NEW_TOKENS = 40
-NEAR_TIE = 0.25
-ENGINE = dict(max_num_seqs=3, max_num_batched_tokens=32, enable_chunked_prefill=True,
-              enforce_eager=False,
-              # FULL graphs for pure decode batches without torch.compile (fast start-up);
-              # batches with prefill rows run eagerly.
-              compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
-                                  "cudagraph_capture_sizes": [1, 2, 3, 4]})
-
-
-def _prompts() -> list[list[int]]:
-    return [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate(PROMPT_LENS)]
+pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module", params=["nemotron_h", "qwen3_next"])
-def model(request, tmp_path_factory):
+def model(request, runs):
     kind = request.param
-    return kind, build_checkpoint(kind, tmp_path_factory.mktemp(kind), initializer_range=0.3)
+    return kind, runs.checkpoint(kind, **PEAKED)
 
 
 def _run(model, **replayssm):
     kind, path = model
     extra = {"gdn_prefill_backend": "triton"} if kind == "qwen3_next" else {}
-    return greedy_outputs(path, _prompts(), NEW_TOKENS, logprobs=5,
-                          additional_config={"replayssm": {"buffer_len": 8, **replayssm},
-                                             **extra}, **ENGINE)
+    return greedy_outputs(path, prompts(), GPU_NEW_TOKENS, logprobs=5,
+                          additional_config={"replayssm": {"buffer_len": BUFFER_LEN,
+                                                           **replayssm}, **extra},
+                          **GPU_ENGINE)
 
 
 @pytest.mark.gpu

@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import pytest
 
-from ..models.compare import compare_greedy, distinct_tokens
-from ..models.tiny import build_checkpoint, greedy_outputs
+from ..models.compare import check_greedy, distinct_tokens
+from ..models.runs import BUFFER_LEN, PEAKED, SCHEDULER, prompts
+
+pytestmark = pytest.mark.engine
 
 # Offsets below the first attention block boundary; all cross it within NEW_TOKENS.
 PROMPT_LENS = [17, 26, 41, 58, 23, 35, 49, 70]
-NEW_TOKENS = 64  # eight flush cycles of buffer_len 8
-NEAR_TIE = 0.25  # logprob gap: 4 bf16 steps of the logits at this scale
-SCHEDULER = dict(max_num_seqs=8, max_num_batched_tokens=32, enable_chunked_prefill=True,
-                 block_size=16)
-REPLAY = {"enabled": True, "buffer_len": 8}  # bf16 LP copy (the default)
+NEW_TOKENS = 64  # eight flush cycles of BUFFER_LEN
+# The shared scheduler, with all eight requests admitted at once and the smallest block.
+PRESSURE_SCHEDULER = {**SCHEDULER, "max_num_seqs": 8, "block_size": 16}
+REPLAY = {"enabled": True, "buffer_len": BUFFER_LEN}  # bf16 LP copy (the default)
 
 # kind: (attention block size in tokens, bytes of K and V per token, max_model_len)
 CASES = {
@@ -43,22 +44,16 @@ BLOCKS = 17
 
 def _prompts(kind: str) -> list[list[int]]:
     shift = CASES[kind][0] - 80
-    return [[(7 * i + 3 * j) % 500 + 1 for j in range(n + shift)]
-            for i, n in enumerate(PROMPT_LENS)]
+    return prompts([n + shift for n in PROMPT_LENS])
 
 
-def _run(model_dir, kind, *, pressure: bool, metrics: dict, **llm_kwargs):
+def _run(runs, kind, *, pressure: bool, metrics: dict, **llm_kwargs):
     block, kv_bytes, max_model_len = CASES[kind]
     if pressure:
         llm_kwargs["kv_cache_memory_bytes"] = BLOCKS * block * kv_bytes
-    return greedy_outputs(model_dir, _prompts(kind), NEW_TOKENS, logprobs=5, metrics=metrics,
-                          max_model_len=max_model_len, **SCHEDULER, **llm_kwargs)
-
-
-def _report(capsys, name, cmp):
-    with capsys.disabled():
-        print(f"\n{name}: {cmp.identical}/{cmp.prompts} identical; divergences "
-              f"(prompt, position, reference logprob gap): {cmp.divergences}")
+    return runs.greedy(runs.checkpoint(kind, **PEAKED), _prompts(kind), NEW_TOKENS,
+                       logprobs=5, metrics=metrics, max_model_len=max_model_len,
+                       **PRESSURE_SCHEDULER, **llm_kwargs)
 
 
 # The reference runs without memory pressure. NemotronH: the plugin's CPU stock path
@@ -72,20 +67,17 @@ REFERENCE = {
 
 
 @pytest.mark.parametrize("kind", list(CASES))
-def test_replayssm_under_preemption_matches_reference(kind, tmp_path_factory, capsys):
-    model_dir = build_checkpoint(kind, tmp_path_factory.mktemp(kind), initializer_range=0.3)
+def test_replayssm_under_preemption_matches_reference(runs, kind, capsys):
     m_ref: dict[str, float] = {}
-    ref = _run(model_dir, kind, pressure=False, metrics=m_ref,
+    ref = _run(runs, kind, pressure=False, metrics=m_ref,
                additional_config={"replayssm": REFERENCE[kind]})
     assert distinct_tokens(ref) > 100, "reference outputs are not diverse"
     assert m_ref["vllm:num_preemptions"] == 0
     m: dict[str, float] = {}
-    ours = _run(model_dir, kind, pressure=True, metrics=m,
+    ours = _run(runs, kind, pressure=True, metrics=m,
                 additional_config={"replayssm": {**REPLAY, "route": "replay"}})
     with capsys.disabled():
         print(f"\n{kind}: {m['vllm:num_preemptions']} preemptions under "
               f"{BLOCKS * CASES[kind][0] * CASES[kind][1]} B of KV cache")
     assert m["vllm:num_preemptions"] > 0, "the budget did not force preemption"
-    cmp = compare_greedy(ref, ours)
-    _report(capsys, f"{kind} ReplaySSM under preemption vs reference", cmp)
-    assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), cmp.divergences
+    check_greedy(capsys, f"{kind} ReplaySSM under preemption vs reference", ref, ours)

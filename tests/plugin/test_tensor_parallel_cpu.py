@@ -29,17 +29,18 @@ from typing import Any
 import pytest
 from vllm.engine.arg_utils import EngineArgs
 
-from ..models.compare import compare_greedy, distinct_tokens
-from ..models.tiny import build_checkpoint, greedy_outputs
+from ..models.compare import check_greedy, distinct_tokens
+from ..models.runs import BUFFER_LEN, NEW_TOKENS, PEAKED, SCHEDULER, prompts
+from ..models.tiny import greedy_outputs
+
+pytestmark = pytest.mark.engine
 
 TP = 2
+# Four prompts with SCHEDULER: a late arrival (max_num_seqs 3); the 31-token prompt with
+# 32 batched tokens: chunked prefill and batches mixing prefill and decode rows.
 PROMPT_LENS = [5, 14, 31, 2]
-NEW_TOKENS = 32  # 4 flush cycles at buffer_len 8
-NEAR_TIE = 0.25  # logprob gap at a divergence: 4 bf16 steps of the logits at this scale
-# max_num_seqs below the number of prompts: a late arrival; 31-token prompt with 32 batched
-# tokens: chunked prefill and batches mixing prefill and decode rows.
-SCHEDULER = dict(max_num_seqs=3, max_num_batched_tokens=32, enable_chunked_prefill=True)
-REPLAY_ON = {"enabled": True, "buffer_len": 8, "lp_dtype": "bfloat16", "route": "replay"}
+REPLAY_ON = {"enabled": True, "buffer_len": BUFFER_LEN, "lp_dtype": "bfloat16",
+             "route": "replay"}
 # TP=1 references per family: replayssm settings, and whether every divergence must be a
 # near-tie. vLLM's own CPU GDN kernel is less precise than fp32 maths (see
 # test_gdn_cpu_engine.py; in this geometry, at TP=1, ReplaySSM with HP only and with LP bf16
@@ -50,20 +51,15 @@ REPLAY_ON = {"enabled": True, "buffer_len": 8, "lp_dtype": "bfloat16", "route": 
 REFERENCES: dict[str, dict[str, tuple[dict, bool]]] = {
     "nemotron_h": {"TP=1 stock (plugin CPU path)": ({"enabled": False}, True)},
     "qwen3_next": {"TP=1 stock vLLM": ({"enabled": False}, False),
-                   "TP=1 ReplaySSM stock route": ({"enabled": True, "buffer_len": 8,
+                   "TP=1 ReplaySSM stock route": ({"enabled": True, "buffer_len": BUFFER_LEN,
                                                    "route": "stock"}, True)},
 }
 
 GEOMETRY: dict[str, dict[str, Any]] = {
-    "nemotron_h": dict(initializer_range=0.3, n_groups=1, mamba_num_heads=6,
-                       num_key_value_heads=1),
-    "qwen3_next": dict(initializer_range=0.3, linear_num_key_heads=2, linear_num_value_heads=6,
+    "nemotron_h": dict(**PEAKED, n_groups=1, mamba_num_heads=6, num_key_value_heads=1),
+    "qwen3_next": dict(**PEAKED, linear_num_key_heads=2, linear_num_value_heads=6,
                        num_key_value_heads=1),
 }
-
-
-def _prompts() -> list[list[int]]:
-    return [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate(PROMPT_LENS)]
 
 
 def _tp_env() -> dict[str, str]:
@@ -102,9 +98,9 @@ def _rank_pages(model) -> dict[str, Any]:
     return {"rank": get_tensor_model_parallel_rank(), "layers": layers}
 
 
-def _engine_run(model_dir, tp: int, replayssm: dict, *, inspect: bool = False):
-    """greedy_outputs (top-5 logprobs) of one engine; with inspect, also every rank's
-    `_rank_pages` and the front-end's VllmConfig, taken from the same engine."""
+def _tp2_run(model_dir, replayssm: dict):
+    """greedy_outputs (top-5 logprobs) of one TP=2 engine (worker processes), with every
+    rank's `_rank_pages` and the front-end's VllmConfig, taken from the same engine."""
     import vllm
 
     inspected: dict[str, Any] = {}
@@ -117,27 +113,27 @@ def _engine_run(model_dir, tp: int, replayssm: dict, *, inspect: bool = False):
             inspected["vllm_config"] = self.llm_engine.vllm_config
 
     with pytest.MonkeyPatch.context() as mp:
-        if tp > 1:
-            for key, value in _tp_env().items():
-                mp.setenv(key, value)
-        if inspect:
-            # apply_model ships a function to the workers (pickled): vLLM wants this opt-in.
-            mp.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-            mp.setattr(vllm, "LLM", InspectingLLM)
-        outputs = greedy_outputs(model_dir, _prompts(), NEW_TOKENS, logprobs=5,
-                                 tensor_parallel_size=tp,
+        for key, value in _tp_env().items():
+            mp.setenv(key, value)
+        # apply_model ships a function to the workers (pickled): vLLM wants this opt-in.
+        mp.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        mp.setattr(vllm, "LLM", InspectingLLM)
+        outputs = greedy_outputs(model_dir, prompts(PROMPT_LENS), NEW_TOKENS, logprobs=5,
+                                 tensor_parallel_size=TP,
                                  additional_config={"replayssm": replayssm}, **SCHEDULER)
     return outputs, inspected
 
 
 @pytest.fixture(scope="module", params=list(GEOMETRY))
-def family(request, tmp_path_factory):
-    """kind, TP=1 reference outputs by name, TP=2 ReplaySSM outputs, their inspection."""
+def family(request, runs):
+    """kind, TP=1 reference outputs by name (in-process engines), TP=2 ReplaySSM outputs,
+    their inspection."""
     kind = request.param
-    model_dir = build_checkpoint(kind, tmp_path_factory.mktemp(kind), **GEOMETRY[kind])
-    references = {name: _engine_run(model_dir, 1, replayssm)[0]
+    model_dir = runs.checkpoint(kind, **GEOMETRY[kind])
+    references = {name: runs.greedy(model_dir, prompts(PROMPT_LENS), NEW_TOKENS, logprobs=5,
+                                    additional_config={"replayssm": replayssm}, **SCHEDULER)
                   for name, (replayssm, _) in REFERENCES[kind].items()}
-    ours, inspected = _engine_run(model_dir, TP, REPLAY_ON, inspect=True)
+    ours, inspected = _tp2_run(model_dir, REPLAY_ON)
     return kind, references, ours, inspected
 
 
@@ -145,13 +141,9 @@ def test_tp2_replayssm_matches_tp1(family, capsys):
     kind, references, ours, _ = family
     for name, reference in references.items():
         assert distinct_tokens(reference) > 40, f"{name}: outputs are not diverse"
-        cmp = compare_greedy(reference, ours)  # the top-5 rule
-        with capsys.disabled():
-            print(f"\n{kind}: TP={TP} ReplaySSM vs {name}: {cmp.identical}/{cmp.prompts} "
-                  f"identical; divergences (prompt, position, reference logprob gap): "
-                  f"{cmp.divergences}")
-        if REFERENCES[kind][name][1]:
-            assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), (name, cmp.divergences)
+        # the top-5 rule, and the near-tie rule against the precise references
+        check_greedy(capsys, f"{kind}: TP={TP} ReplaySSM vs {name}", reference, ours,
+                     near_tie=REFERENCES[kind][name][1])
 
 
 def test_tp2_pages_agree_on_every_rank(family):
@@ -216,9 +208,8 @@ def test_tp2_pages_agree_on_every_rank(family):
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return {kind: build_checkpoint(kind, tmp_path_factory.mktemp(f"{kind}_cfg"))
-            for kind in ("nemotron_h", "qwen3_next", "qwen3_5")}
+def checkpoints(runs):
+    return {kind: runs.checkpoint(kind) for kind in ("nemotron_h", "qwen3_next", "qwen3_5")}
 
 
 def _config(model_dir, overrides: dict, replayssm: dict | None = None, tp: int = TP):

@@ -19,6 +19,7 @@ from ..checks import (
     out_tolerance,
 )
 from ..families import GDNFamily
+from ..tables import table
 from .test_reference import GEOMS
 
 
@@ -26,6 +27,7 @@ def _op(route):
     return functools.partial(gdn_triton.gdn_replay_decode, route=route)
 
 
+LP = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 CASES = {
     "ar_fused": dict(L=4, T=1, lp=None, spec=False, route="fused"),
     "ar_fold_split": dict(L=4, T=1, lp=None, spec=False, exact=False, route="split"),
@@ -36,36 +38,39 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("geom", ["tiny", "uneven"])
-def test_kernel_matches_naive(case, geom, device):
+@pytest.mark.parametrize("row", table({"geom": {g: g for g in ("tiny", "uneven")},
+                                       "case": {c: c for c in CASES}}))
+def test_kernel_matches_naive(row, device):
+    case = row["case"]
     c = CASES[case]
-    fam = GDNFamily(GEOMS[geom], decode_op=_op(c["route"]), device=device, seed=3,
+    fam = GDNFamily(GEOMS[row["geom"]], decode_op=_op(c["route"]), device=device, seed=3,
                     exact_flush=c.get("exact", True))
     check_scenario(fam, L=c["L"], T=c["T"], lp=c["lp"], spec=c["spec"],
                    churn=c.get("churn", False), requests=3, cycles=3, seed=len(case))
 
 
-@pytest.mark.parametrize("route", ["fused", "split"])
-@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fold"])
-@pytest.mark.parametrize("lp", [None, torch.float16, torch.bfloat16], ids=["none", "fp16", "bf16"])
-@pytest.mark.parametrize("T", [1, 3])
-def test_kernel_matches_reference_buffers(lp, T, exact, route, device):
+@pytest.mark.parametrize("row", table({"route": {"split": "split", "fused": "fused"},
+                                       "flush": {"exact": True, "fold": False},
+                                       "lp": LP,
+                                       "T": {"T1": 1, "T3": 3}}))
+def test_kernel_matches_reference_buffers(row, device):
+    lp, exact = row["lp"], row["flush"]
     check_kernel_matches_reference(
         lambda op: GDNFamily(GEOMS["qwen35_122b"], act_dtype=torch.float16, device=device,
                              exact_flush=exact, decode_op=op, seed=4),
-        _op(route), L=4, T=T, lp=lp,
+        _op(row["route"]), L=4, T=row["T"], lp=lp,
         # fold: HP sums cached d, which follow the LP read and are rounded to act dtype, so
         # one-ulp differences of d between the two paths reach HP and later outputs.
         out_tol=out_tolerance(lp, device) if exact else max(1e-3, out_tolerance(lp, device)),
         hp_tol=1e-5 if exact else max(1e-3, out_tolerance(lp, device)))
 
 
-@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fold"])
-@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["none", "bf16"])
-def test_stock_route_interleaved(lp, exact, device):
+@pytest.mark.parametrize("row", table({"flush": {"exact": True, "fold": False},
+                                       "lp": {"none": None, "bf16": torch.bfloat16}}))
+def test_stock_route_interleaved(row, device):
     """Stock-route steps (HP alone, LP marked stale) between replay steps: vs the oracle,
     and in lockstep with the torch reference (cursor words exact)."""
+    lp, exact = row["lp"], row["flush"]
     fam = GDNFamily(GEOMS["tiny"], act_dtype=torch.bfloat16, device=device, seed=9,
                     exact_flush=exact, decode_op=_op("split"),
                     stock_route_op=gdn_stock.gdn_stock_route_decode)
@@ -76,6 +81,7 @@ def test_stock_route_interleaved(lp, exact, device):
                              exact_flush=exact, decode_op=op, seed=4),
         _op("fused"), L=4, T=1, lp=lp, out_tol=tol, hp_tol=1e-5 if exact else tol,
         stock_route_op=gdn_stock.gdn_stock_route_decode, stock_share=0.4)
+
 
 REAL = {
     "qwen35_4b": GDNGeometry(16, 32, 128, 128),

@@ -1,0 +1,96 @@
+"""What the CPU engine tests share: their workload (prompts, scheduler, buffer length, token
+count) and one cache per test session (the `runs` fixture in tests/conftest.py) of tiny
+checkpoints and greedy engine runs. A run is keyed by its checkpoint, prompts, token count
+and engine settings, so the tests that compare against the same reference run (stock vLLM,
+the plugin's CPU stock path, plain ReplaySSM) start one engine between them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from .tiny import add_mtp_head, build_checkpoint, greedy_outputs
+
+# Irregular token-id prompts of mixed lengths (57 > the 32 batched tokens: chunked prefill).
+PROMPT_LENS = [5, 9, 14, 22, 31, 40, 2, 57]
+BUFFER_LEN = 8
+NEW_TOKENS = 32  # four flush cycles of BUFFER_LEN per request
+# One run covers mixed prompt lengths, chunked prefill (long prompts split into chunks that
+# start from a stored state), batches mixing prefill and decode rows, and requests that
+# arrive while others decode (max_num_seqs below the number of prompts).
+SCHEDULER: dict[str, Any] = dict(max_num_seqs=3, max_num_batched_tokens=32,
+                                 enable_chunked_prefill=True)
+
+
+# The GPU engine checks (tests/plugin/test_gpu_engine.py, tests/gpu_smoke.py): the same
+# scheduler, FULL CUDA graphs for pure decode batches without torch.compile (fast start-up;
+# batches with prefill rows run eagerly), five flush cycles of BUFFER_LEN per request.
+GPU_ENGINE: dict[str, Any] = dict(**SCHEDULER, enforce_eager=False,
+                                  compilation_config={"mode": 0,
+                                                      "cudagraph_mode": "FULL_DECODE_ONLY",
+                                                      "cudagraph_capture_sizes": [1, 2, 3, 4]})
+GPU_NEW_TOKENS = 40
+
+
+# Checkpoint overrides for the engine tests: peaked next-token distributions (median top-1
+# logprob about -1.1), so that a wrong state changes tokens instead of hiding among near-ties.
+PEAKED: dict[str, Any] = dict(initializer_range=0.3)
+
+
+def prompts(lens: list[int] = PROMPT_LENS) -> list[list[int]]:
+    return [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate(lens)]
+
+
+# NemotronH's plain and speculative engine tests share their runs (the CPU stock path, plain
+# ReplaySSM): prompts repeating a 6-token unit (vLLM's ngram drafter proposes there, and part
+# of its drafts is rejected) and irregular ones as above.
+UNIT = [11, 12, 13, 14, 15, 16]
+NEMOTRON_H_PROMPTS = [(UNIT * 10)[: 20 + 3 * i] for i in range(4)] + prompts([5, 14, 57, 2])
+# Five flush cycles at BUFFER_LEN; at least one at the speculative test's largest (32).
+NEMOTRON_H_TOKENS = 40
+
+
+def nemotron_h_run(runs: EngineRuns, replayssm: dict[str, Any], *,
+                   metrics: dict[str, float] | None = None, **kwargs: Any):
+    """The tiny NemotronH (PEAKED) on NEMOTRON_H_PROMPTS, top-5 logprobs, SCHEDULER."""
+    return runs.greedy(runs.checkpoint("nemotron_h", **PEAKED), NEMOTRON_H_PROMPTS,
+                       NEMOTRON_H_TOKENS, logprobs=5, metrics=metrics,
+                       additional_config={"replayssm": replayssm}, **kwargs, **SCHEDULER)
+
+
+class EngineRuns:
+    """Session cache: `checkpoint(kind, **overrides)` builds a tiny checkpoint once;
+    `greedy(model_dir, prompts, max_tokens, **kwargs)` is `greedy_outputs` (top-k logprobs
+    as asked), run once per distinct set of arguments, with the engine's metrics kept."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._checkpoints: dict[str, Path] = {}
+        self._runs: dict[str, tuple[Any, dict[str, float]]] = {}
+
+    def checkpoint(self, kind: str, *, mtp_head: bool = False, **overrides: Any) -> Path:
+        """`build_checkpoint(kind, ..., **overrides)`, with `add_mtp_head` if asked."""
+        key = json.dumps([kind, mtp_head, overrides], sort_keys=True)
+        if key not in self._checkpoints:
+            path = self.root / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+            path = build_checkpoint(kind, path, **overrides)
+            self._checkpoints[key] = add_mtp_head(path) if mtp_head else path
+        return self._checkpoints[key]
+
+    def greedy(self, model_dir: Path, prompts: list[list[int]], max_tokens: int, *,
+               metrics: dict[str, float] | None = None, **kwargs: Any):
+        """`greedy_outputs(model_dir, prompts, max_tokens, **kwargs)`, cached; the engine's
+        metrics go into `metrics` if given."""
+        key = json.dumps([str(model_dir), prompts, max_tokens, kwargs], sort_keys=True,
+                         default=str)
+        if key not in self._runs:
+            run_metrics: dict[str, float] = {}
+            outputs = greedy_outputs(model_dir, prompts, max_tokens, metrics=run_metrics,
+                                     **kwargs)
+            self._runs[key] = (outputs, run_metrics)
+        outputs, run_metrics = self._runs[key]
+        if metrics is not None:
+            metrics.update(run_metrics)
+        return outputs
