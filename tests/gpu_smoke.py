@@ -34,9 +34,15 @@ MODES = (("stock", {"enabled": False}), ("replay", {"enabled": True, "route": "r
 
 
 def main(kinds: list[str], json_path: str | None = None) -> int:
-    report: dict = {"benchmark": "tests/gpu_smoke.py", "command": " ".join(sys.argv),
-                    "engine": dict(GPU_ENGINE), "prompt_lens": PROMPT_LENS,
-                    "max_tokens": GPU_NEW_TOKENS, "buffer_len": BUFFER_LEN, "results": {}}
+    report: dict = {
+        "benchmark": "tests/gpu_smoke.py",
+        "command": " ".join(sys.argv),
+        "engine": dict(GPU_ENGINE),
+        "prompt_lens": PROMPT_LENS,
+        "max_tokens": GPU_NEW_TOKENS,
+        "buffer_len": BUFFER_LEN,
+        "results": {},
+    }
     failed = False
     for kind in kinds:
         model_dir = build_checkpoint(kind, Path(f"/tmp/replayssm-smoke-{kind}"), **PEAKED)
@@ -47,9 +53,16 @@ def main(kinds: list[str], json_path: str | None = None) -> int:
             start = time.time()
             try:
                 results[name] = greedy_outputs(
-                    model_dir, prompts(), GPU_NEW_TOKENS, logprobs=5,
-                    additional_config={"replayssm": {"buffer_len": BUFFER_LEN, **replayssm},
-                                       **extra}, **GPU_ENGINE)
+                    model_dir,
+                    prompts(),
+                    GPU_NEW_TOKENS,
+                    logprobs=5,
+                    additional_config={
+                        "replayssm": {"buffer_len": BUFFER_LEN, **replayssm},
+                        **extra,
+                    },
+                    **GPU_ENGINE,
+                )
                 print(f"SMOKE {kind} {name} ok {time.time() - start:.0f} s", flush=True)
                 entry[name] = f"ok ({time.time() - start:.0f} s incl. start-up)"
             except Exception:
@@ -58,10 +71,16 @@ def main(kinds: list[str], json_path: str | None = None) -> int:
                 print(f"SMOKE {kind} {name} FAILED {traceback.format_exc()[-1500:]}", flush=True)
         if len(results) == len(MODES):
             cmp = compare_greedy(results["stock"], results["replay"])
-            print(f"SMOKE {kind} identical {cmp.identical}/{cmp.prompts} divergences "
-                  f"(prompt, position, logprob gap) {cmp.divergences}", flush=True)
-            entry.update(identical_prompts=cmp.identical, prompts=cmp.prompts,
-                         divergences_prompt_position_logprob_gap=cmp.divergences)
+            print(
+                f"SMOKE {kind} identical {cmp.identical}/{cmp.prompts} divergences "
+                f"(prompt, position, logprob gap) {cmp.divergences}",
+                flush=True,
+            )
+            entry.update(
+                identical_prompts=cmp.identical,
+                prompts=cmp.prompts,
+                divergences_prompt_position_logprob_gap=cmp.divergences,
+            )
     if json_path:
         report["machine"] = common.machine_info()
         common.write_json(Path(json_path), report)
@@ -71,8 +90,9 @@ def main(kinds: list[str], json_path: str | None = None) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kinds", nargs="*", metavar="MODEL",
-                        help="nemotron_h and/or qwen3_next (default both)")
+    parser.add_argument(
+        "kinds", nargs="*", metavar="MODEL", help="nemotron_h and/or qwen3_next (default both)"
+    )
     parser.add_argument("--json", default=None, metavar="PATH")
     args = parser.parse_args()
     unknown = sorted(set(args.kinds) - {"nemotron_h", "qwen3_next"})

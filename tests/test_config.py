@@ -16,8 +16,15 @@ def test_defaults():
 
 
 def test_values_and_aliases():
-    cfg = ReplayConfig.from_dict({"enabled": True, "buffer_len": 32, "lp_dtype": "fp16",
-                                  "gdn_flush": "fold", "hp_dtype": "float32"})
+    cfg = ReplayConfig.from_dict(
+        {
+            "enabled": True,
+            "buffer_len": 32,
+            "lp_dtype": "fp16",
+            "gdn_flush": "fold",
+            "hp_dtype": "float32",
+        }
+    )
     assert cfg.enabled and cfg.buffer_len == 32 and cfg.lp_torch_dtype == torch.float16
     assert ReplayConfig.from_dict({"lp_dtype": "none"}).lp_torch_dtype is None
 
@@ -56,8 +63,9 @@ def test_route():
 
 def test_from_vllm_config_reads_additional_config():
     # the one attribute read is VllmConfig.additional_config (the engine tests use the real one)
-    vllm_config = SimpleNamespace(additional_config={"replayssm": {"enabled": True,
-                                                                   "buffer_len": 8}})
+    vllm_config = SimpleNamespace(
+        additional_config={"replayssm": {"enabled": True, "buffer_len": 8}}
+    )
     cfg = ReplayConfig.from_vllm_config(vllm_config)
     assert cfg.enabled and cfg.buffer_len == 8
     assert not ReplayConfig.from_vllm_config(SimpleNamespace(additional_config={})).enabled

@@ -25,12 +25,19 @@ print(json.dumps({"untouched": torch.cpu._is_amx_tile_supported is real,
 
 def _probe(setting: str | None) -> dict:
     """register() in a fresh process with REPLAYSSM_CPU_AMX=setting (None: unset)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REPLAYSSM_CPU_AMX", "ONEDNN_MAX_CPU_ISA")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("REPLAYSSM_CPU_AMX", "ONEDNN_MAX_CPU_ISA")
+    }
     if setting is not None:
         env["REPLAYSSM_CPU_AMX"] = setting
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd="/tmp", check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env=env,
+        cwd="/tmp",
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -76,9 +83,14 @@ def amx_cpu(monkeypatch, tmp_path_factory):
 def _engine_config(model, enabled: bool):
     from vllm.engine.arg_utils import EngineArgs
 
-    args = EngineArgs(model=str(model), skip_tokenizer_init=True, dtype="bfloat16",
-                      enforce_eager=True, max_model_len=256,
-                      additional_config={"replayssm": {"enabled": enabled}})
+    args = EngineArgs(
+        model=str(model),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=256,
+        additional_config={"replayssm": {"enabled": enabled}},
+    )
     return args.create_engine_config()
 
 

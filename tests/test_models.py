@@ -79,8 +79,13 @@ if __name__ == "__main__":
 def test_stock_layers_are_refused_when_replayssm_is_enabled(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
-    done = subprocess.run([sys.executable, str(script), str(REPO), str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script), str(REPO), str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     layer = {"qwen3_next": "QwenGatedDeltaNetAttention", "nemotron_h": "MambaMixer2"}

@@ -23,8 +23,7 @@ def test_manifest_matches_installed_vllm():
 def test_entry_has_every_field(entry):
     """Style rule 5: symbol, kind, our file, why, upstream and how we would drop it, each a
     non-empty string; the kind one of KINDS."""
-    missing = [k for k in REQUIRED
-               if not isinstance(entry.get(k), str) or not entry[k].strip()]
+    missing = [k for k in REQUIRED if not isinstance(entry.get(k), str) or not entry[k].strip()]
     assert not missing, f"{entry.get('symbol')}: {missing} missing or empty"
     assert entry["kind"] in KINDS, entry["kind"]
 
@@ -37,8 +36,12 @@ def test_entry_names_files_that_use_it(entry):
     paths = [part.split(" (")[0].strip() for part in entry["ours"].split(",")]
     missing = [p for p in paths if not (REPO / p).is_file()]
     assert not missing, missing
-    names = [entry["symbol"].rsplit(".", 1)[-1], *entry.get("fields", []),
-             *entry.get("methods", {}), *entry.get("self_attrs", [])]
+    names = [
+        entry["symbol"].rsplit(".", 1)[-1],
+        *entry.get("fields", []),
+        *entry.get("methods", {}),
+        *entry.get("self_attrs", []),
+    ]
     source = "".join((REPO / p).read_text() for p in paths)
     assert any(name in source for name in names), (names, paths)
 
@@ -50,7 +53,9 @@ def _manifest(tmp_path: Path, text: str) -> Path:
 
 
 def test_missing_symbol_is_reported(tmp_path, capsys):
-    path = _manifest(tmp_path, '''
+    path = _manifest(
+        tmp_path,
+        """
 [[entry]]
 symbol = "vllm.model_executor.layers.mamba.mamba_utils.MambaStateShapeCalculator.gone_shape"
 kind = "call"
@@ -58,7 +63,8 @@ ours = "x"
 why = "x"
 upstream = "x"
 drop_when = "x"
-''')
+""",
+    )
     problems = check_manifest(path)
     assert len(problems) == 1 and "gone_shape: missing" in problems[0]
     assert main([str(path)]) == 1
@@ -66,7 +72,9 @@ drop_when = "x"
 
 
 def test_changed_parameters_fields_and_attributes_are_reported(tmp_path):
-    path = _manifest(tmp_path, '''
+    path = _manifest(
+        tmp_path,
+        """
 [[entry]]
 symbol = "vllm.model_executor.layers.mamba.mamba_utils.is_conv_state_dim_first"
 kind = "call"
@@ -88,7 +96,8 @@ ours = "x"
 why = "x"
 methods = { "split_ba" = ["self", "ba", "extra"], "no_such_method" = [] }
 self_attrs = ["A_log", "no_such_attr"]
-''')
+""",
+    )
     problems = "\n".join(check_manifest(path))
     assert "is_conv_state_dim_first: parameters [], manifest ['layout']" in problems
     assert "fields ['no_such_field'] missing" in problems
@@ -100,14 +109,20 @@ def test_manifest_covers_every_vllm_symbol_the_package_imports():
     """Each `from vllm... import name` in the package (not benchmarks) names a manifest entry
     or one of the plain public APIs listed here."""
     public = {"vllm.logger.init_logger", "vllm.platforms.current_platform"}
-    listed = {line.split('"')[1] for line in MANIFEST.read_text().splitlines()
-              if line.startswith("symbol = ")} | public
+    listed = {
+        line.split('"')[1]
+        for line in MANIFEST.read_text().splitlines()
+        if line.startswith("symbol = ")
+    } | public
     root = Path(__file__).resolve().parents[1] / "vllm_replayssm"
     unlisted = []
     for py in root.rglob("*.py"):
         for node in ast.walk(ast.parse(py.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and (
-                    node.module == "vllm" or node.module.startswith("vllm.")):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and (node.module == "vllm" or node.module.startswith("vllm."))
+            ):
                 for alias in node.names:
                     full = f"{node.module}.{alias.name}"
                     if not any(s == full or s.startswith(full + ".") for s in listed):

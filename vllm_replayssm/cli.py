@@ -44,31 +44,63 @@ CPU_DEMO_DEFAULTS: tuple[tuple[str, str, Any, str | None], ...] = (
 
 # Our serve flags: option -> (replayssm key, argparse keywords). The one table of them.
 REPLAY_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "--use-replayssm": ("enabled", dict(
-        action="store_true", default=None,
-        help="turn ReplaySSM on (replayssm.enabled); off unless given")),
-    "--replayssm-buffer-len": ("buffer_len", dict(
-        type=int, metavar="N",
-        help="L, decode steps between checkpoint writes, 1..256 (default 16); must be >= "
-             "1 + num_speculative_tokens, twice that advised")),
-    "--replayssm-lp-dtype": ("lp_dtype", dict(
-        metavar="{bfloat16,float16,none}",
-        help="dtype of the low-precision read copy of the checkpoint, or none "
-             "(default bfloat16; aliases bf16, fp16)")),
-    "--replayssm-route": ("route", dict(
-        metavar="{auto,replay,stock}",
-        help="plain-decode route: auto = the measured policy (default), replay or stock "
-             "forced; speculative steps always replay")),
-    "--replayssm-gdn-flush": ("gdn_flush", dict(
-        metavar="{exact,fold}",
-        help="Gated DeltaNet flush: exact (default) replays the delta rule from the fp32 "
-             "checkpoint; fold is an ablation")),
-    "--replayssm-stagger": ("stagger", dict(
-        action=argparse.BooleanOptionalAction, default=None,
-        help="spread first flushes of co-admitted requests over a cycle (default on)")),
-    "--replayssm-debug-checks": ("debug_checks", dict(
-        action="store_true", default=None,
-        help="extra host-side checks in the torch paths (slow)")),
+    "--use-replayssm": (
+        "enabled",
+        dict(
+            action="store_true",
+            default=None,
+            help="turn ReplaySSM on (replayssm.enabled); off unless given",
+        ),
+    ),
+    "--replayssm-buffer-len": (
+        "buffer_len",
+        dict(
+            type=int,
+            metavar="N",
+            help="L, decode steps between checkpoint writes, 1..256 (default 16); must be >= "
+            "1 + num_speculative_tokens, twice that advised",
+        ),
+    ),
+    "--replayssm-lp-dtype": (
+        "lp_dtype",
+        dict(
+            metavar="{bfloat16,float16,none}",
+            help="dtype of the low-precision read copy of the checkpoint, or none "
+            "(default bfloat16; aliases bf16, fp16)",
+        ),
+    ),
+    "--replayssm-route": (
+        "route",
+        dict(
+            metavar="{auto,replay,stock}",
+            help="plain-decode route: auto = the measured policy (default), replay or stock "
+            "forced; speculative steps always replay",
+        ),
+    ),
+    "--replayssm-gdn-flush": (
+        "gdn_flush",
+        dict(
+            metavar="{exact,fold}",
+            help="Gated DeltaNet flush: exact (default) replays the delta rule from the fp32 "
+            "checkpoint; fold is an ablation",
+        ),
+    ),
+    "--replayssm-stagger": (
+        "stagger",
+        dict(
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="spread first flushes of co-admitted requests over a cycle (default on)",
+        ),
+    ),
+    "--replayssm-debug-checks": (
+        "debug_checks",
+        dict(
+            action="store_true",
+            default=None,
+            help="extra host-side checks in the torch paths (slow)",
+        ),
+    ),
 }
 _FLAG_OF = {key: option for option, (key, _) in REPLAY_FLAGS.items()}
 DEMO_FLAG = "--demo"
@@ -97,28 +129,38 @@ def _our_parser() -> argparse.ArgumentParser:
     from vllm_replayssm.demo import DEFAULT_DEMO, DEMOS
 
     parser = argparse.ArgumentParser(
-        prog=f"{PROG} serve", allow_abbrev=False, add_help=False,
+        prog=f"{PROG} serve",
+        allow_abbrev=False,
+        add_help=False,
         usage=f"{PROG} serve [MODEL] [vLLM serve flags] [ReplaySSM flags]",
         description="Serve MODEL (a Hugging Face id or a local directory) with vLLM's "
-                    "OpenAI-compatible server and the ReplaySSM plugin. Without MODEL the "
-                    "embedded demo model is served (no download), with CPU-friendly engine "
-                    "defaults on the CPU platform. The ReplaySSM flags below are translated "
-                    "into --additional-config '{\"replayssm\": {...}}' (merged with one you "
-                    "give; conflicting values are an error); every other flag is vLLM's and "
-                    "is passed through unchanged.",
+        "OpenAI-compatible server and the ReplaySSM plugin. Without MODEL the "
+        "embedded demo model is served (no download), with CPU-friendly engine "
+        "defaults on the CPU platform. The ReplaySSM flags below are translated "
+        "into --additional-config '{\"replayssm\": {...}}' (merged with one you "
+        "give; conflicting values are an error); every other flag is vLLM's and "
+        "is passed through unchanged.",
         epilog=f"vLLM's own flags: `{PROG} serve --help=all` (or --help=<ConfigGroup>, e.g. "
-               "--help=ModelConfig). Exit status 2: a bad flag or value; 3: vLLM would not "
-               "load the replayssm plugin.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "--help=ModelConfig). Exit status 2: a bad flag or value; 3: vLLM would not "
+        "load the replayssm plugin.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     group = parser.add_argument_group("ReplaySSM")
     for option, (key, kwargs) in REPLAY_FLAGS.items():
         group.add_argument(option, dest=key, **kwargs)
-    group.add_argument(SPEC_FLAG, dest="use_spec", action="store_true",
-                       help="--use-replayssm for speculative decoding: the same, and refuse "
-                            "to start without --speculative-config")
-    group.add_argument(DEMO_FLAG, metavar="{" + ",".join(DEMOS) + "}", default=None,
-                       help=f"the embedded demo model to serve when MODEL is not given "
-                            f"(default {DEFAULT_DEMO})")
+    group.add_argument(
+        SPEC_FLAG,
+        dest="use_spec",
+        action="store_true",
+        help="--use-replayssm for speculative decoding: the same, and refuse "
+        "to start without --speculative-config",
+    )
+    group.add_argument(
+        DEMO_FLAG,
+        metavar="{" + ",".join(DEMOS) + "}",
+        default=None,
+        help=f"the embedded demo model to serve when MODEL is not given (default {DEFAULT_DEMO})",
+    )
     return parser
 
 
@@ -153,7 +195,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
             ours += [option, argv[i + 1]]
             i += 2
         else:
-            ours.append(option + (token[len(option):] if eq else ""))
+            ours.append(option + (token[len(option) :] if eq else ""))
             i += 1
     return ours, rest
 
@@ -161,7 +203,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 def _has_model(rest: list[str]) -> bool:
     """Whether vLLM's arguments name a model: a leading positional or --model."""
     return (bool(rest) and not rest[0].startswith("-")) or any(
-        t == "--model" or t.startswith("--model=") for t in rest)
+        t == "--model" or t.startswith("--model=") for t in rest
+    )
 
 
 def _serve_parser() -> tuple[Any, Any]:
@@ -194,14 +237,16 @@ def merge_replay(flags: dict[str, Any], user: Any) -> dict[str, Any]:
         if key in user and _replay_value(key, user[key]) != value:
             raise LauncherError(
                 f"{_FLAG_OF[key]} gives replayssm.{key}={value!r} but --additional-config "
-                f"gives {user[key]!r}; set it in one place")
+                f"gives {user[key]!r}; set it in one place"
+            )
     merged = {**user, **flags}
     cfg = ReplayConfig.from_dict(merged)
     tuning = sorted(_FLAG_OF[k] for k in flags if k != "enabled")
     if tuning and not cfg.enabled:
         raise LauncherError(
             f"{', '.join(tuning)} only take effect with ReplaySSM on: add --use-replayssm "
-            "(or replayssm.enabled=true in --additional-config)")
+            "(or replayssm.enabled=true in --additional-config)"
+        )
     return merged
 
 
@@ -234,8 +279,9 @@ def plan_serve(argv: list[str], *, on_cpu: bool | None = None) -> ServePlan:
         ns = _our_parser().parse_args(ours)
     except SystemExit as exc:  # argparse printed the message
         raise LauncherError("", code=exc.code or EXIT_USAGE) from None
-    flags = {key: getattr(ns, key) for key, _ in REPLAY_FLAGS.values()
-             if getattr(ns, key) is not None}
+    flags = {
+        key: getattr(ns, key) for key, _ in REPLAY_FLAGS.values() if getattr(ns, key) is not None
+    }
     if ns.use_spec:
         flags["enabled"] = True
     flags = check_flags(flags)  # before vLLM is imported
@@ -248,8 +294,9 @@ def plan_serve(argv: list[str], *, on_cpu: bool | None = None) -> ServePlan:
         except (ValueError, FileNotFoundError) as exc:
             raise LauncherError(f"{DEMO_FLAG}: {exc}") from None
     elif ns.demo is not None:
-        raise LauncherError(f"{DEMO_FLAG} picks the embedded model to serve without MODEL; "
-                            "drop MODEL or --demo")
+        raise LauncherError(
+            f"{DEMO_FLAG} picks the embedded model to serve without MODEL; drop MODEL or --demo"
+        )
 
     parser, _ = _serve_parser()
     args = parser.parse_args(["serve", *rest])
@@ -260,10 +307,12 @@ def plan_serve(argv: list[str], *, on_cpu: bool | None = None) -> ServePlan:
     spec = args.speculative_config  # vLLM itself rejects a malformed one
     k = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
     if ns.use_spec and not (isinstance(k, int) and k > 0):
-        raise LauncherError(f"{SPEC_FLAG} needs a speculative config with "
-                            "num_speculative_tokens >= 1, e.g. --speculative-config "
-                            "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
-                            "\"prompt_lookup_max\": 4}'; or use --use-replayssm")
+        raise LauncherError(
+            f"{SPEC_FLAG} needs a speculative config with "
+            "num_speculative_tokens >= 1, e.g. --speculative-config "
+            '\'{"method": "ngram", "num_speculative_tokens": 3, '
+            '"prompt_lookup_max": 4}\'; or use --use-replayssm'
+        )
     if cfg.enabled and isinstance(k, int):
         try:
             cfg.check_window(k)
@@ -276,7 +325,8 @@ def plan_serve(argv: list[str], *, on_cpu: bool | None = None) -> ServePlan:
         if not set(archs) & set(SUPPORTED_ARCHS):
             raise LauncherError(
                 f"replayssm does not support {', '.join(archs) or 'this model'} yet (supported: "
-                f"{', '.join(SUPPORTED_ARCHS)}); drop --use-replayssm for {model}")
+                f"{', '.join(SUPPORTED_ARCHS)}); drop --use-replayssm for {model}"
+            )
 
     vllm_argv = list(rest)
     if flags:
@@ -308,7 +358,9 @@ def check_plugin_active() -> None:
     if allowed is not None and PLUGIN_NAME not in [p.strip() for p in allowed.split(",")]:
         raise LauncherError(
             f"VLLM_PLUGINS={allowed!r} does not name {PLUGIN_NAME!r}, so vLLM would serve "
-            f"without ReplaySSM; unset VLLM_PLUGINS or add {PLUGIN_NAME} to it", EXIT_PLUGIN)
+            f"without ReplaySSM; unset VLLM_PLUGINS or add {PLUGIN_NAME} to it",
+            EXIT_PLUGIN,
+        )
     eps = [ep for ep in metadata.entry_points(group=PLUGIN_GROUP) if ep.name == PLUGIN_NAME]
     if [ep.value for ep in eps] != [PLUGIN_TARGET]:
         found = ", ".join(f"{ep.name} = {ep.value}" for ep in eps) or "none"
@@ -316,12 +368,12 @@ def check_plugin_active() -> None:
             f"the {PLUGIN_GROUP} entry point {PLUGIN_NAME} = {PLUGIN_TARGET} is not installed "
             f"(found: {found}); install vllm-replayssm into this environment "
             "(pip install vllm-replayssm, or pip install --no-deps -e . in a checkout)",
-            EXIT_PLUGIN)
+            EXIT_PLUGIN,
+        )
     try:
         eps[0].load()()
     except Exception as exc:
-        raise LauncherError(f"the replayssm plugin failed to register: {exc}",
-                            EXIT_PLUGIN) from exc
+        raise LauncherError(f"the replayssm plugin failed to register: {exc}", EXIT_PLUGIN) from exc
 
 
 def _say(message: str) -> None:
@@ -351,8 +403,10 @@ def serve(argv: list[str]) -> int:
     export_info(plan.replay.as_dict(), __version__)
     state = "on " + json.dumps(plan.replay.as_dict()) if plan.replay.enabled else "off"
     if plan.demo:
-        _say(f"no MODEL given: serving the embedded demo model {plan.demo!r} "
-             "(random weights: its text is random words)")
+        _say(
+            f"no MODEL given: serving the embedded demo model {plan.demo!r} "
+            "(random weights: its text is random words)"
+        )
     for note in plan.notes:
         _say(note)
     _say(f"plugin active; ReplaySSM {state}")
@@ -375,9 +429,11 @@ def main(argv: list[str] | None = None) -> int:
         enable_multiprocess_metrics()
     argv = list(sys.argv[1:] if argv is None else argv)
     top = argparse.ArgumentParser(
-        prog=PROG, description="vLLM's OpenAI-compatible server with ReplaySSM decode for "
+        prog=PROG,
+        description="vLLM's OpenAI-compatible server with ReplaySSM decode for "
         "hybrid SSM models (Mamba-2 / NemotronH, Gated DeltaNet / Qwen3-Next).",
-        epilog=f"`{PROG} serve --help` lists the serve flags.")
+        epilog=f"`{PROG} serve --help` lists the serve flags.",
+    )
     top.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     top.add_argument("command", choices=["serve"], help="serve: run the OpenAI server")
     if not argv or argv[0] != "serve":

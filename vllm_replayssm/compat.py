@@ -81,18 +81,23 @@ def check_manifest(path: Path | str = MANIFEST) -> list[str]:
             if meth is None:
                 problems.append(f"{sym}.{name}: missing")
             elif _param_names(meth) != want:
-                problems.append(f"{sym}.{name}: parameters {_param_names(meth)}, "
-                                f"manifest {want}")
+                problems.append(f"{sym}.{name}: parameters {_param_names(meth)}, manifest {want}")
         if "fields" in e:
             have = {f.name for f in dataclasses.fields(obj)}
             missing = [f for f in e["fields"] if f not in have]
             if missing:
                 problems.append(f"{sym}: fields {missing} missing")
         if "self_attrs" in e:
-            source = "".join(inspect.getsource(c) for c in inspect.getmro(obj)
-                             if c.__module__.startswith("vllm."))
-            missing = [a for a in e["self_attrs"] if f"self.{a} =" not in source
-                       and f"self.{a}: " not in source]
+            source = "".join(
+                inspect.getsource(c)
+                for c in inspect.getmro(obj)
+                if c.__module__.startswith("vllm.")
+            )
+            missing = [
+                a
+                for a in e["self_attrs"]
+                if f"self.{a} =" not in source and f"self.{a}: " not in source
+            ]
             if missing:
                 problems.append(f"{sym}: attributes {missing} no longer set")
     return problems

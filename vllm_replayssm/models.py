@@ -44,11 +44,16 @@ class _ReplayPages:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         if not ReplayConfig.from_vllm_config(vllm_config).enabled:
             return
-        stock = [name for name, m in self.named_modules()  # type: ignore[attr-defined]
-                 if isinstance(m, self._stock_layer) and not isinstance(m, self._replay_layer)]
+        stock = [
+            name
+            for name, m in self.named_modules()  # type: ignore[attr-defined]
+            if isinstance(m, self._stock_layer) and not isinstance(m, self._replay_layer)
+        ]
         if stock:  # a stock layer would silently ignore replayssm
-            raise RuntimeError(f"replayssm is enabled but layers {stock[:3]} are stock "
-                               f"{self._stock_layer.__name__} (another plugin replaced ours?)")
+            raise RuntimeError(
+                f"replayssm is enabled but layers {stock[:3]} are stock "
+                f"{self._stock_layer.__name__} (another plugin replaced ours?)"
+            )
 
     @classmethod
     def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
@@ -92,9 +97,14 @@ class ReplayNemotronHForCausalLM(_ReplayPages, NemotronHForCausalLM):
     @classmethod
     def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
         hf = vllm_config.model_config.hf_text_config
-        return mamba2_page_specs(vllm_config, num_heads=hf.mamba_num_heads,
-                                 head_dim=hf.mamba_head_dim, state_size=hf.ssm_state_size,
-                                 n_groups=hf.n_groups, conv_kernel=hf.conv_kernel)
+        return mamba2_page_specs(
+            vllm_config,
+            num_heads=hf.mamba_num_heads,
+            head_dim=hf.mamba_head_dim,
+            state_size=hf.ssm_state_size,
+            n_groups=hf.n_groups,
+            conv_kernel=hf.conv_kernel,
+        )
 
 
 class ReplayQwen3NextForCausalLM(_GDNPages, Qwen3NextForCausalLM):
@@ -102,11 +112,13 @@ class ReplayQwen3NextForCausalLM(_GDNPages, Qwen3NextForCausalLM):
 
 
 class ReplayQwen3_5ForConditionalGeneration(  # noqa: N801 (vLLM's name)
-        _GDNPages, Qwen3_5ForConditionalGeneration):
+    _GDNPages, Qwen3_5ForConditionalGeneration
+):
     """Qwen3_5ForConditionalGeneration (dense) with ReplaySSM GDN pages when enabled."""
 
 
 class ReplayQwen3_5MoeForConditionalGeneration(  # noqa: N801 (vLLM's name)
-        _GDNPages, Qwen3_5MoeForConditionalGeneration):
+    _GDNPages, Qwen3_5MoeForConditionalGeneration
+):
     """Qwen3_5MoeForConditionalGeneration with ReplaySSM GDN pages when enabled (its own
     subclass: vLLM's MoE class does not inherit page sizing from a dense override)."""

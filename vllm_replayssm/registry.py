@@ -7,13 +7,12 @@ architecture; importing `vllm_replayssm.models` then swaps the layers (register_
 
 from __future__ import annotations
 
+_MODELS = "vllm_replayssm.models"
 MODEL_OVERRIDES: dict[str, str] = {
-    "Qwen3NextForCausalLM": "vllm_replayssm.models:ReplayQwen3NextForCausalLM",
-    "NemotronHForCausalLM": "vllm_replayssm.models:ReplayNemotronHForCausalLM",
-    "Qwen3_5ForConditionalGeneration":
-        "vllm_replayssm.models:ReplayQwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration":
-        "vllm_replayssm.models:ReplayQwen3_5MoeForConditionalGeneration",
+    "Qwen3NextForCausalLM": f"{_MODELS}:ReplayQwen3NextForCausalLM",
+    "NemotronHForCausalLM": f"{_MODELS}:ReplayNemotronHForCausalLM",
+    "Qwen3_5ForConditionalGeneration": f"{_MODELS}:ReplayQwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration": f"{_MODELS}:ReplayQwen3_5MoeForConditionalGeneration",
 }
 
 

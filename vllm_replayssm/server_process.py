@@ -39,32 +39,45 @@ class ServerProcess:
     """`vllm-replayssm serve ARGS --host 127.0.0.1 --port P`; `env` gives defaults that the
     caller's environment overrides."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.argv = launcher_cmd("serve", *args, "--host", "127.0.0.1", "--port", str(self.port))
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=cwd or log_path.parent,
-            env={**(env or {}), **os.environ, "PYTHONUNBUFFERED": "1"})
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd or log_path.parent,
+            env={**(env or {}), **os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
     def wait_ready(self, timeout: float) -> float:
         """Seconds until /health answered 200; raise ServerError on exit or timeout."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
-                raise ServerError(f"server exited with status {self.proc.returncode} before "
-                                  f"/health answered; log {self.log_path}, tail:\n"
-                                  f"{self.tail()}")
+                raise ServerError(
+                    f"server exited with status {self.proc.returncode} before "
+                    f"/health answered; log {self.log_path}, tail:\n"
+                    f"{self.tail()}"
+                )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
                     return time.monotonic() - t0
             time.sleep(1)
-        raise ServerError(f"server not ready after {timeout:.0f} s; log {self.log_path}, "
-                          f"tail:\n{self.tail()}")
+        raise ServerError(
+            f"server not ready after {timeout:.0f} s; log {self.log_path}, tail:\n{self.tail()}"
+        )
 
     def tail(self, lines: int = 60) -> str:
         self._log.flush()

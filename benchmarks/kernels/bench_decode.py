@@ -104,8 +104,10 @@ def stock_specs(geom) -> list[StateTensorSpec]:
         shape = (geom.nheads, geom.headdim, geom.dstate)
     else:
         shape = (geom.num_v_heads, geom.head_v_dim, geom.head_k_dim)
-    return [StateTensorSpec("conv", (CONV_ROWS, conv_dim(geom)), ACT),
-            StateTensorSpec("ssm", shape, torch.float32)]
+    return [
+        StateTensorSpec("conv", (CONV_ROWS, conv_dim(geom)), ACT),
+        StateTensorSpec("ssm", shape, torch.float32),
+    ]
 
 
 def bytes_model(geom, lp_name: str) -> dict:
@@ -116,9 +118,16 @@ def bytes_model(geom, lp_name: str) -> dict:
     E = geom.state_elems
     lp_size = None if lp is None else torch.empty((), dtype=lp).element_size()
     stock, ours = common.stock_bytes(E), common.replay_bytes(E, BUFFER_LEN, rec, lp_size)
-    return {"state_elems": E, "r_w": rec.write, "r_rd": rec.readout, "r_fl": rec.flush,
-            "ring_per_step": common.ring_bytes(rec, BUFFER_LEN), "stock_per_row": stock,
-            "ours_per_row": ours, "ceiling_speedup": stock / ours}
+    return {
+        "state_elems": E,
+        "r_w": rec.write,
+        "r_rd": rec.readout,
+        "r_fl": rec.flush,
+        "ring_per_step": common.ring_bytes(rec, BUFFER_LEN),
+        "stock_per_row": stock,
+        "ours_per_row": ours,
+        "ceiling_speedup": stock / ours,
+    }
 
 
 def num_layers(geom, bs: int) -> int:
@@ -162,15 +171,28 @@ def make_inputs(geom, bs: int) -> dict[str, torch.Tensor]:
     implementations compute the same function."""
     if family(geom) == "mamba2":
         H, P, N, G = geom.nheads, geom.headdim, geom.dstate, geom.ngroups
-        return {"x": _randn(bs, H, P), "dt": _randn(bs, H, scale=0.5), "A": -_decay_rate(H),
-                "B": _randn(bs, G, N, scale=0.3), "C": _randn(bs, G, N, scale=0.3),
-                "D": _randn(H).float(), "dt_bias": _dt_bias(H)}
+        return {
+            "x": _randn(bs, H, P),
+            "dt": _randn(bs, H, scale=0.5),
+            "A": -_decay_rate(H),
+            "B": _randn(bs, G, N, scale=0.3),
+            "C": _randn(bs, G, N, scale=0.3),
+            "D": _randn(H).float(),
+            "dt_bias": _dt_bias(H),
+        }
     Hk, Hv, K, V = geom.num_k_heads, geom.num_v_heads, geom.head_k_dim, geom.head_v_dim
     mixed_qkv = _randn(bs, conv_dim(geom))
     q, k, v = torch.split(mixed_qkv, [Hk * K, Hk * K, Hv * V], dim=1)
-    return {"mixed_qkv": mixed_qkv, "q": q.view(bs, Hk, K), "k": k.view(bs, Hk, K),
-            "v": v.view(bs, Hv, V), "a": _randn(bs, Hv, scale=0.5), "b": _randn(bs, Hv),
-            "A_log": _decay_rate(Hv).log(), "dt_bias": _dt_bias(Hv)}
+    return {
+        "mixed_qkv": mixed_qkv,
+        "q": q.view(bs, Hk, K),
+        "k": k.view(bs, Hk, K),
+        "v": v.view(bs, Hv, V),
+        "a": _randn(bs, Hv, scale=0.5),
+        "b": _randn(bs, Hv),
+        "A_log": _decay_rate(Hv).log(),
+        "dt_bias": _dt_bias(Hv),
+    }
 
 
 # --- the two implementations: NL layers of (fn, args, kwargs) calls, and their outputs ----
@@ -192,14 +214,23 @@ def vllm_calls(geom, bs: int, nl: int, slots: torch.Tensor):
             out = torch.empty(bs, H, P, dtype=ACT, device=DEV)
             # MambaMixer2: A, dt, dt_bias, D expanded over headdim with stride 0; D and
             # dt_bias are model-dtype parameters there; state indices are [bs, 1].
-            args = (_pages(stock_specs(geom), bs + 1)["ssm"], t["x"],
-                    t["dt"][:, :, None].expand(-1, -1, P),
-                    t["A"][:, None, None].expand(-1, P, N), t["B"], t["C"])
-            kwargs = dict(D=t["D"].to(ACT)[:, None].expand(-1, P),
-                          dt_bias=t["dt_bias"].to(ACT)[:, None].expand(-1, P),
-                          dt_softplus=True, state_batch_indices=slots[:, None],
-                          dst_state_batch_indices=slots[:, None], out=out,
-                          is_blackwell=is_blackwell)
+            args = (
+                _pages(stock_specs(geom), bs + 1)["ssm"],
+                t["x"],
+                t["dt"][:, :, None].expand(-1, -1, P),
+                t["A"][:, None, None].expand(-1, P, N),
+                t["B"],
+                t["C"],
+            )
+            kwargs = dict(
+                D=t["D"].to(ACT)[:, None].expand(-1, P),
+                dt_bias=t["dt_bias"].to(ACT)[:, None].expand(-1, P),
+                dt_softplus=True,
+                state_batch_indices=slots[:, None],
+                dst_state_batch_indices=slots[:, None],
+                out=out,
+                is_blackwell=is_blackwell,
+            )
             calls.append((selective_state_update, args, kwargs))
             outs.append(out)
         bm, nw = try_get_optimal_ssm_config(P, N, bs, H, "float32", is_blackwell)
@@ -214,10 +245,18 @@ def vllm_calls(geom, bs: int, nl: int, slots: torch.Tensor):
     for _ in range(nl):
         t = make_inputs(geom, bs)
         out = torch.empty(bs, 1, Hv, V, dtype=ACT, device=DEV)
-        kwargs = dict(mixed_qkv=t["mixed_qkv"], a=t["a"], b=t["b"], A_log=t["A_log"],
-                      dt_bias=t["dt_bias"].to(ACT),  # a model-dtype parameter in vLLM
-                      scale=K**-0.5, initial_state=_pages(stock_specs(geom), bs + 1)["ssm"],
-                      out=out, ssm_state_indices=slots, use_qk_l2norm_in_kernel=True)
+        kwargs = dict(
+            mixed_qkv=t["mixed_qkv"],
+            a=t["a"],
+            b=t["b"],
+            A_log=t["A_log"],
+            dt_bias=t["dt_bias"].to(ACT),  # a model-dtype parameter in vLLM
+            scale=K**-0.5,
+            initial_state=_pages(stock_specs(geom), bs + 1)["ssm"],
+            out=out,
+            ssm_state_indices=slots,
+            use_qk_l2norm_in_kernel=True,
+        )
         calls.append((fused_recurrent_gated_delta_rule_packed_decode, (), kwargs))
         outs.append(out)
     # Fixed in that launcher (no tuning table): BV = min(next_pow2(V), 32), one warp.
@@ -233,8 +272,15 @@ def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tens
     layers = []
     for _ in range(nl):
         cache = cache_cls.from_views(_pages(our_specs(geom, lp), bs + 1))
-        apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=BUFFER_LEN,
-                           window=WINDOW, stagger=True)
+        apply_prefill_hook(
+            cache.hp,
+            cache.lp,
+            cache.meta,
+            slots,
+            buffer_len=BUFFER_LEN,
+            window=WINDOW,
+            stagger=True,
+        )
         t = make_inputs(geom, bs)
         out = torch.empty(t["x" if "x" in t else "v"].shape, dtype=ACT, device=DEV)
         layers.append((cache, t, out))
@@ -264,13 +310,18 @@ def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
         from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
 
         if config.get("route") == "stock":  # the stock route has no head loop
-            config = {k: v for k, v in config.items()
-                      if k not in ("heads_per_program", "num_stages")}
-        kwargs = dict(buffer_len=BUFFER_LEN, window=WINDOW, stagger=True,
-                      scale=geom.head_k_dim**-0.5, launch=config)
+            config = {
+                k: v for k, v in config.items() if k not in ("heads_per_program", "num_stages")
+            }
+        kwargs = dict(
+            buffer_len=BUFFER_LEN,
+            window=WINDOW,
+            stagger=True,
+            scale=geom.head_k_dim**-0.5,
+            launch=config,
+        )
         names, fn = ("q", "k", "v", "a", "b", "A_log", "dt_bias"), gdn_decode
-    return [(fn, (cache, *(t[n] for n in names), slots, out), kwargs)
-            for cache, t, out in layers]
+    return [(fn, (cache, *(t[n] for n in names), slots, out), kwargs) for cache, t, out in layers]
 
 
 # --- measurement ---------------------------------------------------------------------------
@@ -317,8 +368,7 @@ def launch_configs(geom, args) -> list[dict]:
     """Launcher overrides to try: the product of the knob lists given on the command line
     (the launchers decide what is not given)."""
     fam = family(geom)
-    group = (geom.nheads // geom.ngroups if fam == "mamba2"
-             else geom.num_v_heads // geom.num_k_heads)
+    group = geom.nheads // geom.ngroups if fam == "mamba2" else geom.num_v_heads // geom.num_k_heads
     knobs = ("route",) if fam == "mamba2" else KNOBS
     given = [(k, getattr(args, k)) for k in knobs if getattr(args, k)]
     if fam == "mamba2":
@@ -362,8 +412,10 @@ def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) ->
     tried = []
     for config in launch_configs(geom, args):
         label = ",".join(f"{k}={v}" for k, v in config.items()) or "default config"
-        res = guarded(f"ours {label}", lambda c=config: measure(
-            our_calls(geom, layers, slots, c), outs, nl, args))
+        res = guarded(
+            f"ours {label}",
+            lambda c=config: measure(our_calls(geom, layers, slots, c), outs, nl, args),
+        )
         tried.append({"config": config, "route": route_ran(geom, bs, config), **res})
     ok = [t for t in tried if "error" not in t]
     if not ok:
@@ -385,8 +437,22 @@ def derive(row: dict, copy_gbs: float | None) -> None:
         row["ours_over_vllm_bw"] = row["ours_gbs"] / row["vllm_gbs"]
 
 
-HEADER = ["geometry", "bs", "lp", "NL", "route", "vLLM us", "ours us", "speedup", "ceil",
-          "ours MB", "ours GB/s", "of copy", "vLLM GB/s", "BW/vLLM"]
+HEADER = [
+    "geometry",
+    "bs",
+    "lp",
+    "NL",
+    "route",
+    "vLLM us",
+    "ours us",
+    "speedup",
+    "ceil",
+    "ours MB",
+    "ours GB/s",
+    "of copy",
+    "vLLM GB/s",
+    "BW/vLLM",
+]
 
 
 def table_row(row: dict) -> list[str]:
@@ -394,47 +460,80 @@ def table_row(row: dict) -> list[str]:
         return format(src[key], fmt) if src.get(key) is not None else "-"
 
     b = row["bytes"]
-    return [row["geometry"], str(row["bs"]), row["lp"], str(row["num_layers"]),
-            row["ours"].get("route", "-"), f("us", ".2f", row["vllm"]),
-            f("us", ".2f", row["ours"]), f("speedup", ".2f"),
-            f"{b['ceiling_speedup']:.2f}", f"{row['bs'] * b['ours_per_row'] / 1e6:.1f}",
-            f("ours_gbs", ".0f"), f("ours_frac_copy", ".2f"), f("vllm_gbs", ".0f"),
-            f("ours_over_vllm_bw", ".2f")]
+    return [
+        row["geometry"],
+        str(row["bs"]),
+        row["lp"],
+        str(row["num_layers"]),
+        row["ours"].get("route", "-"),
+        f("us", ".2f", row["vllm"]),
+        f("us", ".2f", row["ours"]),
+        f("speedup", ".2f"),
+        f"{b['ceiling_speedup']:.2f}",
+        f"{row['bs'] * b['ours_per_row'] / 1e6:.1f}",
+        f("ours_gbs", ".0f"),
+        f("ours_frac_copy", ".2f"),
+        f("vllm_gbs", ".0f"),
+        f("ours_over_vllm_bw", ".2f"),
+    ]
 
 
 # --- driver --------------------------------------------------------------------------------
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--families", default="mamba2,gdn", help="mamba2, gdn")
     p.add_argument("--geoms", default=",".join(GEOMETRIES), help="comma list of geometries")
     p.add_argument("--batch", default="1,32,256", help="comma list of batch sizes")
     p.add_argument("--lp", default="none,bf16,fp16", help="LP dtypes: none, bf16, fp16")
     p.add_argument("--quick", action="store_true", help="5 timed replays instead of 20")
     p.add_argument("--replays", type=int, default=None, help="timed replays per variant")
-    p.add_argument("--tile", default=None,
-                   help="our kernels' row tiles (Mamba-2 block_p, GDN block_v), comma list")
+    p.add_argument(
+        "--tile",
+        default=None,
+        help="our kernels' row tiles (Mamba-2 block_p, GDN block_v), comma list",
+    )
     p.add_argument("--num-warps", default=None, help="our kernels' num_warps, comma list")
-    p.add_argument("--route", default=None,
-                   help="comma list; Mamba-2: auto, replay, stock; GDN: fused, split, stock")
-    p.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2",
-                   help="Mamba-2 launch knob values to try (repeatable), e.g. "
-                        "readout_block_p=16,32 or flush_warps=4,8")
-    p.add_argument("--heads-per-program", default=None,
-                   help="heads per program, comma list; 0 = a whole group / key head")
+    p.add_argument(
+        "--route",
+        default=None,
+        help="comma list; Mamba-2: auto, replay, stock; GDN: fused, split, stock",
+    )
+    p.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="Mamba-2 launch knob values to try (repeatable), e.g. "
+        "readout_block_p=16,32 or flush_warps=4,8",
+    )
+    p.add_argument(
+        "--heads-per-program",
+        default=None,
+        help="heads per program, comma list; 0 = a whole group / key head",
+    )
     p.add_argument("--num-stages", default=None, help="head-loop pipelining, comma list")
-    p.add_argument("--json", nargs="?", const="", default=None, metavar="PATH",
-                   help="write JSON (default benchmarks/results/kernels-<date>-<commit>.json)")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="write JSON (default benchmarks/results/kernels-<date>-<commit>.json)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the bytes model; no GPU")
     args = p.parse_args(argv)
     args.families = _csv(args.families, ("mamba2", "gdn"), "--families")
-    args.geoms = [g for g in _csv(args.geoms, GEOMETRIES, "--geoms")
-                  if family(GEOMETRIES[g]) in args.families]
+    args.geoms = [
+        g for g in _csv(args.geoms, GEOMETRIES, "--geoms") if family(GEOMETRIES[g]) in args.families
+    ]
     args.batch = [int(b) for b in _csv(args.batch, None, "--batch")]
-    args.lp = _csv(",".join(LP_ALIASES.get(x.strip(), x) for x in args.lp.split(",")),
-                   LP_DTYPES, "--lp")
+    args.lp = _csv(
+        ",".join(LP_ALIASES.get(x.strip(), x) for x in args.lp.split(",")), LP_DTYPES, "--lp"
+    )
     for knob in KNOBS:
         raw = getattr(args, knob)
         if raw is not None:
@@ -448,8 +547,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         name, _, vals = item.partition("=")
         if not name or not vals:
             sys.exit(f"--knob: expected NAME=V1,V2, got {item!r}")
-        knobs[name.strip()] = [int(v) if v.strip().lstrip("-").isdigit() else v.strip()
-                               for v in vals.split(",") if v.strip()]
+        knobs[name.strip()] = [
+            int(v) if v.strip().lstrip("-").isdigit() else v.strip()
+            for v in vals.split(",")
+            if v.strip()
+        ]
     args.knob = knobs
     args.replays = args.replays or (5 if args.quick else 20)
     args.warmup = 1 if args.quick else 3
@@ -466,20 +568,43 @@ def _csv(text: str, allowed, flag: str) -> list[str]:
 
 def dry_run(args) -> None:
     """The bytes model per geometry and LP dtype, and the layer counts; needs no GPU."""
-    header = ["geometry", "lp", "E", "state MiB", "r_w", "r_rd", "r_fl", "stock B", "ours B",
-              "ceil", "NL@bs " + "/".join(map(str, args.batch))]
+    header = [
+        "geometry",
+        "lp",
+        "E",
+        "state MiB",
+        "r_w",
+        "r_rd",
+        "r_fl",
+        "stock B",
+        "ours B",
+        "ceil",
+        "NL@bs " + "/".join(map(str, args.batch)),
+    ]
     rows = []
     for name in args.geoms:
         geom = GEOMETRIES[name]
         for lp in args.lp:
             b = bytes_model(geom, lp)
-            rows.append([name, lp, str(b["state_elems"]), f"{4 * b['state_elems'] / MIB:.2f}",
-                         str(b["r_w"]), str(b["r_rd"]), str(b["r_fl"]),
-                         str(b["stock_per_row"]), f"{b['ours_per_row']:.0f}",
-                         f"{b['ceiling_speedup']:.2f}",
-                         "/".join(str(num_layers(geom, bs)) for bs in args.batch)])
-    print(f"# bytes per row, layer and step (design §2): L={BUFFER_LEN}, T={WINDOW}, "
-          "bf16 act, fp32 HP, GDN exact flush; ceil = stock / ours")
+            rows.append(
+                [
+                    name,
+                    lp,
+                    str(b["state_elems"]),
+                    f"{4 * b['state_elems'] / MIB:.2f}",
+                    str(b["r_w"]),
+                    str(b["r_rd"]),
+                    str(b["r_fl"]),
+                    str(b["stock_per_row"]),
+                    f"{b['ours_per_row']:.0f}",
+                    f"{b['ceiling_speedup']:.2f}",
+                    "/".join(str(num_layers(geom, bs)) for bs in args.batch),
+                ]
+            )
+    print(
+        f"# bytes per row, layer and step (design §2): L={BUFFER_LEN}, T={WINDOW}, "
+        "bf16 act, fp32 HP, GDN exact flush; ceil = stock / ours"
+    )
     print(common.format_table(header, rows))
 
 
@@ -502,11 +627,19 @@ def main(argv=None) -> int:
         "command": " ".join(["python3", *sys.argv]),
         "machine": info,
         "copy_bandwidth": copy,
-        "settings": {"buffer_len": BUFFER_LEN, "window": WINDOW, "steps_per_graph": STEPS,
-                     "act_dtype": "bfloat16", "hp_dtype": "float32", "gdn_flush": "exact",
-                     "stagger": True, "replays": args.replays, "warmup_replays": args.warmup,
-                     "knobs": {**{k: getattr(args, k) for k in KNOBS}, **args.knob},
-                     "geometries": {g: asdict(GEOMETRIES[g]) for g in args.geoms}},
+        "settings": {
+            "buffer_len": BUFFER_LEN,
+            "window": WINDOW,
+            "steps_per_graph": STEPS,
+            "act_dtype": "bfloat16",
+            "hp_dtype": "float32",
+            "gdn_flush": "exact",
+            "stagger": True,
+            "replays": args.replays,
+            "warmup_replays": args.warmup,
+            "knobs": {**{k: getattr(args, k) for k in KNOBS}, **args.knob},
+            "geometries": {g: asdict(GEOMETRIES[g]) for g in args.geoms},
+        },
         "results": [],
     }
     rows = payload["results"]
@@ -519,17 +652,26 @@ def main(argv=None) -> int:
             vllm = guarded("vllm", lambda g=geom, b=bs, n=nl, s=slots: run_vllm(g, b, n, s, args))
             for lp in args.lp:
                 print(f" lp={lp}", flush=True)
-                row = {"family": family(geom), "geometry": name, "bs": bs, "lp": lp,
-                       "num_layers": nl, "bytes": bytes_model(geom, lp), "vllm": vllm,
-                       "ours": run_ours(geom, bs, nl, lp, slots, args)}
+                row = {
+                    "family": family(geom),
+                    "geometry": name,
+                    "bs": bs,
+                    "lp": lp,
+                    "num_layers": nl,
+                    "bytes": bytes_model(geom, lp),
+                    "vllm": vllm,
+                    "ours": run_ours(geom, bs, nl, lp, slots, args),
+                }
                 derive(row, copy["gbs"])
                 rows.append(row)
                 if path is not None:
                     common.write_json(path, payload)
     print()
     print(common.machine_line(info, copy["gbs"]))
-    print("# us per decode step per layer (median of graph replays); ceil: stock/ours bytes; "
-          "ours MB: analytic bytes per step, all rows; GB/s: bytes model (vLLM 8E) / time")
+    print(
+        "# us per decode step per layer (median of graph replays); ceil: stock/ours bytes; "
+        "ours MB: analytic bytes per step, all rows; GB/s: bytes model (vLLM 8E) / time"
+    )
     print(common.format_table(HEADER, [table_row(r) for r in rows]))
     if path is not None:
         common.write_json(path, payload)

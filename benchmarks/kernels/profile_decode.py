@@ -28,12 +28,21 @@ def main() -> None:
     p.add_argument("--bs", type=int, default=256)
     p.add_argument("--lp", default="bf16", choices=list(bench.LP_DTYPES))
     p.add_argument("--steps", type=int, default=48)
-    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
-                   help="Mamba-2 launch knob (repeatable), as in bench_decode.py")
-    p.add_argument("--kernel-times", action="store_true",
-                   help="time each kernel with torch.profiler instead of running for ncu")
-    p.add_argument("--route", default=None,
-                   help="Mamba-2: auto, replay, stock; GDN: fused, split, stock")
+    p.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="Mamba-2 launch knob (repeatable), as in bench_decode.py",
+    )
+    p.add_argument(
+        "--kernel-times",
+        action="store_true",
+        help="time each kernel with torch.profiler instead of running for ncu",
+    )
+    p.add_argument(
+        "--route", default=None, help="Mamba-2: auto, replay, stock; GDN: fused, split, stock"
+    )
     args = p.parse_args()
     geom = bench.GEOMETRIES[args.geom]
     if args.route and args.route not in bench.ROUTES[bench.family(geom)]:
@@ -67,11 +76,15 @@ def main() -> None:
     for ev in prof.events():
         if ev.device_type.name == "CUDA":
             times.setdefault(ev.name, []).append(ev.device_time)
-    print(f"# GPU time per kernel over {args.steps} eager steps of {args.geom} bs={args.bs} "
-          f"lp={args.lp} (us; per step = total / steps)")
+    print(
+        f"# GPU time per kernel over {args.steps} eager steps of {args.geom} bs={args.bs} "
+        f"lp={args.lp} (us; per step = total / steps)"
+    )
     for name, ts in sorted(times.items(), key=lambda kv: -sum(kv[1])):
-        print(f"{sum(ts) / args.steps:10.2f} us/step {sum(ts) / len(ts):10.2f} us/call "
-              f"{len(ts):6d} calls  {name[:70]}")
+        print(
+            f"{sum(ts) / args.steps:10.2f} us/step {sum(ts) / len(ts):10.2f} us/call "
+            f"{len(ts):6d} calls  {name[:70]}"
+        )
 
 
 if __name__ == "__main__":

@@ -24,74 +24,207 @@ H, P, N, G, L = 128, 64, 128, 8, 16  # Nemotron-3 Super, buffer_len 16
 RING = L + 1
 PAGE = 1_600_000  # a slot stride in elements (a multiple of 16, as layout.py makes it)
 COEF = 2 * L  # plan.coef_len(16)
-KEYS = ("regs", "local", "stack", "sass", "LDG128", "STG128", "BAR", "SHFL", "MMA", "ATOM",
-        "INT")
+KEYS = ("regs", "local", "stack", "sass", "LDG128", "STG128", "BAR", "SHFL", "MMA", "ATOM", "INT")
 
 
 def _strides(prefix: str, *values: int) -> dict:
-    dims = {"hp": ("slot", "head", "dim", "dstate"), "lp": ("slot", "head", "dim", "dstate"),
-            "ck": ("slot", "head", "dim", "dstate"), "rx": ("slot", "head", "row", "dim"),
-            "rB": ("slot", "group", "row", "dstate"), "rdt": ("slot", "head", "row"),
-            "meta": ("slot", "word"), "x": ("tok", "head", "dim"), "out": ("tok", "head", "dim"),
-            "dt": ("tok", "head"), "B": ("tok", "group", "dstate"),
-            "C": ("tok", "group", "dstate")}[prefix]
+    dims = {
+        "hp": ("slot", "head", "dim", "dstate"),
+        "lp": ("slot", "head", "dim", "dstate"),
+        "ck": ("slot", "head", "dim", "dstate"),
+        "rx": ("slot", "head", "row", "dim"),
+        "rB": ("slot", "group", "row", "dstate"),
+        "rdt": ("slot", "head", "row"),
+        "meta": ("slot", "word"),
+        "x": ("tok", "head", "dim"),
+        "out": ("tok", "head", "dim"),
+        "dt": ("tok", "head"),
+        "B": ("tok", "group", "dstate"),
+        "C": ("tok", "group", "dstate"),
+    }[prefix]
     return {f"stride_{prefix}_{d}": v for d, v in zip(dims, values, strict=True)}
 
 
 def _common() -> dict:
-    return {**_strides("rx", 2 * PAGE, RING * P, P, 1), **_strides("rB", 2 * PAGE, RING * N, N, 1),
-            **_strides("x", H * P, P, 1), **_strides("out", H * P, P, 1),
-            **_strides("C", 20_000, N, 1), **_strides("meta", PAGE, 1)}
+    return {
+        **_strides("rx", 2 * PAGE, RING * P, P, 1),
+        **_strides("rB", 2 * PAGE, RING * N, N, 1),
+        **_strides("x", H * P, P, 1),
+        **_strides("out", H * P, P, 1),
+        **_strides("C", 20_000, N, 1),
+        **_strides("meta", PAGE, 1),
+    }
 
 
 def variants() -> list[tuple[str, object, dict, dict, int]]:
     """(name, kernel, args, constexprs, num_warps) of every variant reported."""
-    ptrs = {"ring_x_ptr": "*bf16", "ring_B_ptr": "*bf16", "x_ptr": "*bf16", "C_ptr": "*bf16",
-            "out_ptr": "*bf16", "meta_ptr": "*i32", "plan_ptr": "*i32", "coef_ptr": "*fp32"}
+    ptrs = {
+        "ring_x_ptr": "*bf16",
+        "ring_B_ptr": "*bf16",
+        "x_ptr": "*bf16",
+        "C_ptr": "*bf16",
+        "out_ptr": "*bf16",
+        "meta_ptr": "*i32",
+        "plan_ptr": "*i32",
+        "coef_ptr": "*fp32",
+    }
     coef = {"stride_coef_row": H * COEF, "stride_coef_head": COEF}
     out = []
-    plan_args = {**ptrs, "ring_dt_ptr": "*fp32", "dt_ptr": "*bf16", "A_ptr": "*fp32",
-                 "B_ptr": "*bf16", "D_ptr": "*fp32", "dt_bias_ptr": "*fp32",
-                 "state_indices_ptr": "*i32", "hp_rows_ptr": "*i32", "hp_count_ptr": "*i32",
-                 "null_block_id": 0, "ring_len": RING, **_common(), **coef,
-                 **_strides("rdt", PAGE, RING, 1), **_strides("dt", 20_000, 1),
-                 **_strides("B", 20_000, N, 1)}
-    for del_key in ("ring_x_ptr", "x_ptr", "out_ptr", "stride_rx_slot", "stride_rx_head",
-                    "stride_rx_row", "stride_rx_dim", "stride_x_tok", "stride_x_head",
-                    "stride_x_dim", "stride_out_tok", "stride_out_head", "stride_out_dim"):
+    plan_args = {
+        **ptrs,
+        "ring_dt_ptr": "*fp32",
+        "dt_ptr": "*bf16",
+        "A_ptr": "*fp32",
+        "B_ptr": "*bf16",
+        "D_ptr": "*fp32",
+        "dt_bias_ptr": "*fp32",
+        "state_indices_ptr": "*i32",
+        "hp_rows_ptr": "*i32",
+        "hp_count_ptr": "*i32",
+        "null_block_id": 0,
+        "ring_len": RING,
+        **_common(),
+        **coef,
+        **_strides("rdt", PAGE, RING, 1),
+        **_strides("dt", 20_000, 1),
+        **_strides("B", 20_000, N, 1),
+    }
+    for del_key in (
+        "ring_x_ptr",
+        "x_ptr",
+        "out_ptr",
+        "stride_rx_slot",
+        "stride_rx_head",
+        "stride_rx_row",
+        "stride_rx_dim",
+        "stride_x_tok",
+        "stride_x_head",
+        "stride_x_dim",
+        "stride_out_tok",
+        "stride_out_head",
+        "stride_out_dim",
+    ):
         plan_args.pop(del_key)
-    out.append(("plan", plan._mamba2_plan_kernel, plan_args,
-                dict(HEADS_PER_GROUP=H // G, dstate=N, BLOCK_N=N, BLOCK_HG=H // G, BLOCK_L=L,
-                     HAS_D=True, HAS_LP=True), 1))
+    out.append(
+        (
+            "plan",
+            plan._mamba2_plan_kernel,
+            plan_args,
+            dict(
+                HEADS_PER_GROUP=H // G,
+                dstate=N,
+                BLOCK_N=N,
+                BLOCK_HG=H // G,
+                BLOCK_L=L,
+                HAS_D=True,
+                HAS_LP=True,
+            ),
+            1,
+        )
+    )
     for ck, rows in (("*fp32", 16), ("*bf16", 32), ("*fp16", 32)):
-        args = {**ptrs, "ckpt_ptr": ck, "null_block_id": 0, "ring_len": RING, **_common(),
-                **coef, **_strides("ck", PAGE, P * N, N, 1)}
-        for del_key in ("ring_B_ptr", "stride_rB_slot", "stride_rB_group", "stride_rB_row",
-                        "stride_rB_dstate"):
+        args = {
+            **ptrs,
+            "ckpt_ptr": ck,
+            "null_block_id": 0,
+            "ring_len": RING,
+            **_common(),
+            **coef,
+            **_strides("ck", PAGE, P * N, N, 1),
+        }
+        for del_key in (
+            "ring_B_ptr",
+            "stride_rB_slot",
+            "stride_rB_group",
+            "stride_rB_row",
+            "stride_rB_dstate",
+        ):
             args.pop(del_key)
-        out.append((f"readout {rows} x {N} {ck[1:]}", readout._mamba2_readout_kernel, args,
-                    dict(HEADS_PER_GROUP=H // G, TILES_PER_HEAD=P // rows, headdim=P, dstate=N,
-                         BLOCK_P=rows, BLOCK_N=N, BLOCK_L=L), 1))
+        out.append(
+            (
+                f"readout {rows} x {N} {ck[1:]}",
+                readout._mamba2_readout_kernel,
+                args,
+                dict(
+                    HEADS_PER_GROUP=H // G,
+                    TILES_PER_HEAD=P // rows,
+                    headdim=P,
+                    dstate=N,
+                    BLOCK_P=rows,
+                    BLOCK_N=N,
+                    BLOCK_L=L,
+                ),
+                1,
+            )
+        )
     for precision in ("bf16x3", "tf32x3"):
-        args = {**ptrs, "hp_ptr": "*fp32", "lp_ptr": "*bf16", "hp_rows_ptr": "*i32",
-                "hp_count_ptr": "*i32", "ring_len": RING, **_common(), **coef,
-                **_strides("hp", PAGE, P * N, N, 1), **_strides("lp", 2 * PAGE, P * N, N, 1)}
+        args = {
+            **ptrs,
+            "hp_ptr": "*fp32",
+            "lp_ptr": "*bf16",
+            "hp_rows_ptr": "*i32",
+            "hp_count_ptr": "*i32",
+            "ring_len": RING,
+            **_common(),
+            **coef,
+            **_strides("hp", PAGE, P * N, N, 1),
+            **_strides("lp", 2 * PAGE, P * N, N, 1),
+        }
         for del_key in ("meta_ptr", "stride_meta_slot", "stride_meta_word"):
             args.pop(del_key)
-        out.append((f"flush 64 x {N} {precision}", flush._mamba2_flush_kernel, args,
-                    dict(NUM_HEADS=H, HEADS_PER_GROUP=H // G, TILES_PER_HEAD=1, headdim=P,
-                         dstate=N, BLOCK_P=64, BLOCK_N=N, BLOCK_L=L, HAS_LP=True,
-                         LP_IS_FP16=False, DOT_PRECISION=precision), 4))
-    args = {**ptrs, "hp_ptr": "*fp32", "ring_dt_ptr": "*fp32", "dt_ptr": "*bf16",
-            "A_ptr": "*fp32", "B_ptr": "*bf16", "D_ptr": "*fp32", "dt_bias_ptr": "*fp32",
-            "state_indices_ptr": "*i32", "null_block_id": 0, "heads_per_group": H // G,
-            "num_programs_per_row": H * P // 8, "C": RING, "stagger_mod": L, **_common(),
-            **_strides("hp", PAGE, P * N, N, 1), **_strides("rdt", PAGE, RING, 1),
-            **_strides("dt", 20_000, 1), **_strides("B", 20_000, N, 1)}
+        out.append(
+            (
+                f"flush 64 x {N} {precision}",
+                flush._mamba2_flush_kernel,
+                args,
+                dict(
+                    NUM_HEADS=H,
+                    HEADS_PER_GROUP=H // G,
+                    TILES_PER_HEAD=1,
+                    headdim=P,
+                    dstate=N,
+                    BLOCK_P=64,
+                    BLOCK_N=N,
+                    BLOCK_L=L,
+                    HAS_LP=True,
+                    LP_IS_FP16=False,
+                    DOT_PRECISION=precision,
+                ),
+                4,
+            )
+        )
+    args = {
+        **ptrs,
+        "hp_ptr": "*fp32",
+        "ring_dt_ptr": "*fp32",
+        "dt_ptr": "*bf16",
+        "A_ptr": "*fp32",
+        "B_ptr": "*bf16",
+        "D_ptr": "*fp32",
+        "dt_bias_ptr": "*fp32",
+        "state_indices_ptr": "*i32",
+        "null_block_id": 0,
+        "heads_per_group": H // G,
+        "num_programs_per_row": H * P // 8,
+        "C": RING,
+        "stagger_mod": L,
+        **_common(),
+        **_strides("hp", PAGE, P * N, N, 1),
+        **_strides("rdt", PAGE, RING, 1),
+        **_strides("dt", 20_000, 1),
+        **_strides("B", 20_000, N, 1),
+    }
     for del_key in ("plan_ptr", "coef_ptr"):
         args.pop(del_key)
-    out.append(("stock route 8 x 128", stock_route._mamba2_stock_route_kernel, args,
-                dict(headdim=P, dstate=N, T=1, BLOCK_P=8, BLOCK_N=N, HAS_D=True), 1))
+    out.append(
+        (
+            "stock route 8 x 128",
+            stock_route._mamba2_stock_route_kernel,
+            args,
+            dict(headdim=P, dstate=N, T=1, BLOCK_P=8, BLOCK_N=N, HAS_D=True),
+            1,
+        )
+    )
     return out
 
 
@@ -104,8 +237,15 @@ def main() -> None:
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     for name, kernel, kargs, constexprs, warps in variants():
-        row = tool.compile_sm90(kernel, kargs, constexprs, num_warps=warps, num_stages=1,
-                                tag=name.split()[0], out_dir=args.out_dir)
+        row = tool.compile_sm90(
+            kernel,
+            kargs,
+            constexprs,
+            num_warps=warps,
+            num_stages=1,
+            tag=name.split()[0],
+            out_dir=args.out_dir,
+        )
         print(f"{name:26s} warps={warps}", json.dumps({k: row.get(k) for k in KEYS}))
 
 

@@ -15,11 +15,17 @@ from vllm_replayssm.backends.gdn import (
 
 def _stock_metadata() -> GDNAttentionMetadata:
     return GDNAttentionMetadata(
-        num_prefills=1, num_prefill_tokens=5, num_decodes=2, num_decode_tokens=2,
-        num_spec_decodes=0, num_spec_decode_tokens=0, num_actual_tokens=7,
+        num_prefills=1,
+        num_prefill_tokens=5,
+        num_decodes=2,
+        num_decode_tokens=2,
+        num_spec_decodes=0,
+        num_spec_decode_tokens=0,
+        num_actual_tokens=7,
         has_initial_state=torch.tensor([True, True, False]),
         non_spec_query_start_loc=torch.tensor([0, 1, 2, 7], dtype=torch.int32),
-        non_spec_state_indices_tensor=torch.tensor([3, 4, 5], dtype=torch.int32))
+        non_spec_state_indices_tensor=torch.tensor([3, 4, 5], dtype=torch.int32),
+    )
 
 
 def test_extend_keeps_every_stock_field():

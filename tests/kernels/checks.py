@@ -11,16 +11,27 @@ from .tolerances import TOL, tol_for
 
 
 def check_scenario(
-    fam, *, L: int, T: int, lp: torch.dtype | None, spec: bool, requests: int = 4,
-    cycles: int = 3, churn: bool = False, stagger: bool = True, seed: int = 0,
-    rounding: torch.dtype | None = None, check_untouched: bool = True,
+    fam,
+    *,
+    L: int,
+    T: int,
+    lp: torch.dtype | None,
+    spec: bool,
+    requests: int = 4,
+    cycles: int = 3,
+    churn: bool = False,
+    stagger: bool = True,
+    seed: int = 0,
+    rounding: torch.dtype | None = None,
+    check_untouched: bool = True,
 ) -> None:
     """Decode >= `cycles` flush cycles and compare every output and the final state."""
     gen = torch.Generator().manual_seed(seed)
     steps = cycles * L + L // 2 + 2
     sched = random_schedule(requests, steps, T, gen, spec=spec, churn=churn)
-    res = run_scenario(fam, L, T, lp, sched, spec=spec, stagger=stagger, seed=seed,
-                       check_untouched=check_untouched)
+    res = run_scenario(
+        fam, L, T, lp, sched, spec=spec, stagger=stagger, seed=seed, check_untouched=check_untouched
+    )
     tol = tol_for(lp, rounding)
     worst = max(res.step_errors)
     assert worst <= tol, f"output error {worst:.3g} > {tol:.3g} (per step: {res.step_errors})"
@@ -32,8 +43,15 @@ def check_scenario(
         assert res.flushes >= requests * (cycles - 1), f"only {res.flushes} flushes"
 
 
-def check_mixed_routes(fam, *, L: int, lp: torch.dtype | None, seed: int = 0,
-                       stock_share: float = 0.4, rounding: torch.dtype | None = None) -> None:
+def check_mixed_routes(
+    fam,
+    *,
+    L: int,
+    lp: torch.dtype | None,
+    seed: int = 0,
+    stock_share: float = 0.4,
+    rounding: torch.dtype | None = None,
+) -> None:
     """Plain decode where each step takes the stock route (HP read + write, LP marked stale)
     or the replay route at random: every output and the final state against the oracle. A
     replay step that read a stale LP would be off by the whole LP-vs-HP difference."""
@@ -51,8 +69,17 @@ def check_mixed_routes(fam, *, L: int, lp: torch.dtype | None, seed: int = 0,
 
     fam.decode = decode
     try:
-        check_scenario(fam, L=L, T=1, lp=lp, spec=False, churn=True, seed=seed,
-                       rounding=rounding, check_untouched=False)
+        check_scenario(
+            fam,
+            L=L,
+            T=1,
+            lp=lp,
+            spec=False,
+            churn=True,
+            seed=seed,
+            rounding=rounding,
+            check_untouched=False,
+        )
     finally:
         del fam.decode
     assert {"stock", "replay"} <= set(routes), routes
@@ -76,7 +103,8 @@ def check_hp_independent_of_lp(make_fam, *, L: int, T: int, spec: bool, seed: in
         for s, (a, b) in enumerate(zip(traces[None], traces[lp], strict=True)):
             assert torch.equal(a[0], b[0]), f"step {s}: different rows flushed"
             assert torch.equal(a[1].view(torch.uint8), b[1].view(torch.uint8)), (
-                f"step {s}: HP differs between LP off and LP {lp}")
+                f"step {s}: HP differs between LP off and LP {lp}"
+            )
 
 
 def check_perturbed_history_fails(make_fam, *, L: int, T: int) -> None:
@@ -98,7 +126,7 @@ def check_perturbed_history_fails(make_fam, *, L: int, T: int) -> None:
                         ring[slot, :, row] = ring[slot, :, row] * 3 + 1
 
     res = run_scenario(fam, L, T, None, sched, spec=False, observer=corrupt)
-    assert max(res.step_errors[L // 2 + 1:]) > 100 * TOL[torch.float32], res.step_errors
+    assert max(res.step_errors[L // 2 + 1 :]) > 100 * TOL[torch.float32], res.step_errors
 
 
 def out_tolerance(lp: torch.dtype | None, device: str) -> float:
@@ -110,10 +138,20 @@ def out_tolerance(lp: torch.dtype | None, device: str) -> float:
     return 1e-4
 
 
-def check_kernel_matches_reference(make_fam, kernel_op, *, L: int, T: int,
-                                   lp: torch.dtype | None, requests: int = 4, seed: int = 0,
-                                   out_tol: float = 1e-4, hp_tol: float = 1e-5,
-                                   stock_route_op=None, stock_share: float = 0.0) -> None:
+def check_kernel_matches_reference(
+    make_fam,
+    kernel_op,
+    *,
+    L: int,
+    T: int,
+    lp: torch.dtype | None,
+    requests: int = 4,
+    seed: int = 0,
+    out_tol: float = 1e-4,
+    hp_tol: float = 1e-5,
+    stock_route_op=None,
+    stock_share: float = 0.0,
+) -> None:
     """Run the torch reference and a kernel in lockstep on identical pages and inputs and
     compare everything each step: outputs, cursor words (exact), records copied from the
     inputs (exact), computed records, HP and LP (to rounding). With stock_share > 0 (plain
@@ -136,20 +174,24 @@ def check_kernel_matches_reference(make_fam, kernel_op, *, L: int, T: int,
     idx = torch.tensor(slots, device=init.device)
     for cache in caches:
         cache.hp[idx] = init
-        apply_prefill_hook(cache.hp, cache.lp, cache.meta, idx, buffer_len=L, window=T,
-                           stagger=True)
+        apply_prefill_hook(
+            cache.hp, cache.lp, cache.meta, idx, buffer_len=L, window=T, stagger=True
+        )
     for si, st in enumerate(sched):
         qs = [1 if r < 0 else st.q[r] for r in st.order]
         tok = ref.tokens(sum(qs), gen)
         dev = init.device
-        state_indices = torch.tensor([0 if r < 0 else slots[r] for r in st.order],
-                                     dtype=torch.int32, device=dev)
+        state_indices = torch.tensor(
+            [0 if r < 0 else slots[r] for r in st.order], dtype=torch.int32, device=dev
+        )
         qsl = acc = None
         if spec:
-            qsl = torch.tensor([0, *torch.tensor(qs).cumsum(0).tolist()], dtype=torch.int32,
-                               device=dev)
-            acc = torch.tensor([st.acc.get(r, 1) if r >= 0 else 1 for r in st.order],
-                               dtype=torch.int32, device=dev)
+            qsl = torch.tensor(
+                [0, *torch.tensor(qs).cumsum(0).tolist()], dtype=torch.int32, device=dev
+            )
+            acc = torch.tensor(
+                [st.acc.get(r, 1) if r >= 0 else 1 for r in st.order], dtype=torch.int32, device=dev
+            )
         stock = not spec and float(torch.rand(1, generator=route_gen)) < stock_share
         outs = []
         for fam, cache in zip((ref, ker), caches, strict=True):
@@ -180,8 +222,9 @@ def check_kernel_matches_reference(make_fam, kernel_op, *, L: int, T: int,
                 assert rel <= bound, f"step {si}: {name} rel error {rel:.3g}"
 
 
-def _assert_close_where_written(a: torch.Tensor, b: torch.Tensor, name: str, step: int,
-                                rel: float) -> None:
+def _assert_close_where_written(
+    a: torch.Tensor, b: torch.Tensor, name: str, step: int, rel: float
+) -> None:
     """Ring rows are compared where either path wrote them (rows neither wrote hold the same
     garbage bytes, NaN included): norm-wise, to max(16 ulp, rel)."""
     rows_a = a.reshape(a.shape[0], a.shape[1], a.shape[2], -1)

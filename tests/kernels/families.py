@@ -91,35 +91,76 @@ class Mamba2Family:
     def naive(self, S0: torch.Tensor, tok: dict[str, torch.Tensor]):
         p = self.params
         return mamba2_naive_scan(
-            S0.cpu(), tok["x"].cpu(), tok["dt"].cpu(), p["A"].cpu(), tok["B"].cpu(),
-            tok["C"].cpu(), p["D"].cpu(), p["dt_bias"].cpu(),
+            S0.cpu(),
+            tok["x"].cpu(),
+            tok["dt"].cpu(),
+            p["A"].cpu(),
+            tok["B"].cpu(),
+            tok["C"].cpu(),
+            p["D"].cpu(),
+            p["dt_bias"].cpu(),
         )
 
     def decode(self, cache, tok, state_indices, out, L, T, qsl=None, acc=None) -> None:
         p = self.params
         (self.decode_op or m2_ref.mamba2_replay_decode)(
-            cache, tok["x"], tok["dt"], p["A"], tok["B"], tok["C"], p["D"], p["dt_bias"],
-            state_indices, out, buffer_len=L, window=T, query_start_loc=qsl,
+            cache,
+            tok["x"],
+            tok["dt"],
+            p["A"],
+            tok["B"],
+            tok["C"],
+            p["D"],
+            p["dt_bias"],
+            state_indices,
+            out,
+            buffer_len=L,
+            window=T,
+            query_start_loc=qsl,
             num_accepted_tokens=acc,
         )
 
     def decode_stock_route(self, cache, tok, state_indices, out, L, T, stagger=True) -> None:
         p = self.params
         self.stock_route_op(
-            cache, tok["x"], tok["dt"], p["A"], tok["B"], tok["C"], p["D"], p["dt_bias"],
-            state_indices, out, buffer_len=L, window=T, stagger=stagger,
+            cache,
+            tok["x"],
+            tok["dt"],
+            p["A"],
+            tok["B"],
+            tok["C"],
+            p["D"],
+            p["dt_bias"],
+            state_indices,
+            out,
+            buffer_len=L,
+            window=T,
+            stagger=stagger,
         )
 
     def stock(self, state, tok, state_indices, out) -> None:
         p = self.params
         m2_ref.mamba2_stock_decode(
-            state, tok["x"], tok["dt"], p["A"], tok["B"], tok["C"], p["D"], p["dt_bias"],
-            state_indices, out,
+            state,
+            tok["x"],
+            tok["dt"],
+            p["A"],
+            tok["B"],
+            tok["C"],
+            p["D"],
+            p["dt_bias"],
+            state_indices,
+            out,
         )
 
     def materialise(self, cache, state_indices, L, T, stagger, acc=None) -> None:
         self.materialise_op(
-            cache, self.params["A"], state_indices, buffer_len=L, window=T, stagger=stagger,
+            cache,
+            self.params["A"],
+            state_indices,
+            buffer_len=L,
+            window=T,
+            stagger=stagger,
             num_accepted_tokens=acc,
         )
 
@@ -149,7 +190,7 @@ class GDNFamily:
             "dt_bias": realistic_dt_bias(Hv, gen),
         }
         self.params = {k: v.to(self.device) for k, v in self.params.items()}
-        self.scale = self.geom.head_k_dim ** -0.5
+        self.scale = self.geom.head_k_dim**-0.5
 
     def specs(self, L: int, T: int, lp: torch.dtype | None, **_: object):
         return gdn_state_specs(self.geom, L, T, self.act_dtype, lp, self.exact_flush, *CONV)
@@ -182,41 +223,88 @@ class GDNFamily:
     def naive(self, S0: torch.Tensor, tok: dict[str, torch.Tensor]):
         p = self.params
         return gdn_naive_scan(
-            S0.cpu(), tok["q"].cpu(), tok["k"].cpu(), tok["v"].cpu(), tok["a"].cpu(),
-            tok["b"].cpu(), p["A_log"].cpu(), p["dt_bias"].cpu(), self.scale,
+            S0.cpu(),
+            tok["q"].cpu(),
+            tok["k"].cpu(),
+            tok["v"].cpu(),
+            tok["a"].cpu(),
+            tok["b"].cpu(),
+            p["A_log"].cpu(),
+            p["dt_bias"].cpu(),
+            self.scale,
         )
 
     def decode(self, cache, tok, state_indices, out, L, T, qsl=None, acc=None) -> None:
         p = self.params
         (self.decode_op or gdn_ref.gdn_replay_decode)(
-            cache, tok["q"], tok["k"], tok["v"], tok["a"], tok["b"], p["A_log"], p["dt_bias"],
-            state_indices, out, scale=self.scale, buffer_len=L, window=T, query_start_loc=qsl,
+            cache,
+            tok["q"],
+            tok["k"],
+            tok["v"],
+            tok["a"],
+            tok["b"],
+            p["A_log"],
+            p["dt_bias"],
+            state_indices,
+            out,
+            scale=self.scale,
+            buffer_len=L,
+            window=T,
+            query_start_loc=qsl,
             num_accepted_tokens=acc,
         )
 
     def decode_stock_route(self, cache, tok, state_indices, out, L, T, stagger=True) -> None:
         p = self.params
         self.stock_route_op(
-            cache, tok["q"], tok["k"], tok["v"], tok["a"], tok["b"], p["A_log"], p["dt_bias"],
-            state_indices, out, scale=self.scale, buffer_len=L, window=T, stagger=stagger,
+            cache,
+            tok["q"],
+            tok["k"],
+            tok["v"],
+            tok["a"],
+            tok["b"],
+            p["A_log"],
+            p["dt_bias"],
+            state_indices,
+            out,
+            scale=self.scale,
+            buffer_len=L,
+            window=T,
+            stagger=stagger,
         )
 
     def stock(self, state, tok, state_indices, out) -> None:
         p = self.params
         gdn_ref.gdn_stock_decode(
-            state, tok["q"], tok["k"], tok["v"], tok["a"], tok["b"], p["A_log"], p["dt_bias"],
-            state_indices, out, scale=self.scale,
+            state,
+            tok["q"],
+            tok["k"],
+            tok["v"],
+            tok["a"],
+            tok["b"],
+            p["A_log"],
+            p["dt_bias"],
+            state_indices,
+            out,
+            scale=self.scale,
         )
 
     def materialise(self, cache, state_indices, L, T, stagger, acc=None) -> None:
         self.materialise_op(
-            cache, state_indices, buffer_len=L, window=T, stagger=stagger,
+            cache,
+            state_indices,
+            buffer_len=L,
+            window=T,
+            stagger=stagger,
             num_accepted_tokens=acc,
         )
 
     def ring_tensors(self, cache) -> list[torch.Tensor]:
-        return [t for t in (cache.ring_g, cache.ring_beta, cache.ring_k, cache.ring_d,
-                            cache.ring_v) if t is not None]
+        return [
+            t
+            for t in (cache.ring_g, cache.ring_beta, cache.ring_k, cache.ring_d, cache.ring_v)
+            if t is not None
+        ]
 
 
 def index_tokens(tok: dict[str, torch.Tensor], idx) -> dict[str, torch.Tensor]:

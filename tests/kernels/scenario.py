@@ -31,17 +31,26 @@ class Step:
 
 
 def random_schedule(
-    num_requests: int, num_steps: int, T: int, gen: torch.Generator, *, spec: bool,
-    null_rows: int = 1, churn: bool = False,
+    num_requests: int,
+    num_steps: int,
+    T: int,
+    gen: torch.Generator,
+    *,
+    spec: bool,
+    null_rows: int = 1,
+    churn: bool = False,
 ) -> list[Step]:
     """Random batches: permuted rows, NULL rows, random q and acceptance in spec mode, and
     with churn, requests that leave early, arrive late or skip steps (preemption)."""
+
     def rint(lo: int, hi: int) -> int:
         return int(torch.randint(lo, hi + 1, (1,), generator=gen))
 
     first = [0 if not churn or r % 3 else rint(0, num_steps // 2) for r in range(num_requests)]
-    last = [num_steps if not churn or r % 4 != 1 else rint(num_steps // 2, num_steps)
-            for r in range(num_requests)]
+    last = [
+        num_steps if not churn or r % 4 != 1 else rint(num_steps // 2, num_steps)
+        for r in range(num_requests)
+    ]
     prev_q: dict[int, int] = {}
     steps = []
     for s in range(num_steps):
@@ -77,9 +86,18 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_scenario(
-    fam, L: int, T: int, lp: torch.dtype | None, schedule: list[Step], *, spec: bool,
-    stagger: bool = True, seed: int = 0, check_untouched: bool = False,
-    num_slots: int | None = None, observer=None,
+    fam,
+    L: int,
+    T: int,
+    lp: torch.dtype | None,
+    schedule: list[Step],
+    *,
+    spec: bool,
+    stagger: bool = True,
+    seed: int = 0,
+    check_untouched: bool = False,
+    num_slots: int | None = None,
+    observer=None,
 ) -> ScenarioResult:
     """Run `schedule`; `observer(step_index, cache, plan_flush_slots)` sees the cache after
     every step (e.g. to record HP)."""
@@ -99,8 +117,9 @@ def run_scenario(
     def prefill(r: int, state64: torch.Tensor) -> None:
         s = torch.tensor([slot[r]], device=dev)
         cache.hp[s] = state64.to(torch.float32).to(dev)[None]
-        apply_prefill_hook(cache.hp, cache.lp, cache.meta, s, buffer_len=L, window=T,
-                           stagger=stagger)
+        apply_prefill_hook(
+            cache.hp, cache.lp, cache.meta, s, buffer_len=L, window=T, stagger=stagger
+        )
 
     for si, st in enumerate(schedule):
         for r in st.order:
@@ -118,19 +137,29 @@ def run_scenario(
         qs = [1 if r == NULL else st.q[r] for r in st.order]
         toks = [fam.tokens(q, gen) for q in qs]
         batch = cat_tokens(toks)
-        state_indices = torch.tensor([0 if r == NULL else slot[r] for r in st.order],
-                                     dtype=torch.int32, device=dev)
+        state_indices = torch.tensor(
+            [0 if r == NULL else slot[r] for r in st.order], dtype=torch.int32, device=dev
+        )
         qsl = None
         acc = None
         if spec:
-            qsl = torch.tensor([0, *torch.tensor(qs).cumsum(0).tolist()], dtype=torch.int32,
-                               device=dev)
-            acc = torch.tensor([st.acc.get(r, 1) if r != NULL else 1 for r in st.order],
-                               dtype=torch.int32, device=dev)
+            qsl = torch.tensor(
+                [0, *torch.tensor(qs).cumsum(0).tolist()], dtype=torch.int32, device=dev
+            )
+            acc = torch.tensor(
+                [st.acc.get(r, 1) if r != NULL else 1 for r in st.order],
+                dtype=torch.int32,
+                device=dev,
+            )
         live = [i for i, r in enumerate(st.order) if r != NULL]
         live_slots = state_indices[live].long()
-        plan = plan_step(cache.meta[live_slots], torch.tensor([qs[i] for i in live]),
-                         None if acc is None else acc[live], L, T)
+        plan = plan_step(
+            cache.meta[live_slots],
+            torch.tensor([qs[i] for i in live]),
+            None if acc is None else acc[live],
+            L,
+            T,
+        )
         flushes += int(plan.flush.sum())
         before = _snapshot(cache) if check_untouched else None
         out = torch.full(fam.out_shape(sum(qs)), float("nan"), dtype=torch.float32, device=dev)
@@ -138,7 +167,7 @@ def run_scenario(
         starts = [0, *torch.tensor(qs).cumsum(0).tolist()]
         worst = 0.0
         for i, r in enumerate(st.order):
-            y = out[starts[i]:starts[i + 1]]
+            y = out[starts[i] : starts[i + 1]]
             if r == NULL:
                 assert torch.equal(y, torch.zeros_like(y)), "NULL row output not zeroed"
                 continue
@@ -166,8 +195,14 @@ def run_scenario(
             committed[r] = fam.naive(committed[r], index_tokens(pending[r], slice(0, a)))[1]
             accs.append(a)
         idx = torch.tensor([slot[r] for r in final], dtype=torch.int32, device=dev)
-        fam.materialise(cache, idx, L, T, stagger,
-                        torch.tensor(accs, dtype=torch.int32, device=dev) if spec else None)
+        fam.materialise(
+            cache,
+            idx,
+            L,
+            T,
+            stagger,
+            torch.tensor(accs, dtype=torch.int32, device=dev) if spec else None,
+        )
         for r in final:
             state_errors[r] = _rel(cache.hp[slot[r]], committed[r])
             if cache.lp is not None:
@@ -189,14 +224,17 @@ def _check_untouched(fam, cache, before, live_slots, plan, T) -> None:
     for name, old in before.items():
         new = getattr(cache, name)
         assert torch.equal(new[others].view(torch.uint8), old[others].view(torch.uint8)), (
-            f"{name} of a slot outside the batch changed")
+            f"{name} of a slot outside the batch changed"
+        )
         assert torch.equal(new[0].view(torch.uint8), old[0].view(torch.uint8)), (
-            f"{name} of the NULL block changed")
+            f"{name} of the NULL block changed"
+        )
     keep = live_slots[~plan.flush]
     for name in ("hp", "lp"):
         if name in before:
-            assert torch.equal(getattr(cache, name)[keep].view(torch.uint8),
-                               before[name][keep].view(torch.uint8)), f"{name} of a non-flush row"
+            assert torch.equal(
+                getattr(cache, name)[keep].view(torch.uint8), before[name][keep].view(torch.uint8)
+            ), f"{name} of a non-flush row"
     C = fam.ring_tensors(cache)[0].shape[2]
     for ri, s in enumerate(live_slots.tolist()):
         first = int(plan.origin[ri] + plan.committed[ri])
@@ -204,7 +242,8 @@ def _check_untouched(fam, cache, before, live_slots, plan, T) -> None:
         outside = [c for c in range(C) if c not in win]
         for ring_t in fam.ring_tensors(cache):
             name = next(k for k, v in cache._asdict().items() if v is ring_t)
-            assert torch.equal(ring_t[s][:, outside].view(torch.uint8),
-                               before[name][s][:, outside].view(torch.uint8)), (
-                f"{name}: a ring row outside the window changed")
+            assert torch.equal(
+                ring_t[s][:, outside].view(torch.uint8),
+                before[name][s][:, outside].view(torch.uint8),
+            ), f"{name}: a ring row outside the window changed"
     assert cache.meta.shape[1] == META_LEN

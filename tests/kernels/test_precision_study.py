@@ -39,16 +39,21 @@ def _study(fam) -> tuple[dict[str, list[float]], dict[str, float]]:
         ref_state.append(S)
     ref_state = torch.stack(ref_state)
 
-    stock = {name: torch.zeros(R + 1, *fam.state_shape, dtype=dt)
-             for name, dt in (("a", torch.float32), ("b", torch.bfloat16))}
-    caches = {name: fam.cache(fam.specs(L, 1, lp), R + 1)
-              for name, lp in (("a'", None), ("c", torch.bfloat16))}
+    stock = {
+        name: torch.zeros(R + 1, *fam.state_shape, dtype=dt)
+        for name, dt in (("a", torch.float32), ("b", torch.bfloat16))
+    }
+    caches = {
+        name: fam.cache(fam.specs(L, 1, lp), R + 1)
+        for name, lp in (("a'", None), ("c", torch.bfloat16))
+    }
     for st in stock.values():
         st[1:] = S0.to(st.dtype)
     for cache in caches.values():
         cache.hp[1:] = S0
-        apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=L, window=1,
-                           stagger=True)
+        apply_prefill_hook(
+            cache.hp, cache.lp, cache.meta, slots, buffer_len=L, window=1, stagger=True
+        )
     errs: dict[str, list[torch.Tensor]] = {k: [] for k in ("a", "a'", "b", "c")}
     flush_checks = 0
     prev_stock = stock["a"][1:].clone()
@@ -63,8 +68,9 @@ def _study(fam) -> tuple[dict[str, list[float]], dict[str, float]]:
             fam.decode(cache, toks[t], slots, out, L, 1)
             errs[name].append(out)
             if name == "c":
-                assert torch.equal(cache.hp.view(torch.uint8),
-                                   caches["a'"].hp.view(torch.uint8)), f"step {t}: HP(c) != HP(a')"
+                assert torch.equal(cache.hp.view(torch.uint8), caches["a'"].hp.view(torch.uint8)), (
+                    f"step {t}: HP(c) != HP(a')"
+                )
                 flushed = (cache.meta[1:, 4:6] != before).any(1)
                 if fam.name == "gdn" and flushed.any():
                     # HP just folded tokens [0, t): the stock state one step earlier.
@@ -77,35 +83,46 @@ def _study(fam) -> tuple[dict[str, list[float]], dict[str, float]]:
     for name, outs in errs.items():
         y = torch.stack(outs).double()
         blocks[name] = [
-            float((y[i:i + BLOCK] - ref_out[i:i + BLOCK]).norm() / ref_out[i:i + BLOCK].norm())
+            float(
+                (y[i : i + BLOCK] - ref_out[i : i + BLOCK]).norm() / ref_out[i : i + BLOCK].norm()
+            )
             for i in range(0, STEPS, BLOCK)
         ]
     finals = {"a": stock["a"][1:], "b": stock["b"][1:]}
     for name, cache in caches.items():
         fam.materialise(cache, slots, L, 1, True)
         finals[name] = cache.hp[1:]
-    state_err = {k: float((v.double() - ref_state).norm() / ref_state.norm())
-                 for k, v in finals.items()}
+    state_err = {
+        k: float((v.double() - ref_state).norm() / ref_state.norm()) for k, v in finals.items()
+    }
     return blocks, state_err
 
 
 def _table(title: str, blocks, state_err) -> str:
-    labels = {"a": "(a) stock, fp32 state", "a'": "(a') ReplaySSM, HP fp32",
-              "b": "(b) stock, bf16 state", "c": "(c) ReplaySSM, HP fp32 + LP bf16"}
+    labels = {
+        "a": "(a) stock, fp32 state",
+        "a'": "(a') ReplaySSM, HP fp32",
+        "b": "(b) stock, bf16 state",
+        "c": "(c) ReplaySSM, HP fp32 + LP bf16",
+    }
     cols = [f"{i}-{i + BLOCK}" for i in range(0, STEPS, BLOCK)]
     pick = [0, 1, 3, 7]
-    lines = [f"{title}: output error vs float64 by step range; final-state error",
-             "| variant | " + " | ".join(f"steps {cols[i]}" for i in pick) + " | state @2048 |",
-             "|---" * (len(pick) + 2) + "|"]
+    lines = [
+        f"{title}: output error vs float64 by step range; final-state error",
+        "| variant | " + " | ".join(f"steps {cols[i]}" for i in pick) + " | state @2048 |",
+        "|---" * (len(pick) + 2) + "|",
+    ]
     for k in ("a", "a'", "b", "c"):
-        lines.append(f"| {labels[k]} | " + " | ".join(f"{blocks[k][i]:.2e}" for i in pick)
-                     + f" | {state_err[k]:.2e} |")
+        lines.append(
+            f"| {labels[k]} | "
+            + " | ".join(f"{blocks[k][i]:.2e}" for i in pick)
+            + f" | {state_err[k]:.2e} |"
+        )
     return "\n".join(lines)
 
 
 FAMILIES = {
-    "mamba2": lambda: Mamba2Family(Mamba2Geometry(8, 16, 32, 1), act_dtype=torch.bfloat16,
-                                   seed=1),
+    "mamba2": lambda: Mamba2Family(Mamba2Geometry(8, 16, 32, 1), act_dtype=torch.bfloat16, seed=1),
     "gdn": lambda: GDNFamily(GDNGeometry(2, 4, 32, 32), act_dtype=torch.bfloat16, seed=1),
 }
 
@@ -133,4 +150,3 @@ def test_two_precision_study(family, capsys):
         assert blocks["b"][-1] > 2 * blocks["b"][0], blocks["b"]
     assert all(b > 3 * c for b, c in zip(blocks["b"], blocks["c"], strict=True))
     assert state_err["b"] > 1000 * state_err["c"]
-

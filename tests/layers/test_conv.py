@@ -20,9 +20,10 @@ NULL = 0
 def _direct(history: torch.Tensor, window: torch.Tensor, weight, bias) -> torch.Tensor:
     """history [D, t >= K - 1], window [D, q] -> [q, D], float64."""
     K = weight.shape[-1]
-    seq = torch.cat([history[:, -(K - 1):], window], dim=-1).double()
-    y = functional.conv1d(seq[None], weight.double()[:, None], bias.double(),
-                          groups=weight.shape[0])[0]
+    seq = torch.cat([history[:, -(K - 1) :], window], dim=-1).double()
+    y = functional.conv1d(
+        seq[None], weight.double()[:, None], bias.double(), groups=weight.shape[0]
+    )[0]
     return functional.silu(y).transpose(0, 1)
 
 
@@ -37,7 +38,7 @@ def test_spec_conv_update_matches_direct_conv(K, k, seed):
     state = torch.randn(S, M, D).transpose(1, 2)  # width-first storage, dim-first view
     slots = torch.tensor([4, 1, 3])
     history = [torch.randn(D, K - 1 + rng.randrange(0, 3)) for _ in range(R)]
-    state[slots, :, : K - 1] = torch.stack([h[:, -(K - 1):] for h in history])  # prefill
+    state[slots, :, : K - 1] = torch.stack([h[:, -(K - 1) :] for h in history])  # prefill
     conv_context_to_back(state, slots, K)
     pending = torch.zeros(R, dtype=torch.long)
     last = [None] * R
@@ -51,8 +52,9 @@ def test_spec_conv_update_matches_direct_conv(K, k, seed):
         windows = [torch.randn(D, n) for n in q]
         x = torch.cat([w.transpose(0, 1) for w in windows])
         qsl = torch.tensor([0, *torch.cumsum(torch.tensor(q), 0).tolist()])
-        out = spec_conv_update(x, state, slots, qsl, pending, committed, weight, bias, "silu",
-                               1 + k)
+        out = spec_conv_update(
+            x, state, slots, qsl, pending, committed, weight, bias, "silu", 1 + k
+        )
         want = torch.cat([_direct(history[r], windows[r], weight, bias) for r in range(R)])
         torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
         pending = torch.tensor(q)
@@ -83,12 +85,22 @@ def test_padding_rows_and_tokens_leave_real_rows_alone():
     x = torch.randn(5, D)
     qsl = torch.tensor([0, 3, 5])
     plain_state = state.clone()
-    want = spec_conv_update(x, plain_state, slots, qsl, pending, committed, weight, bias,
-                            "silu", 1 + k)
+    want = spec_conv_update(
+        x, plain_state, slots, qsl, pending, committed, weight, bias, "silu", 1 + k
+    )
     padded_x = torch.cat([x, torch.randn(3, D)])
-    got = spec_conv_update(padded_x, state, torch.tensor([3, 5, NULL, NULL]),
-                           torch.tensor([0, 3, 5, 5, 5]), torch.tensor([4, 2, 0, 0]),
-                           torch.tensor([2, 1, 0, 0]), weight, bias, "silu", 1 + k)
+    got = spec_conv_update(
+        padded_x,
+        state,
+        torch.tensor([3, 5, NULL, NULL]),
+        torch.tensor([0, 3, 5, 5, 5]),
+        torch.tensor([4, 2, 0, 0]),
+        torch.tensor([2, 1, 0, 0]),
+        weight,
+        bias,
+        "silu",
+        1 + k,
+    )
     torch.testing.assert_close(got[:5], want)
     assert not got[5:].any()
     torch.testing.assert_close(state[1:], plain_state[1:])  # slot 0 (NULL) may differ

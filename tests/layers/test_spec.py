@@ -11,8 +11,9 @@ from vllm_replayssm.layout import META_LEN
 L, T = 8, 4  # buffer_len, window (k = 3 drafts)
 
 
-def _step(spec: SpecWindows, meta: torch.Tensor, slots: torch.Tensor, q: list[int],
-          seq_lens: list[int]):
+def _step(
+    spec: SpecWindows, meta: torch.Tensor, slots: torch.Tensor, q: list[int], seq_lens: list[int]
+):
     """One speculative step's commit counts; then what the decode step would leave: the
     window's q records pending, and the window start recorded."""
     q_t, lens = torch.tensor(q), torch.tensor(seq_lens)
@@ -46,7 +47,8 @@ def test_garbage_words_count_nothing_pending():
     meta = torch.full((2, META_LEN), 12345, dtype=torch.int32)
     spec = SpecWindows(L, T)
     start, accepted, pending, committed = spec.acceptance(
-        meta, torch.tensor([1]), torch.tensor([4]), torch.tensor([30]))
+        meta, torch.tensor([1]), torch.tensor([4]), torch.tensor([30])
+    )
     assert start.tolist() == [26] and accepted.tolist() == [26]
     assert pending.tolist() == [0] and committed.tolist() == [0]
 

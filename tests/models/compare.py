@@ -35,20 +35,22 @@ def compare_greedy(reference, candidate, k: int = 5) -> Comparison:
         top_cand = dict(sorted(cand_lp[pos].items(), key=lambda t: -t[1])[:k])
         assert cand[pos] in top_ref and ref[pos] in top_cand, (
             f"prompt {i}, position {pos}: reference {ref[pos]} (top-{k} {top_ref}) vs "
-            f"candidate {cand[pos]} (top-{k} {top_cand})")
+            f"candidate {cand[pos]} (top-{k} {top_cand})"
+        )
         gap = top_ref[ref[pos]] - top_ref.get(cand[pos], float("-inf"))
         divergences.append((i, pos, gap))
     return Comparison(len(reference), identical, divergences)
 
 
-def check_greedy(capsys, name: str, reference, candidate, *, near_tie: bool = True
-                 ) -> Comparison:
+def check_greedy(capsys, name: str, reference, candidate, *, near_tie: bool = True) -> Comparison:
     """`compare_greedy` (the top-5 rule), one summary line in the test log, and with
     `near_tie`, every divergence a near-tie of the reference (gap <= NEAR_TIE)."""
     cmp = compare_greedy(reference, candidate)
     with capsys.disabled():
-        print(f"\n{name}: {cmp.identical}/{cmp.prompts} identical; divergences "
-              f"(prompt, position, reference logprob gap): {cmp.divergences}")
+        print(
+            f"\n{name}: {cmp.identical}/{cmp.prompts} identical; divergences "
+            f"(prompt, position, reference logprob gap): {cmp.divergences}"
+        )
     if near_tie:
         assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), (name, cmp.divergences)
     return cmp

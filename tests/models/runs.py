@@ -20,17 +20,23 @@ NEW_TOKENS = 32  # four flush cycles of BUFFER_LEN per request
 # One run covers mixed prompt lengths, chunked prefill (long prompts split into chunks that
 # start from a stored state), batches mixing prefill and decode rows, and requests that
 # arrive while others decode (max_num_seqs below the number of prompts).
-SCHEDULER: dict[str, Any] = dict(max_num_seqs=3, max_num_batched_tokens=32,
-                                 enable_chunked_prefill=True)
+SCHEDULER: dict[str, Any] = dict(
+    max_num_seqs=3, max_num_batched_tokens=32, enable_chunked_prefill=True
+)
 
 
 # The GPU engine checks (tests/plugin/test_gpu_engine.py, tests/gpu_smoke.py): the same
 # scheduler, FULL CUDA graphs for pure decode batches without torch.compile (fast start-up;
 # batches with prefill rows run eagerly), five flush cycles of BUFFER_LEN per request.
-GPU_ENGINE: dict[str, Any] = dict(**SCHEDULER, enforce_eager=False,
-                                  compilation_config={"mode": 0,
-                                                      "cudagraph_mode": "FULL_DECODE_ONLY",
-                                                      "cudagraph_capture_sizes": [1, 2, 3, 4]})
+GPU_ENGINE: dict[str, Any] = dict(
+    **SCHEDULER,
+    enforce_eager=False,
+    compilation_config={
+        "mode": 0,
+        "cudagraph_mode": "FULL_DECODE_ONLY",
+        "cudagraph_capture_sizes": [1, 2, 3, 4],
+    },
+)
 GPU_NEW_TOKENS = 40
 
 
@@ -52,12 +58,24 @@ NEMOTRON_H_PROMPTS = [(UNIT * 10)[: 20 + 3 * i] for i in range(4)] + prompts([5,
 NEMOTRON_H_TOKENS = 40
 
 
-def nemotron_h_run(runs: EngineRuns, replayssm: dict[str, Any], *,
-                   metrics: dict[str, float] | None = None, **kwargs: Any):
+def nemotron_h_run(
+    runs: EngineRuns,
+    replayssm: dict[str, Any],
+    *,
+    metrics: dict[str, float] | None = None,
+    **kwargs: Any,
+):
     """The tiny NemotronH (PEAKED) on NEMOTRON_H_PROMPTS, top-5 logprobs, SCHEDULER."""
-    return runs.greedy(runs.checkpoint("nemotron_h", **PEAKED), NEMOTRON_H_PROMPTS,
-                       NEMOTRON_H_TOKENS, logprobs=5, metrics=metrics,
-                       additional_config={"replayssm": replayssm}, **kwargs, **SCHEDULER)
+    return runs.greedy(
+        runs.checkpoint("nemotron_h", **PEAKED),
+        NEMOTRON_H_PROMPTS,
+        NEMOTRON_H_TOKENS,
+        logprobs=5,
+        metrics=metrics,
+        additional_config={"replayssm": replayssm},
+        **kwargs,
+        **SCHEDULER,
+    )
 
 
 class EngineRuns:
@@ -79,16 +97,21 @@ class EngineRuns:
             self._checkpoints[key] = add_mtp_head(path) if mtp_head else path
         return self._checkpoints[key]
 
-    def greedy(self, model_dir: Path, prompts: list[list[int]], max_tokens: int, *,
-               metrics: dict[str, float] | None = None, **kwargs: Any):
+    def greedy(
+        self,
+        model_dir: Path,
+        prompts: list[list[int]],
+        max_tokens: int,
+        *,
+        metrics: dict[str, float] | None = None,
+        **kwargs: Any,
+    ):
         """`greedy_outputs(model_dir, prompts, max_tokens, **kwargs)`, cached; the engine's
         metrics go into `metrics` if given."""
-        key = json.dumps([str(model_dir), prompts, max_tokens, kwargs], sort_keys=True,
-                         default=str)
+        key = json.dumps([str(model_dir), prompts, max_tokens, kwargs], sort_keys=True, default=str)
         if key not in self._runs:
             run_metrics: dict[str, float] = {}
-            outputs = greedy_outputs(model_dir, prompts, max_tokens, metrics=run_metrics,
-                                     **kwargs)
+            outputs = greedy_outputs(model_dir, prompts, max_tokens, metrics=run_metrics, **kwargs)
             self._runs[key] = (outputs, run_metrics)
         outputs, run_metrics = self._runs[key]
         if metrics is not None:

@@ -78,8 +78,12 @@ QWEN3_5: dict[str, Any] = {
         "vocab_size": 512,
         "hidden_size": 128,
         "num_hidden_layers": 4,
-        "layer_types": ["linear_attention", "linear_attention", "full_attention",
-                        "linear_attention"],
+        "layer_types": [
+            "linear_attention",
+            "linear_attention",
+            "full_attention",
+            "linear_attention",
+        ],
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "head_dim": 64,
@@ -91,8 +95,14 @@ QWEN3_5: dict[str, Any] = {
         "linear_conv_kernel_dim": 4,
         "max_position_embeddings": 1024,
     },
-    "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-                      "out_hidden_size": 128, "num_position_embeddings": 64},
+    "vision_config": {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 128,
+        "num_position_embeddings": 64,
+    },
     "tie_word_embeddings": False,
 }
 
@@ -113,10 +123,18 @@ QWEN3_5_MOE: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
-TINY_CONFIGS: dict[str, dict[str, Any]] = {"nemotron_h": NEMOTRON_H, "qwen3_next": QWEN3_NEXT,
-                                           "qwen3_5": QWEN3_5, "qwen3_5_moe": QWEN3_5_MOE}
-_CONFIG_CLASS = {"nemotron_h": "NemotronHConfig", "qwen3_next": "Qwen3NextConfig",
-                 "qwen3_5": "Qwen3_5Config", "qwen3_5_moe": "Qwen3_5MoeConfig"}
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "nemotron_h": NEMOTRON_H,
+    "qwen3_next": QWEN3_NEXT,
+    "qwen3_5": QWEN3_5,
+    "qwen3_5_moe": QWEN3_5_MOE,
+}
+_CONFIG_CLASS = {
+    "nemotron_h": "NemotronHConfig",
+    "qwen3_next": "Qwen3NextConfig",
+    "qwen3_5": "Qwen3_5Config",
+    "qwen3_5_moe": "Qwen3_5MoeConfig",
+}
 
 HASH_FILE = ".tiny_checkpoint.sha256"
 DT_MIN, DT_MAX = 1e-3, 1e-1  # Mamba-2 dt init range
@@ -182,15 +200,23 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
     config = tiny_config(kind, **overrides)
     config.dtype = torch.bfloat16
     key_src = json.dumps(
-        {"kind": kind, "seed": seed, "config": config.to_dict(),
-         "transformers": transformers.__version__, "torch": torch.__version__},
-        sort_keys=True, default=str,
+        {
+            "kind": kind,
+            "seed": seed,
+            "config": config.to_dict(),
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
+        sort_keys=True,
+        default=str,
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()
     hash_path = out_dir / HASH_FILE
     files = [out_dir / "config.json", out_dir / "model.safetensors"]
-    if hash_path.is_file() and hash_path.read_text().strip() == key and all(
-        f.is_file() for f in files
+    if (
+        hash_path.is_file()
+        and hash_path.read_text().strip() == key
+        and all(f.is_file() for f in files)
     ):
         return out_dir
 
@@ -212,9 +238,15 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
 
 
 def greedy_outputs(
-    model_dir: Path | str, prompts: list[list[int]], max_tokens: int, *, logprobs: int = 0,
-    metrics: dict[str, float] | None = None, in_process: bool | None = None,
-    layers: list | None = None, **llm_kwargs: Any,
+    model_dir: Path | str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    *,
+    logprobs: int = 0,
+    metrics: dict[str, float] | None = None,
+    in_process: bool | None = None,
+    layers: list | None = None,
+    **llm_kwargs: Any,
 ) -> list[list[int]] | list[tuple[list[int], list[dict[int, float]]]]:
     """Greedy token ids from `vllm.LLM` on `model_dir` for token-id `prompts`, `max_tokens`
     new tokens each (EOS ignored). With logprobs=k, each prompt gives (token ids, per
@@ -257,10 +289,10 @@ def greedy_outputs(
             os.environ[MULTIPROCESSING_ENV] = "0"
         with _stdout_with_fd():
             llm = LLM(model=str(model_dir), **kwargs)
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                                logprobs=logprobs or None)
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                            use_tqdm=False)
+        params = SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs or None
+        )
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         found = llm.apply_model(ssm_layers)[0] if in_process or layers is not None else []
         if layers is not None:
             layers.extend(found)
@@ -270,9 +302,11 @@ def greedy_outputs(
             # CPU platform (torch paths) and follows the measured policy on GPUs.
             route = "replay" if "speculative_config" in kwargs else replayssm.get("route")
             replayed = {"stock": False, "replay": True}.get(
-                route, None if torch.cuda.is_available() else True)
-            check_ssm_layers(found, enabled=bool(replayssm.get("enabled", False)),
-                             replayed=replayed)
+                route, None if torch.cuda.is_available() else True
+            )
+            check_ssm_layers(
+                found, enabled=bool(replayssm.get("enabled", False)), replayed=replayed
+            )
         if metrics is not None:
             for m in llm.get_metrics():
                 if hasattr(m, "value"):
@@ -292,9 +326,13 @@ def greedy_outputs(
                 os.environ[MULTIPROCESSING_ENV] = saved_env
     if not logprobs:
         return [list(o.outputs[0].token_ids) for o in outs]
-    return [(list(o.outputs[0].token_ids),
-             [{t: lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs])
-            for o in outs]
+    return [
+        (
+            list(o.outputs[0].token_ids),
+            [{t: lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs],
+        )
+        for o in outs
+    ]
 
 
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
@@ -322,15 +360,21 @@ def ssm_layers(model: torch.nn.Module) -> list[tuple[str, str, bool | None, list
         if isinstance(m, MambaBase):
             replay = getattr(m, "replay", None)
             counters = getattr(m, "_step_counters", None)
-            totals = [] if counters is None or counters.totals is None else (
-                counters.totals.tolist())
-            rows.append((name, type(m).__name__, None if replay is None else replay.enabled,
-                         totals))
+            totals = (
+                [] if counters is None or counters.totals is None else (counters.totals.tolist())
+            )
+            rows.append(
+                (name, type(m).__name__, None if replay is None else replay.enabled, totals)
+            )
     return rows
 
 
-def check_ssm_layers(layers: list[tuple[str, str, bool | None, list[int]]], *,
-                     enabled: bool, replayed: bool | None = True) -> None:
+def check_ssm_layers(
+    layers: list[tuple[str, str, bool | None, list[int]]],
+    *,
+    enabled: bool,
+    replayed: bool | None = True,
+) -> None:
     """The plugin is in the engine: every SSM layer is ours (Replay*) with replayssm
     `enabled` as configured. Enabled layers decoded rows through ReplaySSM (their counters
     moved), by replay (ring records held) if `replayed`, by the stock route alone (which
@@ -354,11 +398,16 @@ def check_ssm_layers(layers: list[tuple[str, str, bool | None, list[int]]], *,
         held = counts["ring_records"]
         assert replayed is None or (held > 0) is replayed, (
             f"{name}: {held} ring records held; expected the "
-            f"{'replay' if replayed else 'stock'} route {counts}")
+            f"{'replay' if replayed else 'stock'} route {counts}"
+        )
 
 
 def transformers_greedy_outputs(
-    model_dir: Path | str, prompts: list[list[int]], max_tokens: int, *, logprobs: int = 5,
+    model_dir: Path | str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    *,
+    logprobs: int = 5,
     dtype: torch.dtype = torch.bfloat16,
 ) -> list[tuple[list[int], list[dict[int, float]]]]:
     """The same as `greedy_outputs(..., logprobs=k)` from transformers' own model (its torch
@@ -371,11 +420,17 @@ def transformers_greedy_outputs(
     results = []
     with torch.no_grad():
         for prompt in prompts:
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens,
-                                 min_new_tokens=max_tokens, do_sample=False, output_scores=True,
-                                 return_dict_in_generate=True, pad_token_id=0,
-                                 eos_token_id=None)
-            tokens = out.sequences[0, len(prompt):].tolist()
+            out = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
+            tokens = out.sequences[0, len(prompt) :].tolist()
             tops = []
             for scores in out.scores:
                 lp = torch.log_softmax(scores[0].float(), dim=-1)
@@ -423,16 +478,19 @@ def add_mtp_head(model_dir: Path | str) -> Path:
         raise ValueError("Qwen3NextMTP needs a MoE MTP layer: drop 0 from mlp_only_layers")
     weights = load_file(weights_path)
     attn = config["layer_types"].index("full_attention")
-    sources = ((attn, ("self_attn.", "input_layernorm.", "post_attention_layernorm.")),
-               (0, ("mlp.",)))
+    sources = (
+        (attn, ("self_attn.", "input_layernorm.", "post_attention_layernorm.")),
+        (0, ("mlp.",)),
+    )
     mtp = {}
     for name, tensor in weights.items():
         for layer, parts in sources:
             prefix = f"model.layers.{layer}."
-            if name.startswith(prefix) and name[len(prefix):].startswith(parts):
+            if name.startswith(prefix) and name[len(prefix) :].startswith(parts):
                 zero = name.endswith(("o_proj.weight", "down_proj.weight"))
-                mtp["mtp.layers.0." + name[len(prefix):]] = (
-                    torch.zeros_like(tensor) if zero else tensor.clone())
+                mtp["mtp.layers.0." + name[len(prefix) :]] = (
+                    torch.zeros_like(tensor) if zero else tensor.clone()
+                )
     hidden = config["hidden_size"]
     fc = torch.zeros(hidden, 2 * hidden)  # input: [embedding of the new token | hidden]
     fc[:, :hidden] = torch.eye(hidden)

@@ -19,9 +19,15 @@ def nemotron_h(runs):
 
 
 def _config(model_dir, replayssm, **kw):
-    args = EngineArgs(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16",
-                      enforce_eager=True, max_model_len=256,
-                      additional_config={"replayssm": replayssm}, **kw)
+    args = EngineArgs(
+        model=str(model_dir),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=256,
+        additional_config={"replayssm": replayssm},
+        **kw,
+    )
     return args.create_engine_config()
 
 
@@ -33,15 +39,25 @@ def test_valid_configuration_passes(qwen3_next):
 @pytest.mark.parametrize(
     "replayssm, kw, match",
     [
-        ({"enabled": True}, {"enable_prefix_caching": True},
-         "replayssm cannot run with prefix caching"),
+        (
+            {"enabled": True},
+            {"enable_prefix_caching": True},
+            "replayssm cannot run with prefix caching",
+        ),
         ({"enabled": True, "buffer_len": 0}, {}, "buffer_len must be an integer"),
         ({"enabled": True, "lp_dtype": "int8"}, {}, "lp_dtype must be one of"),
         ({"enabled": True, "bufferlen": 8}, {}, r"unknown replayssm key\(s\) \['bufferlen'\]"),
-        ({"enabled": True, "buffer_len": 2},
-         {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
-                                 "prompt_lookup_max": 3}},
-         "buffer_len=2 is smaller than the verify window T = 1 \\+ num_speculative_tokens = 4"),
+        (
+            {"enabled": True, "buffer_len": 2},
+            {
+                "speculative_config": {
+                    "method": "ngram",
+                    "num_speculative_tokens": 3,
+                    "prompt_lookup_max": 3,
+                }
+            },
+            "buffer_len=2 is smaller than the verify window T = 1 \\+ num_speculative_tokens = 4",
+        ),
     ],
     ids=["prefix_caching", "buffer_len", "lp_dtype", "unknown_key", "window"],
 )
@@ -53,8 +69,11 @@ def test_bad_configuration_is_refused(qwen3_next, replayssm, kw, match):
 def test_unsupported_architecture_is_refused(nemotron_h):
     # A planned architecture: NemotronH weights declared as the Puzzle (heterogeneous) class.
     with pytest.raises(Exception, match="does not support NemotronHPuzzleForCausalLM yet"):
-        _config(nemotron_h, {"enabled": True},
-                hf_overrides={"architectures": ["NemotronHPuzzleForCausalLM"]})
+        _config(
+            nemotron_h,
+            {"enabled": True},
+            hf_overrides={"architectures": ["NemotronHPuzzleForCausalLM"]},
+        )
 
 
 def test_supported_nemotron_h_passes(nemotron_h):

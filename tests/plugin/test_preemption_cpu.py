@@ -51,9 +51,16 @@ def _run(runs, kind, *, pressure: bool, metrics: dict, **llm_kwargs):
     block, kv_bytes, max_model_len = CASES[kind]
     if pressure:
         llm_kwargs["kv_cache_memory_bytes"] = BLOCKS * block * kv_bytes
-    return runs.greedy(runs.checkpoint(kind, **PEAKED), _prompts(kind), NEW_TOKENS,
-                       logprobs=5, metrics=metrics, max_model_len=max_model_len,
-                       **PRESSURE_SCHEDULER, **llm_kwargs)
+    return runs.greedy(
+        runs.checkpoint(kind, **PEAKED),
+        _prompts(kind),
+        NEW_TOKENS,
+        logprobs=5,
+        metrics=metrics,
+        max_model_len=max_model_len,
+        **PRESSURE_SCHEDULER,
+        **llm_kwargs,
+    )
 
 
 # The reference runs without memory pressure. NemotronH: the plugin's CPU stock path
@@ -69,15 +76,23 @@ REFERENCE = {
 @pytest.mark.parametrize("kind", list(CASES))
 def test_replayssm_under_preemption_matches_reference(runs, kind, capsys):
     m_ref: dict[str, float] = {}
-    ref = _run(runs, kind, pressure=False, metrics=m_ref,
-               additional_config={"replayssm": REFERENCE[kind]})
+    ref = _run(
+        runs, kind, pressure=False, metrics=m_ref, additional_config={"replayssm": REFERENCE[kind]}
+    )
     assert distinct_tokens(ref) > 100, "reference outputs are not diverse"
     assert m_ref["vllm:num_preemptions"] == 0
     m: dict[str, float] = {}
-    ours = _run(runs, kind, pressure=True, metrics=m,
-                additional_config={"replayssm": {**REPLAY, "route": "replay"}})
+    ours = _run(
+        runs,
+        kind,
+        pressure=True,
+        metrics=m,
+        additional_config={"replayssm": {**REPLAY, "route": "replay"}},
+    )
     with capsys.disabled():
-        print(f"\n{kind}: {m['vllm:num_preemptions']} preemptions under "
-              f"{BLOCKS * CASES[kind][0] * CASES[kind][1]} B of KV cache")
+        print(
+            f"\n{kind}: {m['vllm:num_preemptions']} preemptions under "
+            f"{BLOCKS * CASES[kind][0] * CASES[kind][1]} B of KV cache"
+        )
     assert m["vllm:num_preemptions"] > 0, "the budget did not force preemption"
     check_greedy(capsys, f"{kind} ReplaySSM under preemption vs reference", ref, ours)

@@ -32,15 +32,17 @@ pytestmark = pytest.mark.engine
 NEW_TOKENS = 40
 
 
-def _check_partly_accepted(name: str, metrics: dict[str, float], capsys,
-                           share: float = 0.0) -> None:
+def _check_partly_accepted(
+    name: str, metrics: dict[str, float], capsys, share: float = 0.0
+) -> None:
     """Drafts were proposed, more than `share` of them accepted and of them rejected."""
     drafted = metrics.get("vllm:spec_decode_num_draft_tokens", 0)
     accepted = metrics.get("vllm:spec_decode_num_accepted_tokens", 0)
     with capsys.disabled():
         print(f"\n{name}: {int(accepted)}/{int(drafted)} draft tokens accepted")
     assert share * drafted < accepted < (1 - share) * drafted, (
-        f"the drafts must be partly accepted and partly rejected ({accepted}/{drafted})")
+        f"the drafts must be partly accepted and partly rejected ({accepted}/{drafted})"
+    )
 
 
 # --- NemotronH (Mamba-2), ngram drafts ------------------------------------------------------
@@ -60,10 +62,18 @@ def test_spec_decode_is_lossless(runs, case, capsys):
     plain = nemotron_h_run(runs, {"enabled": True, "buffer_len": BUFFER_LEN})
     stock = nemotron_h_run(runs, {"enabled": False})
     metrics: dict[str, float] = {}
-    ngram = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
-             "prompt_lookup_min": 2}
-    ours = nemotron_h_run(runs, {"enabled": True, "debug_checks": True, **settings},
-                          metrics=metrics, speculative_config=ngram)
+    ngram = {
+        "method": "ngram",
+        "num_speculative_tokens": k,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
+    ours = nemotron_h_run(
+        runs,
+        {"enabled": True, "debug_checks": True, **settings},
+        metrics=metrics,
+        speculative_config=ngram,
+    )
     _check_partly_accepted(case, metrics, capsys)
     check_greedy(capsys, f"{case} vs non-speculative ReplaySSM", plain, ours)
     check_greedy(capsys, f"{case} vs CPU stock path", stock, ours)
@@ -89,11 +99,26 @@ def qwen_prompts(runs, qwen_dir):
     return [p + g + p for p, g in zip(seeds, own, strict=True)]
 
 
-def _run_gdn(runs, model_dir, prompts, replayssm: dict, k: int = 0,
-             metrics: dict | None = None, drafter: dict = GDN_NGRAM):
+def _run_gdn(
+    runs,
+    model_dir,
+    prompts,
+    replayssm: dict,
+    k: int = 0,
+    metrics: dict | None = None,
+    drafter: dict = GDN_NGRAM,
+):
     spec = {"speculative_config": {**drafter, "num_speculative_tokens": k}} if k else {}
-    return runs.greedy(model_dir, prompts, NEW_TOKENS, logprobs=5, metrics=metrics,
-                       additional_config={"replayssm": replayssm}, **spec, **SCHEDULER)
+    return runs.greedy(
+        model_dir,
+        prompts,
+        NEW_TOKENS,
+        logprobs=5,
+        metrics=metrics,
+        additional_config={"replayssm": replayssm},
+        **spec,
+        **SCHEDULER,
+    )
 
 
 GDN_CASES = {
@@ -105,8 +130,12 @@ GDN_CASES = {
 @pytest.mark.parametrize("case", list(GDN_CASES))
 def test_gdn_spec_decode_is_lossless(runs, qwen_dir, qwen_prompts, case, capsys):
     k, settings = GDN_CASES[case]
-    plain = _run_gdn(runs, qwen_dir, qwen_prompts,
-                     {"enabled": True, "buffer_len": BUFFER_LEN, "lp_dtype": "none"})
+    plain = _run_gdn(
+        runs,
+        qwen_dir,
+        qwen_prompts,
+        {"enabled": True, "buffer_len": BUFFER_LEN, "lp_dtype": "none"},
+    )
     metrics: dict[str, float] = {}
     ours = _run_gdn(runs, qwen_dir, qwen_prompts, {"enabled": True, **settings}, k, metrics)
     _check_partly_accepted(f"qwen3_next {case}", metrics, capsys)
@@ -130,8 +159,9 @@ MTP_CASES = {
 
 @pytest.fixture(scope="module")
 def mtp_dir(runs):
-    return runs.checkpoint("qwen3_next", mtp_head=True, **PEAKED, mlp_only_layers=[1, 2, 3],
-                           num_experts_per_tok=4)
+    return runs.checkpoint(
+        "qwen3_next", mtp_head=True, **PEAKED, mlp_only_layers=[1, 2, 3], num_experts_per_tok=4
+    )
 
 
 @pytest.fixture(scope="module")
@@ -145,10 +175,17 @@ def test_mtp_spec_decode_is_lossless(runs, mtp_dir, mtp_prompts, case, capsys):
     k, settings = MTP_CASES[case]
     plain = _run_gdn(runs, mtp_dir, mtp_prompts, {"enabled": True, "buffer_len": BUFFER_LEN})
     metrics: dict[str, float] = {}
-    ours = _run_gdn(runs, mtp_dir, mtp_prompts,
-                    {"enabled": True, "debug_checks": True, **settings}, k, metrics,
-                    drafter={"method": "mtp"})
-    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (
-        NEW_TOKENS // 2), "the MTP drafter did not run"
+    ours = _run_gdn(
+        runs,
+        mtp_dir,
+        mtp_prompts,
+        {"enabled": True, "debug_checks": True, **settings},
+        k,
+        metrics,
+        drafter={"method": "mtp"},
+    )
+    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
+        "the MTP drafter did not run"
+    )
     _check_partly_accepted(f"qwen3_next mtp {case}", metrics, capsys, share=0.1)
     check_greedy(capsys, f"qwen3_next mtp {case} vs non-speculative ReplaySSM", plain, ours)

@@ -39,8 +39,7 @@ TP = 2
 # Four prompts with SCHEDULER: a late arrival (max_num_seqs 3); the 31-token prompt with
 # 32 batched tokens: chunked prefill and batches mixing prefill and decode rows.
 PROMPT_LENS = [5, 14, 31, 2]
-REPLAY_ON = {"enabled": True, "buffer_len": BUFFER_LEN, "lp_dtype": "bfloat16",
-             "route": "replay"}
+REPLAY_ON = {"enabled": True, "buffer_len": BUFFER_LEN, "lp_dtype": "bfloat16", "route": "replay"}
 # TP=1 references per family: replayssm settings, and whether every divergence must be a
 # near-tie. vLLM's own CPU GDN kernel is less precise than fp32 maths (see
 # test_gdn_cpu_engine.py; in this geometry, at TP=1, ReplaySSM with HP only and with LP bf16
@@ -50,15 +49,20 @@ REPLAY_ON = {"enabled": True, "buffer_len": BUFFER_LEN, "lp_dtype": "bfloat16",
 # torch version.
 REFERENCES: dict[str, dict[str, tuple[dict, bool]]] = {
     "nemotron_h": {"TP=1 stock (plugin CPU path)": ({"enabled": False}, True)},
-    "qwen3_next": {"TP=1 stock vLLM": ({"enabled": False}, False),
-                   "TP=1 ReplaySSM stock route": ({"enabled": True, "buffer_len": BUFFER_LEN,
-                                                   "route": "stock"}, True)},
+    "qwen3_next": {
+        "TP=1 stock vLLM": ({"enabled": False}, False),
+        "TP=1 ReplaySSM stock route": (
+            {"enabled": True, "buffer_len": BUFFER_LEN, "route": "stock"},
+            True,
+        ),
+    },
 }
 
 GEOMETRY: dict[str, dict[str, Any]] = {
     "nemotron_h": dict(**PEAKED, n_groups=1, mamba_num_heads=6, num_key_value_heads=1),
-    "qwen3_next": dict(**PEAKED, linear_num_key_heads=2, linear_num_value_heads=6,
-                       num_key_value_heads=1),
+    "qwen3_next": dict(
+        **PEAKED, linear_num_key_heads=2, linear_num_value_heads=6, num_key_value_heads=1
+    ),
 }
 
 
@@ -69,7 +73,7 @@ def _tp_env() -> dict[str, str]:
     if len(cpus) < TP:
         pytest.skip(f"TP={TP} on CPU needs {TP} CPUs, {len(cpus)} allowed")
     half = len(cpus) // TP
-    bind = "|".join(",".join(map(str, cpus[r * half:(r + 1) * half])) for r in range(TP))
+    bind = "|".join(",".join(map(str, cpus[r * half : (r + 1) * half])) for r in range(TP))
     return {"VLLM_CPU_OMP_THREADS_BIND": bind}
 
 
@@ -84,17 +88,23 @@ def _rank_pages(model) -> dict[str, Any]:
     layers = {}
     for name, m in model.named_modules():
         if isinstance(m, ReplayMambaMixer2):
-            extra = dict(heads=m.num_heads // m.tp_size, groups=m.n_groups // m.tp_size,
-                         A=tuple(m.A.shape))
+            extra = dict(
+                heads=m.num_heads // m.tp_size, groups=m.n_groups // m.tp_size, A=tuple(m.A.shape)
+            )
         elif isinstance(m, ReplayQwenGatedDeltaNetAttention):
-            extra = dict(k_heads=m.num_k_heads // m.tp_size, v_heads=m.num_v_heads // m.tp_size,
-                         A=tuple(m.A_log.shape))
+            extra = dict(
+                k_heads=m.num_k_heads // m.tp_size,
+                v_heads=m.num_v_heads // m.tp_size,
+                A=tuple(m.A_log.shape),
+            )
         else:
             continue
         layers[name] = dict(
             specs=[(s.name, tuple(s.shape), str(s.dtype)) for s in m.replay_specs],
             bound=[(tuple(t.shape[1:]), str(t.dtype)) for t in m.kv_cache],
-            tp_size=m.tp_size, **extra)
+            tp_size=m.tp_size,
+            **extra,
+        )
     return {"rank": get_tensor_model_parallel_rank(), "layers": layers}
 
 
@@ -118,9 +128,15 @@ def _tp2_run(model_dir, replayssm: dict):
         # apply_model ships a function to the workers (pickled): vLLM wants this opt-in.
         mp.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         mp.setattr(vllm, "LLM", InspectingLLM)
-        outputs = greedy_outputs(model_dir, prompts(PROMPT_LENS), NEW_TOKENS, logprobs=5,
-                                 tensor_parallel_size=TP,
-                                 additional_config={"replayssm": replayssm}, **SCHEDULER)
+        outputs = greedy_outputs(
+            model_dir,
+            prompts(PROMPT_LENS),
+            NEW_TOKENS,
+            logprobs=5,
+            tensor_parallel_size=TP,
+            additional_config={"replayssm": replayssm},
+            **SCHEDULER,
+        )
     return outputs, inspected
 
 
@@ -130,9 +146,17 @@ def family(request, runs):
     their inspection."""
     kind = request.param
     model_dir = runs.checkpoint(kind, **GEOMETRY[kind])
-    references = {name: runs.greedy(model_dir, prompts(PROMPT_LENS), NEW_TOKENS, logprobs=5,
-                                    additional_config={"replayssm": replayssm}, **SCHEDULER)
-                  for name, (replayssm, _) in REFERENCES[kind].items()}
+    references = {
+        name: runs.greedy(
+            model_dir,
+            prompts(PROMPT_LENS),
+            NEW_TOKENS,
+            logprobs=5,
+            additional_config={"replayssm": replayssm},
+            **SCHEDULER,
+        )
+        for name, (replayssm, _) in REFERENCES[kind].items()
+    }
     ours, inspected = _tp2_run(model_dir, REPLAY_ON)
     return kind, references, ours, inspected
 
@@ -142,8 +166,13 @@ def test_tp2_replayssm_matches_tp1(family, capsys):
     for name, reference in references.items():
         assert distinct_tokens(reference) > 40, f"{name}: outputs are not diverse"
         # the top-5 rule, and the near-tie rule against the precise references
-        check_greedy(capsys, f"{kind}: TP={TP} ReplaySSM vs {name}", reference, ours,
-                     near_tie=REFERENCES[kind][name][1])
+        check_greedy(
+            capsys,
+            f"{kind}: TP={TP} ReplaySSM vs {name}",
+            reference,
+            ours,
+            near_tie=REFERENCES[kind][name][1],
+        )
 
 
 def test_tp2_pages_agree_on_every_rank(family):
@@ -157,8 +186,9 @@ def test_tp2_pages_agree_on_every_rank(family):
     kind, _, _, inspected = family
     vllm_config = inspected["vllm_config"]
     hf = vllm_config.model_config.hf_text_config
-    model_cls, _ = ModelRegistry.resolve_model_cls(vllm_config.model_config.architecture,
-                                                   model_config=vllm_config.model_config)
+    model_cls, _ = ModelRegistry.resolve_model_cls(
+        vllm_config.model_config.architecture, model_config=vllm_config.model_config
+    )
     assert model_cls.__name__.startswith("Replay"), model_cls
     specs = model_cls._replay_specs(vllm_config)
     shapes, dtypes = shapes_and_dtypes(specs)
@@ -169,18 +199,29 @@ def test_tp2_pages_agree_on_every_rank(family):
 
     if kind == "nemotron_h":
         conv, hp = Calc.mamba2_state_shape(
-            tp_world_size=TP, intermediate_size=hf.mamba_num_heads * hf.mamba_head_dim,
-            n_groups=hf.n_groups, num_heads=hf.mamba_num_heads, head_dim=hf.mamba_head_dim,
-            state_size=hf.ssm_state_size, conv_kernel=hf.conv_kernel)
+            tp_world_size=TP,
+            intermediate_size=hf.mamba_num_heads * hf.mamba_head_dim,
+            n_groups=hf.n_groups,
+            num_heads=hf.mamba_num_heads,
+            head_dim=hf.mamba_head_dim,
+            state_size=hf.ssm_state_size,
+            conv_kernel=hf.conv_kernel,
+        )
         groups = (hf.n_groups + Calc.extra_groups_for_head_shards(hf.n_groups, TP)) // TP
         assert (hf.n_groups, groups) == (1, 1)  # replicated: one (extended) group per rank
         expected = dict(heads=hf.mamba_num_heads // TP, groups=groups)
     else:
         conv, hp = Calc.gated_delta_net_state_shape(
-            TP, hf.linear_num_key_heads, hf.linear_num_value_heads, hf.linear_key_head_dim,
-            hf.linear_value_head_dim, hf.linear_conv_kernel_dim)
-        expected = dict(k_heads=hf.linear_num_key_heads // TP,
-                        v_heads=hf.linear_num_value_heads // TP)
+            TP,
+            hf.linear_num_key_heads,
+            hf.linear_num_value_heads,
+            hf.linear_key_head_dim,
+            hf.linear_value_head_dim,
+            hf.linear_conv_kernel_dim,
+        )
+        expected = dict(
+            k_heads=hf.linear_num_key_heads // TP, v_heads=hf.linear_num_value_heads // TP
+        )
     assert by_name["conv"] == tuple(conv) and by_name["hp"] == by_name["lp"] == tuple(hp)
 
     ranks = inspected["ranks"]
@@ -214,41 +255,72 @@ def checkpoints(runs):
 
 def _config(model_dir, overrides: dict, replayssm: dict | None = None, tp: int = TP):
     extra = {"language_model_only": True} if "text_config" in overrides else {}
-    args = EngineArgs(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16",
-                      enforce_eager=True, max_model_len=256, tensor_parallel_size=tp,
-                      hf_overrides=overrides,
-                      additional_config={"replayssm": replayssm or REPLAY_ON}, **extra)
+    args = EngineArgs(
+        model=str(model_dir),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=256,
+        tensor_parallel_size=tp,
+        hf_overrides=overrides,
+        additional_config={"replayssm": replayssm or REPLAY_ON},
+        **extra,
+    )
     return args.create_engine_config()
 
 
-@pytest.mark.parametrize("kind, overrides", [
-    ("nemotron_h", {"n_groups": 1, "mamba_num_heads": 6}),
-    ("nemotron_h", {"n_groups": 2, "mamba_num_heads": 6}),
-    ("qwen3_next", {"linear_num_key_heads": 2, "linear_num_value_heads": 6}),
-    ("qwen3_5", {"text_config": {"linear_num_key_heads": 2, "linear_num_value_heads": 4}}),
-], ids=["mamba2_groups_1", "mamba2_groups_2", "gdn_1k_3v_per_rank", "qwen3_5"])
+@pytest.mark.parametrize(
+    "kind, overrides",
+    [
+        ("nemotron_h", {"n_groups": 1, "mamba_num_heads": 6}),
+        ("nemotron_h", {"n_groups": 2, "mamba_num_heads": 6}),
+        ("qwen3_next", {"linear_num_key_heads": 2, "linear_num_value_heads": 6}),
+        ("qwen3_5", {"text_config": {"linear_num_key_heads": 2, "linear_num_value_heads": 4}}),
+    ],
+    ids=["mamba2_groups_1", "mamba2_groups_2", "gdn_1k_3v_per_rank", "qwen3_5"],
+)
 def test_supported_split_passes(checkpoints, kind, overrides):
     cfg = _config(checkpoints[kind], overrides)
     assert cfg.parallel_config.tensor_parallel_size == TP
 
 
-@pytest.mark.parametrize("kind, overrides, match", [
-    ("nemotron_h", {"mamba_num_heads": 5, "n_groups": 1},
-     r"tensor_parallel_size=2, which does not divide the Mamba-2 heads \(mamba_num_heads=5\): "
-     r"use a tensor_parallel_size that divides the heads \(1, 5\)"),
-    ("nemotron_h", {"mamba_num_heads": 6, "n_groups": 3},
-     r"tensor_parallel_size=2, which does not divide the Mamba-2 groups \(n_groups=3; .*\): "
-     r"use a tensor_parallel_size that divides the heads and the groups \(1, 3\)"),
-    ("qwen3_next", {"linear_num_key_heads": 3, "linear_num_value_heads": 6},
-     r"tensor_parallel_size=2, which does not divide the GDN key heads "
-     r"\(linear_num_key_heads=3\): use a tensor_parallel_size that divides the key and value "
-     r"heads \(1, 3\)"),
-    ("qwen3_next", {"linear_num_key_heads": 1, "linear_num_value_heads": 5},
-     r"does not divide the GDN value heads \(linear_num_value_heads=5\): .*\(1\)"),
-    ("qwen3_5", {"text_config": {"linear_num_key_heads": 1, "linear_num_value_heads": 3}},
-     r"does not divide the GDN key heads \(linear_num_key_heads=1\) and does not divide the "
-     r"GDN value heads \(linear_num_value_heads=3\): .*\(1\)"),
-], ids=["mamba2_heads", "mamba2_groups", "gdn_key_heads", "gdn_value_heads", "qwen3_5_heads"])
+@pytest.mark.parametrize(
+    "kind, overrides, match",
+    [
+        (
+            "nemotron_h",
+            {"mamba_num_heads": 5, "n_groups": 1},
+            r"tensor_parallel_size=2, which does not divide the Mamba-2 heads "
+            r"\(mamba_num_heads=5\): use a tensor_parallel_size that divides the heads \(1, 5\)",
+        ),
+        (
+            "nemotron_h",
+            {"mamba_num_heads": 6, "n_groups": 3},
+            r"tensor_parallel_size=2, which does not divide the Mamba-2 groups "
+            r"\(n_groups=3; .*\): use a tensor_parallel_size that divides the heads and the "
+            r"groups \(1, 3\)",
+        ),
+        (
+            "qwen3_next",
+            {"linear_num_key_heads": 3, "linear_num_value_heads": 6},
+            r"tensor_parallel_size=2, which does not divide the GDN key heads "
+            r"\(linear_num_key_heads=3\): use a tensor_parallel_size that divides the key and "
+            r"value heads \(1, 3\)",
+        ),
+        (
+            "qwen3_next",
+            {"linear_num_key_heads": 1, "linear_num_value_heads": 5},
+            r"does not divide the GDN value heads \(linear_num_value_heads=5\): .*\(1\)",
+        ),
+        (
+            "qwen3_5",
+            {"text_config": {"linear_num_key_heads": 1, "linear_num_value_heads": 3}},
+            r"does not divide the GDN key heads \(linear_num_key_heads=1\) and does not divide the "
+            r"GDN value heads \(linear_num_value_heads=3\): .*\(1\)",
+        ),
+    ],
+    ids=["mamba2_heads", "mamba2_groups", "gdn_key_heads", "gdn_value_heads", "qwen3_5_heads"],
+)
 def test_unsupported_split_is_refused(checkpoints, kind, overrides, match):
     with pytest.raises(Exception, match=match) as info:
         _config(checkpoints[kind], overrides)
@@ -257,13 +329,15 @@ def test_unsupported_split_is_refused(checkpoints, kind, overrides, match):
 
 def test_attention_head_split_is_vllms_check(checkpoints):
     """vLLM itself refuses attention heads not divisible by TP (ReplaySSM adds nothing)."""
-    with pytest.raises(Exception, match=r"attention heads \(3\) must be divisible by tensor "
-                                        r"parallel size \(2\)"):
+    with pytest.raises(
+        Exception,
+        match=r"attention heads \(3\) must be divisible by tensor "
+        r"parallel size \(2\)",
+    ):
         _config(checkpoints["nemotron_h"], {"num_attention_heads": 3})
 
 
 def test_disabled_replayssm_checks_no_split(checkpoints):
     """With replayssm off the split is vLLM's business (its layers assert at load time)."""
-    cfg = _config(checkpoints["nemotron_h"], {"mamba_num_heads": 5},
-                  replayssm={"enabled": False})
+    cfg = _config(checkpoints["nemotron_h"], {"mamba_num_heads": 5}, replayssm={"enabled": False})
     assert cfg.parallel_config.tensor_parallel_size == TP

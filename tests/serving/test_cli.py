@@ -24,12 +24,29 @@ def _extra(plan) -> dict:
 
 
 def test_split_keeps_order_and_matches_exactly():
-    ours, rest = cli.split_argv([
-        "m", "--port", "8000", "--use-replayssm", "--replayssm-buffer-len", "8",
-        "--replayssm_lp_dtype=bf16", "--no-replayssm-stagger", "--use-replayssm-fast", "x",
-        "--seed", "-1"])
-    assert ours == ["--use-replayssm", "--replayssm-buffer-len", "8",
-                    "--replayssm-lp-dtype=bf16", "--no-replayssm-stagger"]
+    ours, rest = cli.split_argv(
+        [
+            "m",
+            "--port",
+            "8000",
+            "--use-replayssm",
+            "--replayssm-buffer-len",
+            "8",
+            "--replayssm_lp_dtype=bf16",
+            "--no-replayssm-stagger",
+            "--use-replayssm-fast",
+            "x",
+            "--seed",
+            "-1",
+        ]
+    )
+    assert ours == [
+        "--use-replayssm",
+        "--replayssm-buffer-len",
+        "8",
+        "--replayssm-lp-dtype=bf16",
+        "--no-replayssm-stagger",
+    ]
     assert rest == ["m", "--port", "8000", "--use-replayssm-fast", "x", "--seed", "-1"]
 
 
@@ -37,21 +54,40 @@ def test_flags_become_additional_config_merged_with_the_users(tmp_path):
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["NemotronHForCausalLM"]}))
-    plan = cli.plan_serve([
-        str(model), "--port", "8001", "--additional-config",
-        '{"replayssm": {"buffer_len": 8}, "other_plugin": {"x": 1}}',
-        "--use-replayssm", "--replayssm-route", "stock", "--replayssm-lp-dtype", "fp16"],
-        on_cpu=True)
+    plan = cli.plan_serve(
+        [
+            str(model),
+            "--port",
+            "8001",
+            "--additional-config",
+            '{"replayssm": {"buffer_len": 8}, "other_plugin": {"x": 1}}',
+            "--use-replayssm",
+            "--replayssm-route",
+            "stock",
+            "--replayssm-lp-dtype",
+            "fp16",
+        ],
+        on_cpu=True,
+    )
     assert plan.vllm_argv[:3] == [str(model), "--port", "8001"]  # passed through unchanged
-    assert _extra(plan) == {"other_plugin": {"x": 1}, "replayssm": {
-        "buffer_len": 8, "enabled": True, "route": "stock", "lp_dtype": "float16"}}
+    assert _extra(plan) == {
+        "other_plugin": {"x": 1},
+        "replayssm": {"buffer_len": 8, "enabled": True, "route": "stock", "lp_dtype": "float16"},
+    }
     assert plan.replay.enabled and plan.replay.buffer_len == 8 and plan.demo is None
     assert not any(a == "--enforce-eager" for a in plan.vllm_argv)  # no demo defaults
 
 
 def test_spec_alias_turns_replayssm_on(tmp_path):
-    plan = cli.plan_serve([str(tmp_path), "--use-replayssm-spec", "--speculative-config",
-                           '{"method": "ngram", "num_speculative_tokens": 3}'], on_cpu=True)
+    plan = cli.plan_serve(
+        [
+            str(tmp_path),
+            "--use-replayssm-spec",
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 3}',
+        ],
+        on_cpu=True,
+    )
     assert _extra(plan) == {"replayssm": {"enabled": True}} and plan.replay.enabled
 
 
@@ -72,30 +108,57 @@ def test_demo_on_cpu_gets_defaults_unless_given():
     assert argv.count("--max-model-len") == 1  # the user's 128 stays
     assert argv[argv.index("--max-model-len") + 1] == "128"
     gpu = cli.plan_serve(["--demo", "qwen3_next"], on_cpu=False)
-    assert gpu.vllm_argv == [str(demo_path("qwen3_next")), "--served-model-name",
-                             served_name("qwen3_next")]
+    assert gpu.vllm_argv == [
+        str(demo_path("qwen3_next")),
+        "--served-model-name",
+        served_name("qwen3_next"),
+    ]
     assert not gpu.replay.enabled
 
 
 BAD = {
-    "buffer_len_zero": (["--use-replayssm", "--replayssm-buffer-len", "0"],
-                        "--replayssm-buffer-len: replayssm.buffer_len must be an integer"),
-    "lp_dtype": (["--use-replayssm", "--replayssm-lp-dtype", "int8"],
-                 "replayssm.lp_dtype must be one of"),
+    "buffer_len_zero": (
+        ["--use-replayssm", "--replayssm-buffer-len", "0"],
+        "--replayssm-buffer-len: replayssm.buffer_len must be an integer",
+    ),
+    "lp_dtype": (
+        ["--use-replayssm", "--replayssm-lp-dtype", "int8"],
+        "replayssm.lp_dtype must be one of",
+    ),
     "route": (["--use-replayssm", "--replayssm-route", "fast"], "replayssm.route must be one of"),
     "without_use": (["--replayssm-buffer-len", "8"], "add --use-replayssm"),
-    "conflict": (["--use-replayssm", "--replayssm-buffer-len", "8", "--additional-config",
-                  '{"replayssm": {"buffer_len": 16}}'],
-                 "--replayssm-buffer-len gives replayssm.buffer_len=8 but --additional-config"),
-    "conflict_enabled": (["--use-replayssm", "--additional-config",
-                          '{"replayssm": {"enabled": false}}'], "set it in one place"),
-    "bad_user_key": (["--additional-config", '{"replayssm": {"bufer_len": 8}}'],
-                     "--additional-config: unknown replayssm key(s) ['bufer_len']"),
-    "spec_window": (["--use-replayssm", "--replayssm-buffer-len", "4", "--speculative-config",
-                     '{"method": "ngram", "num_speculative_tokens": 5}'],
-                    "smaller than the verify window"),
-    "spec_alias_without_spec": (["--use-replayssm-spec"],
-                                "--use-replayssm-spec needs a speculative config"),
+    "conflict": (
+        [
+            "--use-replayssm",
+            "--replayssm-buffer-len",
+            "8",
+            "--additional-config",
+            '{"replayssm": {"buffer_len": 16}}',
+        ],
+        "--replayssm-buffer-len gives replayssm.buffer_len=8 but --additional-config",
+    ),
+    "conflict_enabled": (
+        ["--use-replayssm", "--additional-config", '{"replayssm": {"enabled": false}}'],
+        "set it in one place",
+    ),
+    "bad_user_key": (
+        ["--additional-config", '{"replayssm": {"bufer_len": 8}}'],
+        "--additional-config: unknown replayssm key(s) ['bufer_len']",
+    ),
+    "spec_window": (
+        [
+            "--use-replayssm",
+            "--replayssm-buffer-len",
+            "4",
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 5}',
+        ],
+        "smaller than the verify window",
+    ),
+    "spec_alias_without_spec": (
+        ["--use-replayssm-spec"],
+        "--use-replayssm-spec needs a speculative config",
+    ),
     "demo_with_model": (["some/model", "--demo", "qwen3_next"], "drop MODEL or --demo"),
     "unknown_demo": (["--demo", "mamba"], "unknown demo model 'mamba'"),
 }
@@ -149,19 +212,25 @@ def test_help_documents_our_flags(capsys):
 
 
 def test_console_script_is_declared():
-    scripts = [ep for ep in metadata.entry_points(group="console_scripts")
-               if ep.name == "vllm-replayssm"]
+    scripts = [
+        ep for ep in metadata.entry_points(group="console_scripts") if ep.name == "vllm-replayssm"
+    ]
     assert [ep.value for ep in scripts] == ["vllm_replayssm.cli:main"]
 
 
 def test_invalid_flag_stops_the_process_before_any_engine():
     """The real process: exit 2, the message on stderr, no engine started."""
     start = time.monotonic()
-    proc = subprocess.run(launcher_cmd("serve", "--use-replayssm", "--replayssm-lp-dtype",
-                                       "int4", "--port", "1"),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        launcher_cmd("serve", "--use-replayssm", "--replayssm-lp-dtype", "int4", "--port", "1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == cli.EXIT_USAGE, proc.stderr
-    assert "vllm-replayssm: error: --replayssm-lp-dtype: replayssm.lp_dtype must be one of" \
+    assert (
+        "vllm-replayssm: error: --replayssm-lp-dtype: replayssm.lp_dtype must be one of"
         in proc.stderr
+    )
     assert "EngineCore" not in proc.stderr + proc.stdout
     assert time.monotonic() - start < 120

@@ -40,8 +40,9 @@ def test_tokenizer_and_chat_template(kind):
     text = "A state space model keeps a small state. {x} = 42!"
     ids = tok(text)["input_ids"]
     assert tok.unk_token_id not in ids and tok.decode(ids) == text
-    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
-                                   add_generation_prompt=True)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat == f"{IM_START}user\nHi{IM_END}\n{IM_START}assistant\n"
     assert tok.convert_tokens_to_ids([IM_START, IM_END]) == [2, 3]
 
@@ -49,4 +50,5 @@ def test_tokenizer_and_chat_template(kind):
 @pytest.mark.parametrize("kind", list(CONFIGS))
 def test_rebuild_reproduces_the_shipped_files(kind, tmp_path):
     assert digests(build_demo(kind, tmp_path)) == digests(demo_path(kind)), (
-        "the shipped demo differs from a rebuild: run `python -m vllm_replayssm.demo.build`")
+        "the shipped demo differs from a rebuild: run `python -m vllm_replayssm.demo.build`"
+    )

@@ -41,8 +41,9 @@ def _hadolint() -> str:
 
 
 def test_hadolint_passes():
-    proc = subprocess.run([_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -74,35 +75,65 @@ def test_install_step_runs_in_a_throwaway_venv(tmp_path):
             *sources, _ = args.split()
             for src in sources:
                 if (ROOT / src).is_dir():
-                    shutil.copytree(ROOT / src, context / src,
-                                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                    shutil.copytree(
+                        ROOT / src,
+                        context / src,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                    )
                 else:
                     shutil.copy2(ROOT / src, context / src)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
-    site = Path(subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
-         "['purelib'])"], check=True, capture_output=True, text=True).stdout.strip())
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
+    site = Path(
+        subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     # The "base image": this environment's packages, after the venv's own.
     (site / "base_image.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     run = next(args for word, args in _instructions() if word == "RUN" and "pip install" in args)
     run = run.replace("pip install", "pip install --ignore-installed --no-index", 1)
-    env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run(["bash", "-ec", run], cwd=context, env=env, capture_output=True,
-                          text=True, timeout=540)
+    proc = subprocess.run(
+        ["bash", "-ec", run], cwd=context, env=env, capture_output=True, text=True, timeout=540
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "vllm-replayssm 0.1.0" in proc.stdout
     installed = site / "vllm_replayssm"
     assert (venv / "bin" / "vllm-replayssm").is_file()
     for kind in ("nemotron_h", "qwen3_next"):
-        for name in ("config.json", "model.safetensors", "tokenizer.json",
-                     "tokenizer_config.json", "generation_config.json"):
+        for name in (
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+        ):
             assert (installed / "demo" / kind / name).is_file(), (kind, name)
     where = subprocess.run(
-        [str(venv / "bin" / "python"), "-c",
-         "import vllm_replayssm.demo as d; print(d.demo_path())"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import vllm_replayssm.demo as d; print(d.demo_path())",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.strip() == str(installed / "demo" / "nemotron_h")

@@ -36,24 +36,34 @@ LOAD_REQUESTS = 220
 ABORT_FRACTION = 0.15
 CHAT_FRACTION = 0.1
 WORDS = CORPUS.split()[:150]
-COMPLETION_EXTRA = {"return_token_ids": True, "return_tokens_as_token_ids": True,
-                    "ignore_eos": True}
+COMPLETION_EXTRA = {
+    "return_token_ids": True,
+    "return_tokens_as_token_ids": True,
+    "ignore_eos": True,
+}
 
 
 def _prompts() -> list[str]:
     rng = random.Random(1)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))
-            for _ in range(NUM_PROMPTS)]
+    return [
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60))) for _ in range(NUM_PROMPTS)
+    ]
 
 
 def _top(logprobs) -> list[dict[int, float]]:
     """openai top_logprobs ("token_id:N" keys) -> [{token id: logprob}]."""
-    return [{int(k.split(":", 1)[1]): v for k, v in pos.items()}
-            for pos in logprobs.top_logprobs]
+    return [{int(k.split(":", 1)[1]): v for k, v in pos.items()} for pos in logprobs.top_logprobs]
 
 
-QWEN_FLAGS = ("--demo", "qwen3_next", "--use-replayssm", "--replayssm-buffer-len", "8",
-              "--replayssm-lp-dtype", "fp16")
+QWEN_FLAGS = (
+    "--demo",
+    "qwen3_next",
+    "--use-replayssm",
+    "--replayssm-buffer-len",
+    "8",
+    "--replayssm-lp-dtype",
+    "fp16",
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +82,13 @@ def setup(servers):
 
     tok = AutoTokenizer.from_pretrained(str(demo_path("nemotron_h")))
     prompt_ids = [tok(p)["input_ids"] for p in _prompts()]
-    reference = greedy_outputs(demo_path("nemotron_h"), prompt_ids, NEW_TOKENS, logprobs=5,
-                               additional_config={"replayssm": {"enabled": False}})
+    reference = greedy_outputs(
+        demo_path("nemotron_h"),
+        prompt_ids,
+        NEW_TOKENS,
+        logprobs=5,
+        additional_config={"replayssm": {"enabled": False}},
+    )
     assert distinct_tokens(reference) > 100, "reference outputs are not diverse"
     server.wait_ready()
     return server, prompt_ids, reference
@@ -81,8 +96,9 @@ def setup(servers):
 
 @pytest.fixture(scope="module")
 def client(setup):
-    return openai.OpenAI(base_url=setup[0].url + "/v1", api_key="unused", max_retries=0,
-                         timeout=300)
+    return openai.OpenAI(
+        base_url=setup[0].url + "/v1", api_key="unused", max_retries=0, timeout=300
+    )
 
 
 def _check(reference, candidate, what: str):
@@ -110,28 +126,45 @@ def test_completions_equal_replayssm_off(setup, client, capsys):
     _, prompt_ids, reference = setup
     identical, divergences = 0, []
     for i, prompt in enumerate(_prompts()[:SEQUENTIAL]):
-        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=NEW_TOKENS,
-                                        temperature=0, logprobs=5, extra_body=COMPLETION_EXTRA)
+        out = client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=NEW_TOKENS,
+            temperature=0,
+            logprobs=5,
+            extra_body=COMPLETION_EXTRA,
+        )
         choice = out.choices[0]
         assert choice.model_extra["prompt_token_ids"] == prompt_ids[i]  # same tokenizer
         assert choice.finish_reason == "length" and out.usage.completion_tokens == NEW_TOKENS
-        cmp = _check(reference[i], (choice.model_extra["token_ids"], _top(choice.logprobs)),
-                     f"prompt {i}")
+        cmp = _check(
+            reference[i], (choice.model_extra["token_ids"], _top(choice.logprobs)), f"prompt {i}"
+        )
         identical += cmp.identical
         divergences += [(i, pos, gap) for _, pos, gap in cmp.divergences]
     with capsys.disabled():
-        print(f"\nserver (ReplaySSM on) vs offline (off): {identical}/{SEQUENTIAL} identical; "
-              f"near-tie divergences (prompt, position, gap): {divergences}")
+        print(
+            f"\nserver (ReplaySSM on) vs offline (off): {identical}/{SEQUENTIAL} identical; "
+            f"near-tie divergences (prompt, position, gap): {divergences}"
+        )
     assert identical >= SEQUENTIAL // 3
 
 
 def test_streamed_tokens_equal_unstreamed(client):
     prompt = _prompts()[3]
-    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12,
-                                      temperature=0, extra_body=COMPLETION_EXTRA)
-    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12,
-                                            temperature=0, stream=True,
-                                            extra_body=COMPLETION_EXTRA))
+    plain = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=12, temperature=0, extra_body=COMPLETION_EXTRA
+    )
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            extra_body=COMPLETION_EXTRA,
+        )
+    )
     streamed = [t for c in chunks for t in (c.choices[0].model_extra.get("token_ids") or [])]
     assert len(chunks) >= 12  # one event per token
     assert streamed == plain.choices[0].model_extra["token_ids"]
@@ -140,48 +173,79 @@ def test_streamed_tokens_equal_unstreamed(client):
 
 def test_chat_completion_uses_the_chat_template(client):
     messages = [{"role": "user", "content": "What does a state space model keep?"}]
-    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10,
-                                         temperature=0, extra_body={"ignore_eos": True})
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert out.choices[0].finish_reason == "length" and out.choices[0].message.content
     assert out.choices[0].message.role == "assistant"
     assert out.usage.completion_tokens == 10
-    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10,
-                                            temperature=0, stream=True,
-                                            extra_body={"ignore_eos": True})
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == out.choices[0].message.content
 
 
 BAD_REQUESTS = {
     "malformed_json": ("{not json", 400, "JSON decode error"),
-    "unknown_model": (json.dumps({"model": "no-such-model", "prompt": "x", "max_tokens": 4}),
-                      404, "does not exist"),
-    "max_tokens_zero": (json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 0}),
-                        400, "max_tokens must be at least 1"),
-    "max_tokens_negative": (json.dumps({"model": MODEL, "prompt": "x", "max_tokens": -3}),
-                            400, "max_tokens must be at least 1"),
-    "oversize_prompt": (json.dumps({"model": MODEL, "prompt": "state " * 400, "max_tokens": 4}),
-                        400, "maximum context length is 256 tokens"),
+    "unknown_model": (
+        json.dumps({"model": "no-such-model", "prompt": "x", "max_tokens": 4}),
+        404,
+        "does not exist",
+    ),
+    "max_tokens_zero": (
+        json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 0}),
+        400,
+        "max_tokens must be at least 1",
+    ),
+    "max_tokens_negative": (
+        json.dumps({"model": MODEL, "prompt": "x", "max_tokens": -3}),
+        400,
+        "max_tokens must be at least 1",
+    ),
+    "oversize_prompt": (
+        json.dumps({"model": MODEL, "prompt": "state " * 400, "max_tokens": 4}),
+        400,
+        "maximum context length is 256 tokens",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))
 def test_bad_request_is_4xx_and_server_keeps_serving(setup, client, case):
     body, status, message = BAD_REQUESTS[case]
-    resp = httpx.post(setup[0].url + "/v1/completions", content=body,
-                      headers={"Content-Type": "application/json"}, timeout=60)
+    resp = httpx.post(
+        setup[0].url + "/v1/completions",
+        content=body,
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
     assert resp.status_code == status, resp.text
     assert message in resp.json()["error"]["message"], resp.text
-    ok = client.completions.create(model=MODEL, prompt="the state", max_tokens=2,
-                                   temperature=0)
+    ok = client.completions.create(model=MODEL, prompt="the state", max_tokens=2, temperature=0)
     assert ok.choices[0].finish_reason == "length"
 
 
 async def _stream_completion(client, prompt, max_tokens, abort_after):
     toks, lps = [], []
     stream = await client.completions.create(
-        model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-        logprobs=5, extra_body=COMPLETION_EXTRA)
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        logprobs=5,
+        extra_body=COMPLETION_EXTRA,
+    )
     async for event in stream:
         choice = event.choices[0]
         toks += choice.model_extra.get("token_ids") or []
@@ -196,8 +260,13 @@ async def _stream_completion(client, prompt, max_tokens, abort_after):
 
 async def _stream_chat(client, prompt, max_tokens):
     stream = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-        temperature=0, stream=True, extra_body={"ignore_eos": True})
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     text, finish = "", None
     async for event in stream:
         if event.choices:
@@ -216,8 +285,9 @@ def test_load_concurrent_streams_with_aborts(setup, capsys):
     rng = random.Random(2)
 
     async def run():
-        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
-                                    max_retries=0, timeout=600)
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600
+        )
         jobs, meta = [], []
         for _ in range(LOAD_REQUESTS):
             i, n = rng.randrange(NUM_PROMPTS), rng.randint(1, NEW_TOKENS)
@@ -245,17 +315,21 @@ def test_load_concurrent_streams_with_aborts(setup, capsys):
             identical += cmp.identical
             divergences += [(i, pos, round(gap, 4)) for _, pos, gap in cmp.divergences]
     with capsys.disabled():
-        print(f"\nload: {LOAD_REQUESTS} streams in {elapsed:.1f} s: {kinds.count('done')} "
-              f"completions ({identical} identical to the reference, near-tie divergences "
-              f"{divergences}), {kinds.count('aborted')} aborted, {kinds.count('chat')} chat")
+        print(
+            f"\nload: {LOAD_REQUESTS} streams in {elapsed:.1f} s: {kinds.count('done')} "
+            f"completions ({identical} identical to the reference, near-tie divergences "
+            f"{divergences}), {kinds.count('aborted')} aborted, {kinds.count('chat')} chat"
+        )
     assert kinds.count("done") >= LOAD_REQUESTS // 2 and kinds.count("aborted") > 0
 
     deadline = time.monotonic() + 60  # aborted requests leave the engine
     while time.monotonic() < deadline:
         metrics = httpx.get(server.url + "/metrics").text
-        running = [line for line in metrics.splitlines()
-                   if line.startswith(("vllm:num_requests_running{",
-                                       "vllm:num_requests_waiting{"))]
+        running = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+        ]
         if running and all(line.endswith(" 0.0") for line in running):
             break
         time.sleep(1)
@@ -301,18 +375,29 @@ def test_qwen3_next_demo_with_replayssm_flags(servers):
     server.wait_ready()
     name = served_name("qwen3_next")
     assert [m["id"] for m in httpx.get(server.url + "/v1/models").json()["data"]] == [name]
-    info = [line for line in httpx.get(server.url + "/metrics").text.splitlines()
-            if line.startswith("replayssm_info{")]
+    info = [
+        line
+        for line in httpx.get(server.url + "/metrics").text.splitlines()
+        if line.startswith("replayssm_info{")
+    ]
     assert len(info) == 1 and 'buffer_len="8"' in info[0] and 'lp_dtype="float16"' in info[0]
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                           timeout=300)
-    outs = [client.completions.create(model=name, prompt=p, max_tokens=24, temperature=0,
-                                      extra_body=COMPLETION_EXTRA).choices[0]
-            for p in _prompts()[:4]]
+    client = openai.OpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300
+    )
+    outs = [
+        client.completions.create(
+            model=name, prompt=p, max_tokens=24, temperature=0, extra_body=COMPLETION_EXTRA
+        ).choices[0]
+        for p in _prompts()[:4]
+    ]
     assert all(o.finish_reason == "length" for o in outs)
     assert len({t for o in outs for t in o.model_extra["token_ids"]}) > 30  # diverse
     _check_counters(_replay_counters(server.url, "gdn"))
     chat = client.chat.completions.create(
-        model=name, messages=[{"role": "user", "content": "Hello"}], max_tokens=8,
-        temperature=0, extra_body={"ignore_eos": True})
+        model=name,
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert chat.choices[0].message.content and chat.usage.completion_tokens == 8

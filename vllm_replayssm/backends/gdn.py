@@ -24,8 +24,9 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
     replay_seq_lens: torch.Tensor | None = None
 
     @classmethod
-    def extend(cls, md: GDNAttentionMetadata,
-               replay_seq_lens: torch.Tensor) -> ReplayGDNAttentionMetadata:
+    def extend(
+        cls, md: GDNAttentionMetadata, replay_seq_lens: torch.Tensor
+    ) -> ReplayGDNAttentionMetadata:
         """`md`'s fields (shared, not copied) plus `replay_seq_lens`."""
         fields = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
         return cls(**fields, replay_seq_lens=replay_seq_lens)
@@ -35,8 +36,9 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
     """vLLM's builder (the runner passes it acceptance counts by isinstance), building
     `ReplayGDNAttentionMetadata`."""
 
-    def build(self, common_prefix_len: int, common_attn_metadata: Any, *args: Any,
-              **kwargs: Any) -> ReplayGDNAttentionMetadata:
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: Any, *args: Any, **kwargs: Any
+    ) -> ReplayGDNAttentionMetadata:
         md = super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)
         m = common_attn_metadata
         return ReplayGDNAttentionMetadata.extend(md, m.seq_lens[: m.num_reqs])

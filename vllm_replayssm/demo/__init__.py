@@ -26,7 +26,8 @@ def demo_path(kind: str = DEFAULT_DEMO) -> Path:
     if not (path / "model.safetensors").is_file():
         raise FileNotFoundError(
             f"demo model {kind!r} is missing from {path}: reinstall vllm-replayssm or run "
-            "`python -m vllm_replayssm.demo.build`")
+            "`python -m vllm_replayssm.demo.build`"
+        )
     return path
 
 

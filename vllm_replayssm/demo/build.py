@@ -80,8 +80,13 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 DT_MIN, DT_MAX = 1e-3, 1e-1
 A_MIN, A_MAX = 1.0, 16.0
-FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-         "tokenizer_config.json")
+FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 
 
 def _redraw_ssm_params(model: Any, seed: int) -> int:
@@ -142,12 +147,23 @@ def digests(directory: Path) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEMO_DIR,
-                        help="parent directory of the demo folders (default: the package's)")
-    parser.add_argument("--check", action="store_true",
-                        help="rebuild into a temporary directory and compare with --out")
-    parser.add_argument("demos", nargs="*", metavar="DEMO",
-                        help=f"which to build: {', '.join(DEMOS)} (default: all)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEMO_DIR,
+        help="parent directory of the demo folders (default: the package's)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="rebuild into a temporary directory and compare with --out",
+    )
+    parser.add_argument(
+        "demos",
+        nargs="*",
+        metavar="DEMO",
+        help=f"which to build: {', '.join(DEMOS)} (default: all)",
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.demos) - set(DEMOS))
     if unknown:

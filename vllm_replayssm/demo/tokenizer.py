@@ -70,13 +70,19 @@ def train_tokenizer(vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=1, special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=["▁", *ALPHABET], limit_alphabet=len(ALPHABET) + 1,
-        show_progress=False)
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=["▁", *ALPHABET],
+        limit_alphabet=len(ALPHABET) + 1,
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS.splitlines(), trainer=trainer)
     if tok.get_vocab_size() != vocab_size:
-        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} entries, wanted {vocab_size}: "
-                           "the corpus is too small for that many merges")
+        raise RuntimeError(
+            f"tokenizer has {tok.get_vocab_size()} entries, wanted {vocab_size}: "
+            "the corpus is too small for that many merges"
+        )
     return tok
 
 

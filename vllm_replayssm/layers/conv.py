@@ -88,8 +88,12 @@ def spec_conv_update(
     prior_idx = end[:, None] + torch.arange(-(K - 1), 0, device=dev)[None, :]  # [R, K - 1]
     prior = torch.gather(rows, 2, prior_idx[:, None, :].expand(R, D, K - 1))
     seq = torch.cat([prior, xw], dim=-1).to(weight.dtype)  # [R, D, K - 1 + window]
-    y = functional.conv1d(seq.reshape(1, R * D, K - 1 + window), weight.repeat(R, 1)[:, None, :],
-                          None if bias is None else bias.repeat(R), groups=R * D)
+    y = functional.conv1d(
+        seq.reshape(1, R * D, K - 1 + window),
+        weight.repeat(R, 1)[:, None, :],
+        None if bias is None else bias.repeat(R),
+        groups=R * D,
+    )
     y = y.reshape(R, D, window)
     if activation in ("silu", "swish"):
         y = functional.silu(y)
@@ -103,7 +107,8 @@ def spec_conv_update(
     m = torch.arange(M, device=dev)
     src = end[:, None] + q[:, None] - M + m[None, :]  # position in that sequence  [R, M]
     from_state = torch.gather(rows, 2, src.clamp(0, M - 1)[:, None, :].expand(R, D, M))
-    from_x = torch.gather(xw, 2, (src - end[:, None]).clamp(0, window - 1)[:, None, :]
-                          .expand(R, D, M))
+    from_x = torch.gather(
+        xw, 2, (src - end[:, None]).clamp(0, window - 1)[:, None, :].expand(R, D, M)
+    )
     conv_state[slots] = torch.where((src < end[:, None])[:, None, :], from_state, from_x)
     return out

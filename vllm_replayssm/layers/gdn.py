@@ -49,17 +49,24 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
 
     def __init__(self, config, vllm_config, prefix: str = "", *args, **kwargs) -> None:
         super().__init__(config, vllm_config, prefix, *args, **kwargs)
-        if not self._start_replay(vllm_config, "GDN",
-                                  spec_supported=current_platform.is_cpu(),
-                                  spec_missing="on GPUs yet (the CPU platform runs it)"):
+        if not self._start_replay(
+            vllm_config,
+            "GDN",
+            spec_supported=current_platform.is_cpu(),
+            spec_missing="on GPUs yet (the CPU platform runs it)",
+        ):
             return
         self.replay_specs = gdn_page_specs(vllm_config, config)
         self.spec_windows = SpecWindows(self.replay.buffer_len, self.replay_window)
         self.step_counters = StepCounters(
-            "gdn", ring_rows(self.replay.buffer_len, self.replay_window))
-        logger.info_once("ReplaySSM active for GDN layers: buffer_len=%d, lp_dtype=%s, "
-                         "gdn_flush=%s", self.replay.buffer_len, self.replay.lp_dtype,
-                         self.replay.gdn_flush)
+            "gdn", ring_rows(self.replay.buffer_len, self.replay_window)
+        )
+        logger.info_once(
+            "ReplaySSM active for GDN layers: buffer_len=%d, lp_dtype=%s, gdn_flush=%s",
+            self.replay.buffer_len,
+            self.replay.lp_dtype,
+            self.replay.gdn_flush,
+        )
         self._log_spec_memory("GDN")
 
     def get_attn_backend(self):
@@ -76,19 +83,18 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
 
     # --- GPU forward (inside vLLM's op qwen_gdn_attention_core) -----------------------------
 
-    def _forward_core(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-                      core_attn_out: torch.Tensor):
+    def _forward_core(
+        self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor
+    ):
         """Pure decode batches: the stock conv update, then one ReplaySSM step (`gdn_decode`:
         Triton, route by `replayssm.route` and batch size). Batches with prefill rows (design
         3.6, v1): decode rows are materialised, vLLM's own path runs every row from HP, and
         the prefill hook resets every row it wrote."""
         if not self.replay.enabled:
-            return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a,
-                                         core_attn_out=core_attn_out)
+            return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
         attn_metadata = get_forward_context().attn_metadata
         if attn_metadata is None:  # profile run: vLLM's warm-up
-            return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a,
-                                         core_attn_out=core_attn_out)
+            return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
         md = attn_metadata[self.prefix]
         if md.spec_sequence_masks is not None or md.num_accepted_tokens is not None:
             raise RuntimeError("replayssm: speculative GDN metadata reached a plain-decode layer")
@@ -114,17 +120,45 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         state_indices = md.non_spec_state_indices_tensor[:n]
         conv_state = conv_state_view(self.kv_cache)
         weight = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
-        x = causal_conv1d_update(mixed_qkv[:n], conv_state, weight, self.conv1d.bias,
-                                 self.activation, conv_state_indices=state_indices,
-                                 validate_data=False)
+        x = causal_conv1d_update(
+            mixed_qkv[:n],
+            conv_state,
+            weight,
+            self.conv1d.bias,
+            self.activation,
+            conv_state_indices=state_indices,
+            validate_data=False,
+        )
         kd, vd = self.key_dim // self.tp_size, self.value_dim // self.tp_size
-        q, k, v = (t.reshape(n, -1, d) for t, d in zip(
-            x.split([kd, kd, vd], dim=-1),
-            (self.head_k_dim, self.head_k_dim, self.head_v_dim), strict=True))
-        self.step_counters.step(cache.meta, state_indices, lambda: gdn_decode(
-            cache, q, k, v, a[:n], b[:n], self.A_log, self.dt_bias, state_indices,
-            core_attn_out[:n], scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
-            window=self.replay_window, stagger=cfg.stagger, route=cfg.route))
+        q, k, v = (
+            t.reshape(n, -1, d)
+            for t, d in zip(
+                x.split([kd, kd, vd], dim=-1),
+                (self.head_k_dim, self.head_k_dim, self.head_v_dim),
+                strict=True,
+            )
+        )
+        self.step_counters.step(
+            cache.meta,
+            state_indices,
+            lambda: gdn_decode(
+                cache,
+                q,
+                k,
+                v,
+                a[:n],
+                b[:n],
+                self.A_log,
+                self.dt_bias,
+                state_indices,
+                core_attn_out[:n],
+                scale=self.head_k_dim**-0.5,
+                buffer_len=cfg.buffer_len,
+                window=self.replay_window,
+                stagger=cfg.stagger,
+                route=cfg.route,
+            ),
+        )
 
     # --- CPU forward ------------------------------------------------------------------------
 
@@ -134,9 +168,12 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         mixed_qkv, z, b, a = self._project(hidden_states)
         core_attn_out = torch.zeros(
             (hidden_states.size(0), self.num_v_heads // self.tp_size, self.head_v_dim),
-            dtype=hidden_states.dtype, device=hidden_states.device)
-        torch.ops.vllm.replayssm_cpu_gdn_core(mixed_qkv, b, a, core_attn_out,
-                                              _encode_layer_name(self.prefix))
+            dtype=hidden_states.dtype,
+            device=hidden_states.device,
+        )
+        torch.ops.vllm.replayssm_cpu_gdn_core(
+            mixed_qkv, b, a, core_attn_out, _encode_layer_name(self.prefix)
+        )
         return self._output_projection(core_attn_out, z)
 
     def _project(self, hidden_states: torch.Tensor):
@@ -153,8 +190,9 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         b, a = self.split_ba(ba)
         return mixed_qkv, z.reshape(z.size(0), -1, self.head_v_dim), b, a
 
-    def replay_core_cpu(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-                        core_attn_out: torch.Tensor) -> None:
+    def replay_core_cpu(
+        self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor
+    ) -> None:
         """Decode rows: stock conv update, then one ReplaySSM step (`gdn_decode`: the torch
         references on CPU; "auto" replays). Prefill rows:
         vLLM's CPU op on a prefill-only view of the metadata, then the prefill hook."""
@@ -178,31 +216,69 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         if nd:
             x = self._conv_update_cpu(mixed_qkv[:ndt], state_indices[:nd])
             kd, vd = self.key_dim // self.tp_size, self.value_dim // self.tp_size
-            q, k, v = (t.reshape(ndt, -1, d) for t, d in zip(
-                x.split([kd, kd, vd], dim=-1),
-                (self.head_k_dim, self.head_k_dim, self.head_v_dim), strict=True))
-            self.step_counters.step(cache.meta, state_indices[:nd], lambda: gdn_decode(
-                cache, q, k, v, a[:ndt], b[:ndt], self.A_log, self.dt_bias, state_indices[:nd],
-                core_attn_out[:ndt], scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
-                window=window, stagger=cfg.stagger, route=cfg.route,
-                query_start_loc=None if ndt == nd else qsl[: nd + 1]))
+            q, k, v = (
+                t.reshape(ndt, -1, d)
+                for t, d in zip(
+                    x.split([kd, kd, vd], dim=-1),
+                    (self.head_k_dim, self.head_k_dim, self.head_v_dim),
+                    strict=True,
+                )
+            )
+            self.step_counters.step(
+                cache.meta,
+                state_indices[:nd],
+                lambda: gdn_decode(
+                    cache,
+                    q,
+                    k,
+                    v,
+                    a[:ndt],
+                    b[:ndt],
+                    self.A_log,
+                    self.dt_bias,
+                    state_indices[:nd],
+                    core_attn_out[:ndt],
+                    scale=self.head_k_dim**-0.5,
+                    buffer_len=cfg.buffer_len,
+                    window=window,
+                    stagger=cfg.stagger,
+                    route=cfg.route,
+                    query_start_loc=None if ndt == nd else qsl[: nd + 1],
+                ),
+            )
         if npf:
             prefill_md = dataclasses.replace(
-                md, num_decodes=0, num_decode_tokens=0, num_actual_tokens=npt,
-                non_spec_state_indices_tensor=state_indices[nd: nd + npf],
-                non_spec_query_start_loc=qsl[nd: nd + npf + 1] - ndt,
-                has_initial_state=None if md.has_initial_state is None
-                else md.has_initial_state[nd: nd + npf])
+                md,
+                num_decodes=0,
+                num_decode_tokens=0,
+                num_actual_tokens=npt,
+                non_spec_state_indices_tensor=state_indices[nd : nd + npf],
+                non_spec_query_start_loc=qsl[nd : nd + npf + 1] - ndt,
+                has_initial_state=None
+                if md.has_initial_state is None
+                else md.has_initial_state[nd : nd + npf],
+            )
             tokens = slice(ndt, ndt + npt)
             attn_metadata[self.prefix] = prefill_md
             try:
                 torch.ops.vllm.cpu_gdn_attention_core(
-                    mixed_qkv[tokens], b[tokens], a[tokens], core_attn_out[tokens],
-                    _encode_layer_name(self.prefix))
+                    mixed_qkv[tokens],
+                    b[tokens],
+                    a[tokens],
+                    core_attn_out[tokens],
+                    _encode_layer_name(self.prefix),
+                )
             finally:
                 attn_metadata[self.prefix] = md
-            apply_prefill_hook(cache.hp, cache.lp, cache.meta, state_indices[nd: nd + npf],
-                               buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger)
+            apply_prefill_hook(
+                cache.hp,
+                cache.lp,
+                cache.meta,
+                state_indices[nd : nd + npf],
+                buffer_len=cfg.buffer_len,
+                window=window,
+                stagger=cfg.stagger,
+            )
 
     # --- CPU forward, speculative decoding configured ---------------------------------------
 
@@ -222,12 +298,22 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 spec_tok = md.spec_token_indx.long()
             else:  # spec rows only: their tokens lead
                 spec_tok = torch.arange(int(md.num_spec_decode_tokens), device=dev)
-            self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, spec_tok,
-                                   md.spec_state_indices_tensor[:ns, 0],
-                                   md.spec_query_start_loc[: ns + 1], seq_lens[spec_mask][:ns])
+            self._decode_rows_spec(
+                mixed_qkv,
+                b,
+                a,
+                core_attn_out,
+                spec_tok,
+                md.spec_state_indices_tensor[:ns, 0],
+                md.spec_query_start_loc[: ns + 1],
+                seq_lens[spec_mask][:ns],
+            )
             ns_seq = seq_lens[~spec_mask]
-            ns_tok = (md.non_spec_token_indx.long() if md.non_spec_token_indx is not None
-                      else torch.zeros(0, dtype=torch.long, device=dev))
+            ns_tok = (
+                md.non_spec_token_indx.long()
+                if md.non_spec_token_indx is not None
+                else torch.zeros(0, dtype=torch.long, device=dev)
+            )
         else:
             ns_seq = seq_lens
             ns_tok = torch.arange(int(md.num_actual_tokens), device=dev)
@@ -237,51 +323,112 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         slots = md.non_spec_state_indices_tensor[:rows]
         qsl = md.non_spec_query_start_loc[: rows + 1].long()
         q = qsl[1:] - qsl[:-1]
-        has_init = (torch.ones(rows, dtype=torch.bool, device=dev) if md.has_initial_state is None
-                    else md.has_initial_state[:rows].bool())
+        has_init = (
+            torch.ones(rows, dtype=torch.bool, device=dev)
+            if md.has_initial_state is None
+            else md.has_initial_state[:rows].bool()
+        )
         decode_like = (q == 1) & has_init
         nd = int(decode_like.long().cumprod(0).sum())  # the leading decode rows (batch order)
         if bool(decode_like[nd:].any()):
             raise RuntimeError("replayssm: one-token continuation rows after prefill rows")
         ndt = int(qsl[nd])
         if nd:
-            self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, ns_tok[:ndt], slots[:nd],
-                                   qsl[: nd + 1], ns_seq[:nd])
+            self._decode_rows_spec(
+                mixed_qkv, b, a, core_attn_out, ns_tok[:ndt], slots[:nd], qsl[: nd + 1], ns_seq[:nd]
+            )
         if nd < rows:
-            self._prefill_rows_spec(mixed_qkv, b, a, core_attn_out, md, attn_metadata,
-                                    ns_tok[ndt:], slots[nd:rows], qsl[nd:] - ndt,
-                                    has_init[nd:], ns_seq[nd:rows])
+            self._prefill_rows_spec(
+                mixed_qkv,
+                b,
+                a,
+                core_attn_out,
+                md,
+                attn_metadata,
+                ns_tok[ndt:],
+                slots[nd:rows],
+                qsl[nd:] - ndt,
+                has_init[nd:],
+                ns_seq[nd:rows],
+            )
 
-    def _decode_rows_spec(self, mixed_qkv, b, a, core_attn_out, tokens, slots, qsl,
-                          seq_lens) -> None:
+    def _decode_rows_spec(
+        self, mixed_qkv, b, a, core_attn_out, tokens, slots, qsl, seq_lens
+    ) -> None:
         """Rows of up to 1 + k tokens (`tokens` [n] indices into the step's tokens, `qsl`
         [R + 1] over them, `seq_lens` [R] the requests' lengths after this step)."""
         cfg = self.replay
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
         slots = slots.long()
         start, accepted, pending, committed = self.spec_windows.acceptance(
-            cache.meta, slots, qsl[1:] - qsl[:-1], seq_lens)
-        x = spec_conv_update(mixed_qkv[tokens], conv_state_view(self.kv_cache), slots, qsl,
-                             pending, committed, self._conv_weight_2d(), self.conv1d.bias,
-                             self.activation, self.replay_window)
+            cache.meta, slots, qsl[1:] - qsl[:-1], seq_lens
+        )
+        x = spec_conv_update(
+            mixed_qkv[tokens],
+            conv_state_view(self.kv_cache),
+            slots,
+            qsl,
+            pending,
+            committed,
+            self._conv_weight_2d(),
+            self.conv1d.bias,
+            self.activation,
+            self.replay_window,
+        )
         n = tokens.shape[0]
         kd, vd = self.key_dim // self.tp_size, self.value_dim // self.tp_size
-        qq, kk, vv = (t.reshape(n, -1, d) for t, d in zip(
-            x.split([kd, kd, vd], dim=-1),
-            (self.head_k_dim, self.head_k_dim, self.head_v_dim), strict=True))
-        out = torch.zeros((n, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype,
-                          device=core_attn_out.device)
-        self.step_counters.step(cache.meta, slots, lambda: gdn_decode(
-            cache, qq, kk, vv, a[tokens], b[tokens], self.A_log, self.dt_bias, slots, out,
-            scale=self.head_k_dim ** -0.5, buffer_len=cfg.buffer_len,
-            window=self.replay_window, stagger=cfg.stagger, route=cfg.route,
-            query_start_loc=qsl, num_accepted_tokens=accepted),
-            accepted)
+        qq, kk, vv = (
+            t.reshape(n, -1, d)
+            for t, d in zip(
+                x.split([kd, kd, vd], dim=-1),
+                (self.head_k_dim, self.head_k_dim, self.head_v_dim),
+                strict=True,
+            )
+        )
+        out = torch.zeros(
+            (n, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype, device=core_attn_out.device
+        )
+        self.step_counters.step(
+            cache.meta,
+            slots,
+            lambda: gdn_decode(
+                cache,
+                qq,
+                kk,
+                vv,
+                a[tokens],
+                b[tokens],
+                self.A_log,
+                self.dt_bias,
+                slots,
+                out,
+                scale=self.head_k_dim**-0.5,
+                buffer_len=cfg.buffer_len,
+                window=self.replay_window,
+                stagger=cfg.stagger,
+                route=cfg.route,
+                query_start_loc=qsl,
+                num_accepted_tokens=accepted,
+            ),
+            accepted,
+        )
         core_attn_out.index_copy_(0, tokens, out)
         self.spec_windows.starts(cache.meta.shape[0], mixed_qkv.device)[slots] = start
 
-    def _prefill_rows_spec(self, mixed_qkv, b, a, core_attn_out, md, attn_metadata, tokens,
-                           slots, qsl, has_init, seq_lens) -> None:
+    def _prefill_rows_spec(
+        self,
+        mixed_qkv,
+        b,
+        a,
+        core_attn_out,
+        md,
+        attn_metadata,
+        tokens,
+        slots,
+        qsl,
+        has_init,
+        seq_lens,
+    ) -> None:
         """Prefill chunks: vLLM's CPU op on a prefill-only view (its conv keeps the context
         in the first K - 1 columns; ours keeps it last), then the prefill hook."""
         cfg = self.replay
@@ -291,33 +438,59 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         conv_context_to_front(conv, slots[has_init].long(), K)
         npf, npt = slots.shape[0], tokens.shape[0]
         view = dataclasses.replace(
-            md, num_prefills=npf, num_prefill_tokens=npt, num_decodes=0, num_decode_tokens=0,
-            num_spec_decodes=0, num_spec_decode_tokens=0, num_actual_tokens=npt,
-            has_initial_state=has_init, spec_query_start_loc=None,
+            md,
+            num_prefills=npf,
+            num_prefill_tokens=npt,
+            num_decodes=0,
+            num_decode_tokens=0,
+            num_spec_decodes=0,
+            num_spec_decode_tokens=0,
+            num_actual_tokens=npt,
+            has_initial_state=has_init,
+            spec_query_start_loc=None,
             non_spec_query_start_loc=qsl.to(md.non_spec_query_start_loc.dtype),
-            spec_state_indices_tensor=None, non_spec_state_indices_tensor=slots,
-            spec_sequence_masks=None, spec_token_indx=None, non_spec_token_indx=None,
-            num_accepted_tokens=None)
-        out = torch.zeros((npt, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype,
-                          device=core_attn_out.device)
+            spec_state_indices_tensor=None,
+            non_spec_state_indices_tensor=slots,
+            spec_sequence_masks=None,
+            spec_token_indx=None,
+            non_spec_token_indx=None,
+            num_accepted_tokens=None,
+        )
+        out = torch.zeros(
+            (npt, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype, device=core_attn_out.device
+        )
         attn_metadata[self.prefix] = view
         try:
             torch.ops.vllm.cpu_gdn_attention_core(
-                mixed_qkv[tokens].contiguous(), b[tokens].contiguous(),
-                a[tokens].contiguous(), out, _encode_layer_name(self.prefix))
+                mixed_qkv[tokens].contiguous(),
+                b[tokens].contiguous(),
+                a[tokens].contiguous(),
+                out,
+                _encode_layer_name(self.prefix),
+            )
         finally:
             attn_metadata[self.prefix] = md
         core_attn_out.index_copy_(0, tokens, out)
         conv_context_to_back(conv, slots.long(), K)
-        apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=cfg.buffer_len,
-                           window=self.replay_window, stagger=cfg.stagger)
+        apply_prefill_hook(
+            cache.hp,
+            cache.lp,
+            cache.meta,
+            slots,
+            buffer_len=cfg.buffer_len,
+            window=self.replay_window,
+            stagger=cfg.stagger,
+        )
         self.spec_windows.starts(cache.meta.shape[0], mixed_qkv.device)[slots.long()] = (
-            seq_lens.long())
+            seq_lens.long()
+        )
 
     def _conv_weight_2d(self) -> torch.Tensor:
         if vllm_uses_amx():
-            raise NotImplementedError("replayssm's CPU path does not handle vLLM's AMX conv "
-                                      "layout; unset REPLAYSSM_CPU_AMX (see cpu_amx)")
+            raise NotImplementedError(
+                "replayssm's CPU path does not handle vLLM's AMX conv "
+                "layout; unset REPLAYSSM_CPU_AMX (see cpu_amx)"
+            )
         w = self.conv1d.weight
         return w.view(w.size(0), w.size(2)) if w.dim() == 3 else w
 
@@ -330,20 +503,35 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         weight = self._conv_weight_2d()  # refuses vLLM's AMX layout
         conv_state = conv_state_view(self.kv_cache)
         rows = conv_state[state_indices].contiguous()
-        out = causal_conv1d_update_torch(x=x.unsqueeze(-1), conv_state=rows, weight=weight,
-                                         bias=self.conv1d.bias, activation=self.activation)
+        out = causal_conv1d_update_torch(
+            x=x.unsqueeze(-1),
+            conv_state=rows,
+            weight=weight,
+            bias=self.conv1d.bias,
+            activation=self.activation,
+        )
         conv_state[state_indices] = rows
         return out.squeeze(-1)
 
 
-def _replayssm_cpu_gdn_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-                            core_attn_out: torch.Tensor, layer_name: LayerNameType) -> None:
+def _replayssm_cpu_gdn_core(
+    mixed_qkv: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    core_attn_out: torch.Tensor,
+    layer_name: LayerNameType,
+) -> None:
     layer = get_forward_context().no_compile_layers[_resolve_layer_name(layer_name)]
     layer.replay_core_cpu(mixed_qkv, b, a, core_attn_out)
 
 
-def _replayssm_cpu_gdn_core_fake(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-                                 core_attn_out: torch.Tensor, layer_name: LayerNameType) -> None:
+def _replayssm_cpu_gdn_core_fake(
+    mixed_qkv: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    core_attn_out: torch.Tensor,
+    layer_name: LayerNameType,
+) -> None:
     return
 
 

@@ -66,27 +66,41 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         vllm_config = get_current_vllm_config()
-        if not self._start_replay(vllm_config, "Mamba-2",
-                                  spec_supported=current_platform.is_cpu(),
-                                  spec_missing="on GPUs yet (the CPU platform runs it)"):
+        if not self._start_replay(
+            vllm_config,
+            "Mamba-2",
+            spec_supported=current_platform.is_cpu(),
+            spec_missing="on GPUs yet (the CPU platform runs it)",
+        ):
             return
         if self.cache_config is not None and self.cache_config.mamba_cache_mode != "none":
             raise ReplayConfigError("replayssm needs mamba_cache_mode 'none' (no prefix caching)")
         self._scratch = None
         if not current_platform.is_cpu():
             self._scratch = _shared_scratch(
-                vllm_config.scheduler_config.max_num_seqs, self.num_heads // self.tp_size,
-                self.replay.buffer_len, torch.get_default_device())
+                vllm_config.scheduler_config.max_num_seqs,
+                self.num_heads // self.tp_size,
+                self.replay.buffer_len,
+                torch.get_default_device(),
+            )
         self.replay_specs = mamba2_page_specs(
-            vllm_config, num_heads=self.num_heads, head_dim=self.head_dim,
-            state_size=self.ssm_state_size, n_groups=self.n_groups,
-            conv_kernel=self.conv_kernel_size)
+            vllm_config,
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            state_size=self.ssm_state_size,
+            n_groups=self.n_groups,
+            conv_kernel=self.conv_kernel_size,
+        )
         self.spec_windows = SpecWindows(self.replay.buffer_len, self.replay_window)
         self.step_counters = StepCounters(
-            "mamba2", ring_rows(self.replay.buffer_len, self.replay_window))
-        logger.info_once("ReplaySSM active for Mamba-2 layers: buffer_len=%d, lp_dtype=%s, "
-                         "route=%s", self.replay.buffer_len, self.replay.lp_dtype,
-                         self.replay.route)
+            "mamba2", ring_rows(self.replay.buffer_len, self.replay_window)
+        )
+        logger.info_once(
+            "ReplaySSM active for Mamba-2 layers: buffer_len=%d, lp_dtype=%s, route=%s",
+            self.replay.buffer_len,
+            self.replay.lp_dtype,
+            self.replay.route,
+        )
         self._log_spec_memory("Mamba-2")
 
     def _warmup_ssd_kernels(self, projected_states: torch.Tensor) -> None:
@@ -109,14 +123,17 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             return super().conv_ssm_forward(projected_states=projected_states, output=output)
         md = attn_metadata[self.prefix]
         if self.cache_config.mamba_cache_mode != "none":
-            raise NotImplementedError("vllm-replayssm's Mamba-2 CPU path does not support "
-                                      "prefix caching; pass --no-enable-prefix-caching")
+            raise NotImplementedError(
+                "vllm-replayssm's Mamba-2 CPU path does not support "
+                "prefix caching; pass --no-enable-prefix-caching"
+            )
         spec = self.replay.enabled and self.replay_window > 1
         if md.num_accepted_tokens is not None and not spec:
             raise NotImplementedError(
                 "speculative decoding of Mamba-2 layers needs replayssm in vllm-replayssm's "
                 "CPU path (the stock CPU path has no speculative step); add "
-                "--use-replayssm or drop --speculative-config")
+                "--use-replayssm or drop --speculative-config"
+            )
         nd, ndt = md.num_decodes, md.num_decode_tokens
         npf, npt = md.num_prefills, md.num_prefill_tokens
         if nd:
@@ -129,28 +146,35 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         if npf:
             tokens = slice(ndt, ndt + npt)
             if self.replay.enabled:
-                self._prefill_replay(projected_states[tokens], output[tokens], md, attn_metadata,
-                                     cpu)
+                self._prefill_replay(
+                    projected_states[tokens], output[tokens], md, attn_metadata, cpu
+                )
             else:
-                self._prefill_cpu(projected_states[tokens], output[tokens], md,
-                                  self.kv_cache[1])
+                self._prefill_cpu(projected_states[tokens], output[tokens], md, self.kv_cache[1])
         return None
 
     def _split_projection(self, projected_states: torch.Tensor):
         """(hidden_states_B_C [T, conv_dim], dt [T, H]) of this rank."""
-        return torch.split(projected_states[..., self.tped_intermediate_size:],
-                           [self.tped_conv_size, self.tped_dt_size], dim=-1)
+        return torch.split(
+            projected_states[..., self.tped_intermediate_size :],
+            [self.tped_conv_size, self.tped_dt_size],
+            dim=-1,
+        )
 
     def _ssm_inputs(self, xBC: torch.Tensor, dt: torch.Tensor):
         """x [T, H, P], dt [T, H], B and C [T, G, N] from the conv output."""
         x, B, C = self.split_hidden_states_B_C_fn(xBC)
         G = self.n_groups // self.tp_size
         T = xBC.shape[0]
-        return (x.reshape(T, -1, self.head_dim), dt, B.reshape(T, G, -1),
-                C.reshape(T, G, -1))
+        return (x.reshape(T, -1, self.head_dim), dt, B.reshape(T, G, -1), C.reshape(T, G, -1))
 
-    def _decode(self, projected_states: torch.Tensor, output: torch.Tensor,
-                state_indices: torch.Tensor, cpu: bool) -> None:
+    def _decode(
+        self,
+        projected_states: torch.Tensor,
+        output: torch.Tensor,
+        state_indices: torch.Tensor,
+        cpu: bool,
+    ) -> None:
         xBC, dt = self._split_projection(projected_states)
         conv_state = conv_state_view(self.kv_cache)
         if cpu:
@@ -159,15 +183,22 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             )
 
             rows = conv_state[state_indices].contiguous()
-            xBC = causal_conv1d_update_torch(xBC.unsqueeze(-1), rows, self.conv_weights,
-                                             self.conv1d.bias, self.activation).squeeze(-1)
+            xBC = causal_conv1d_update_torch(
+                xBC.unsqueeze(-1), rows, self.conv_weights, self.conv1d.bias, self.activation
+            ).squeeze(-1)
             conv_state[state_indices] = rows
         else:
             from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
 
-            xBC = causal_conv1d_update(xBC, conv_state, self.conv_weights, self.conv1d.bias,
-                                       self.activation, conv_state_indices=state_indices,
-                                       max_query_len=1)
+            xBC = causal_conv1d_update(
+                xBC,
+                conv_state,
+                self.conv_weights,
+                self.conv1d.bias,
+                self.activation,
+                conv_state_indices=state_indices,
+                max_query_len=1,
+            )
         x, dt, B, C = self._ssm_inputs(xBC, dt)
         out = output.view(output.shape[0], -1, self.head_dim)
         args = (x, dt, self.A, B, C, self.D, self.dt_bias, state_indices, out)
@@ -179,23 +210,33 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         common = dict(buffer_len=cfg.buffer_len, window=self.replay_window)
         if cpu:  # torch paths: "auto" replays
             if cfg.route == "stock":
-                self.step_counters.step(cache.meta, state_indices,
-                                        lambda: reference.mamba2_stock_route_decode(
-                                            cache, *args, stagger=cfg.stagger, **common))
+                self.step_counters.step(
+                    cache.meta,
+                    state_indices,
+                    lambda: reference.mamba2_stock_route_decode(
+                        cache, *args, stagger=cfg.stagger, **common
+                    ),
+                )
             else:
-                self.step_counters.step(cache.meta, state_indices,
-                                        lambda: reference.mamba2_replay_decode(cache, *args,
-                                                                               **common))
+                self.step_counters.step(
+                    cache.meta,
+                    state_indices,
+                    lambda: reference.mamba2_replay_decode(cache, *args, **common),
+                )
             return
         from vllm_replayssm.kernels.mamba2.dispatch import mamba2_decode
 
-        self.step_counters.step(cache.meta, state_indices,
-                                lambda: mamba2_decode(cache, *args, route=cfg.route,
-                                                      stagger=cfg.stagger,
-                                                      scratch=self._scratch, **common))
+        self.step_counters.step(
+            cache.meta,
+            state_indices,
+            lambda: mamba2_decode(
+                cache, *args, route=cfg.route, stagger=cfg.stagger, scratch=self._scratch, **common
+            ),
+        )
 
-    def _decode_spec(self, projected_states: torch.Tensor, output: torch.Tensor,
-                     state_indices: torch.Tensor, md) -> None:
+    def _decode_spec(
+        self, projected_states: torch.Tensor, output: torch.Tensor, state_indices: torch.Tensor, md
+    ) -> None:
         """Decode rows of a speculative step: each row holds 1 + its drafts
         (query_start_loc_d; one token for rows without drafts). The previous window's
         accepted count (from positions: `SpecWindows.acceptance`) commits ring records and conv
@@ -211,54 +252,97 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             qsl = torch.arange(nd + 1, dtype=torch.int32, device=dev)
         slots = state_indices.long()
         start, accepted, pending, committed = self.spec_windows.acceptance(
-            cache.meta, slots, qsl[1:] - qsl[:-1], md.seq_lens[:nd])
+            cache.meta, slots, qsl[1:] - qsl[:-1], md.seq_lens[:nd]
+        )
         if md.num_accepted_tokens is not None and cfg.debug_checks:
             ours = committed[slots != NULL_BLOCK_ID]
-            theirs = torch.minimum(md.num_accepted_tokens[:nd].long(),
-                                   pending)[slots != NULL_BLOCK_ID]
+            theirs = torch.minimum(md.num_accepted_tokens[:nd].long(), pending)[
+                slots != NULL_BLOCK_ID
+            ]
             if not torch.equal(ours, theirs):
-                raise RuntimeError(f"replayssm: acceptance from positions {ours.tolist()} "
-                                   f"!= vLLM's {theirs.tolist()}")
+                raise RuntimeError(
+                    f"replayssm: acceptance from positions {ours.tolist()} "
+                    f"!= vLLM's {theirs.tolist()}"
+                )
         xBC, dt = self._split_projection(projected_states)
-        xBC = spec_conv_update(xBC, conv_state_view(self.kv_cache), slots, qsl, pending,
-                               committed, self.conv_weights, self.conv1d.bias, self.activation,
-                               self.replay_window)
+        xBC = spec_conv_update(
+            xBC,
+            conv_state_view(self.kv_cache),
+            slots,
+            qsl,
+            pending,
+            committed,
+            self.conv_weights,
+            self.conv1d.bias,
+            self.activation,
+            self.replay_window,
+        )
         x, dt, B, C = self._ssm_inputs(xBC, dt)
         out = output.view(output.shape[0], -1, self.head_dim)
-        self.step_counters.step(cache.meta, state_indices,
-                                lambda: reference.mamba2_replay_decode(
-                                    cache, x, dt, self.A, B, C, self.D, self.dt_bias,
-                                    state_indices, out, buffer_len=cfg.buffer_len,
-                                    window=self.replay_window, query_start_loc=qsl,
-                                    num_accepted_tokens=accepted),
-                                accepted)
+        self.step_counters.step(
+            cache.meta,
+            state_indices,
+            lambda: reference.mamba2_replay_decode(
+                cache,
+                x,
+                dt,
+                self.A,
+                B,
+                C,
+                self.D,
+                self.dt_bias,
+                state_indices,
+                out,
+                buffer_len=cfg.buffer_len,
+                window=self.replay_window,
+                query_start_loc=qsl,
+                num_accepted_tokens=accepted,
+            ),
+            accepted,
+        )
         self.spec_windows.starts(cache.meta.shape[0], dev)[slots] = start
 
-    def _prefill_replay(self, projected_states: torch.Tensor, output: torch.Tensor, md,
-                        attn_metadata: dict, cpu: bool) -> None:
+    def _prefill_replay(
+        self,
+        projected_states: torch.Tensor,
+        output: torch.Tensor,
+        md,
+        attn_metadata: dict,
+        cpu: bool,
+    ) -> None:
         cfg = self.replay
         cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
         slots = md.state_indices_tensor_p
         common = dict(buffer_len=cfg.buffer_len, window=self.replay_window, stagger=cfg.stagger)
         if md.has_initial_states_p is not None and md.prep_initial_states:
             # Stock prefill reads HP of these rows: fold what their rings hold first.
-            reference.mamba2_replay_materialise(cache, self.A, slots[md.has_initial_states_p],
-                                                **common)
+            reference.mamba2_replay_materialise(
+                cache, self.A, slots[md.has_initial_states_p], **common
+            )
         if cpu:
             spec = self.replay_window > 1
             if spec and md.has_initial_states_p is not None and md.prep_initial_states:
-                conv_context_to_front(conv_state_view(self.kv_cache),
-                                      slots[md.has_initial_states_p], self.conv_kernel_size)
+                conv_context_to_front(
+                    conv_state_view(self.kv_cache),
+                    slots[md.has_initial_states_p],
+                    self.conv_kernel_size,
+                )
             self._prefill_cpu(projected_states, output, md, cache.hp)
             if spec:
                 conv_context_to_back(conv_state_view(self.kv_cache), slots, self.conv_kernel_size)
                 nd, npf = md.num_decodes, md.num_prefills
                 self.spec_windows.starts(cache.meta.shape[0], slots.device)[slots.long()] = (
-                    md.seq_lens[nd:nd + npf].long())
+                    md.seq_lens[nd : nd + npf].long()
+                )
         else:
             prefill_md = dataclasses.replace(
-                md, num_decodes=0, num_decode_tokens=0, state_indices_tensor_d=None,
-                query_start_loc_d=None, num_accepted_tokens=None)
+                md,
+                num_decodes=0,
+                num_decode_tokens=0,
+                state_indices_tensor_d=None,
+                query_start_loc_d=None,
+                num_accepted_tokens=None,
+            )
             attn_metadata[self.prefix] = prefill_md
             try:
                 super().conv_ssm_forward(projected_states=projected_states, output=output)
@@ -266,8 +350,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 attn_metadata[self.prefix] = md
         apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, **common)
 
-    def _prefill_cpu(self, projected_states: torch.Tensor, output: torch.Tensor, md,
-                     ssm_state: torch.Tensor) -> None:
+    def _prefill_cpu(
+        self, projected_states: torch.Tensor, output: torch.Tensor, md, ssm_state: torch.Tensor
+    ) -> None:
         """Stock prefill maths in torch: vLLM's CPU conv twin, then a token-by-token scan
         from the rows' initial states; final states written to `ssm_state` [S, H, P, N]."""
         from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_torch
@@ -277,12 +362,20 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         has_init = md.has_initial_states_p
         if has_init is None or not md.prep_initial_states:
             has_init = torch.zeros_like(slots, dtype=torch.bool)
-        xBC = causal_conv1d_torch(xBC.transpose(0, 1), self.conv_weights, self.conv1d.bias,
-                                  conv_state_view(self.kv_cache), md.query_start_loc_p, slots,
-                                  has_init, activation=self.activation).transpose(0, 1)
+        xBC = causal_conv1d_torch(
+            xBC.transpose(0, 1),
+            self.conv_weights,
+            self.conv1d.bias,
+            conv_state_view(self.kv_cache),
+            md.query_start_loc_p,
+            slots,
+            has_init,
+            activation=self.activation,
+        ).transpose(0, 1)
         x, dt, B, C = self._ssm_inputs(xBC, dt)
         initial = torch.where(has_init[:, None, None, None], ssm_state[slots].float(), 0.0)
         out = output.view(output.shape[0], -1, self.head_dim)
-        finals = reference.mamba2_prefill_scan(x, dt, self.A, B, C, self.D, self.dt_bias,
-                                               md.query_start_loc_p, initial, out)
+        finals = reference.mamba2_prefill_scan(
+            x, dt, self.A, B, C, self.D, self.dt_bias, md.query_start_loc_p, initial, out
+        )
         ssm_state[slots] = finals.to(ssm_state.dtype)

@@ -48,7 +48,8 @@ def gdn_page_specs(vllm_config: Any, hf_config: Any) -> list[StateTensorSpec]:
     Hk, Hv = hf_config.linear_num_key_heads, hf_config.linear_num_value_heads
     K, V = hf_config.linear_key_head_dim, hf_config.linear_value_head_dim
     conv_shape, _ = MambaStateShapeCalculator.gated_delta_net_state_shape(
-        tp, Hk, Hv, K, V, hf_config.linear_conv_kernel_dim, num_spec)
+        tp, Hk, Hv, K, V, hf_config.linear_conv_kernel_dim, num_spec
+    )
     model_config = vllm_config.model_config
     cache_config = vllm_config.cache_config
     conv_dtype = MambaStateDtypeCalculator.gated_delta_net_state_dtype(
@@ -57,13 +58,27 @@ def gdn_page_specs(vllm_config: Any, hf_config: Any) -> list[StateTensorSpec]:
     if Hk % tp or Hv % tp:
         raise ValueError(f"GDN heads ({Hk} key, {Hv} value) not divisible by TP size {tp}")
     geom = GDNGeometry(Hk // tp, Hv // tp, K, V)
-    return gdn_state_specs(geom, cfg.buffer_len, 1 + num_spec, model_config.dtype,
-                           cfg.lp_torch_dtype, cfg.gdn_flush == "exact", tuple(conv_shape),
-                           conv_dtype)
+    return gdn_state_specs(
+        geom,
+        cfg.buffer_len,
+        1 + num_spec,
+        model_config.dtype,
+        cfg.lp_torch_dtype,
+        cfg.gdn_flush == "exact",
+        tuple(conv_shape),
+        conv_dtype,
+    )
 
 
-def mamba2_page_specs(vllm_config: Any, *, num_heads: int, head_dim: int, state_size: int,
-                      n_groups: int, conv_kernel: int) -> list[StateTensorSpec]:
+def mamba2_page_specs(
+    vllm_config: Any,
+    *,
+    num_heads: int,
+    head_dim: int,
+    state_size: int,
+    n_groups: int,
+    conv_kernel: int,
+) -> list[StateTensorSpec]:
     """Page of one Mamba-2 layer on one TP rank (model-level head and group counts in; the
     TP-extended group count of vLLM's `extra_groups_for_head_shards` applied here)."""
     from vllm.model_executor.layers.mamba.mamba_utils import (
@@ -79,17 +94,30 @@ def mamba2_page_specs(vllm_config: Any, *, num_heads: int, head_dim: int, state_
     if n_groups % tp and n_groups != 1:
         raise ValueError(f"Mamba-2 groups ({n_groups}) must be 1 or divisible by TP size {tp}")
     conv_shape, ssm_shape = MambaStateShapeCalculator.mamba2_state_shape(
-        tp_world_size=tp, intermediate_size=num_heads * head_dim, n_groups=n_groups,
-        num_heads=num_heads, head_dim=head_dim, state_size=state_size,
-        conv_kernel=conv_kernel, num_spec=num_spec)
+        tp_world_size=tp,
+        intermediate_size=num_heads * head_dim,
+        n_groups=n_groups,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        state_size=state_size,
+        conv_kernel=conv_kernel,
+        num_spec=num_spec,
+    )
     groups = (n_groups + MambaStateShapeCalculator.extra_groups_for_head_shards(n_groups, tp)) // tp
     model_config, cache_config = vllm_config.model_config, vllm_config.cache_config
     conv_dtype = MambaStateDtypeCalculator.mamba2_state_dtype(
         model_config.dtype, cache_config.mamba_cache_dtype, cache_config.mamba_ssm_cache_dtype
     )[0]
     geom = Mamba2Geometry(*ssm_shape, groups)
-    return mamba2_state_specs(geom, cfg.buffer_len, 1 + num_spec, model_config.dtype,
-                              cfg.lp_torch_dtype, tuple(conv_shape), conv_dtype)
+    return mamba2_state_specs(
+        geom,
+        cfg.buffer_len,
+        1 + num_spec,
+        model_config.dtype,
+        cfg.lp_torch_dtype,
+        tuple(conv_shape),
+        conv_dtype,
+    )
 
 
 def shapes_and_dtypes(specs: list[StateTensorSpec]) -> tuple[tuple, tuple]:
@@ -103,20 +131,26 @@ def _bound_views(kv_cache, specs: list[StateTensorSpec]) -> dict[str, torch.Tens
     views = {}
     for spec, t in zip(specs, kv_cache, strict=True):
         if tuple(t.shape[1:]) != spec.shape or t.dtype != spec.dtype:
-            raise RuntimeError(f"state tensor {spec.name}: bound {tuple(t.shape[1:])} "
-                               f"{t.dtype}, declared {spec.shape} {spec.dtype}")
+            raise RuntimeError(
+                f"state tensor {spec.name}: bound {tuple(t.shape[1:])} "
+                f"{t.dtype}, declared {spec.shape} {spec.dtype}"
+            )
         views[spec.name] = t
     return views
 
 
-def mamba2_cache_from_kv(kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...],
-                         specs: list[StateTensorSpec]) -> Mamba2ReplayCache:
+def mamba2_cache_from_kv(
+    kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...], specs: list[StateTensorSpec]
+) -> Mamba2ReplayCache:
     """Name the bound tensors of one Mamba-2 layer."""
     return Mamba2ReplayCache.from_views(_bound_views(kv_cache, specs))
 
 
-def gdn_cache_from_kv(kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...],
-                      specs: list[StateTensorSpec], state_k_major: bool) -> GDNReplayCache:
+def gdn_cache_from_kv(
+    kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...],
+    specs: list[StateTensorSpec],
+    state_k_major: bool,
+) -> GDNReplayCache:
     """Name the bound tensors of one GDN layer. state_k_major: the platform's stock kernels
     store each head's state as [K, V] in the memory declared [V, K] (vLLM's CPU kernels);
     HP and LP are then viewed transposed so that our ops see [V, K] either way."""
@@ -139,8 +173,14 @@ class ReplayPage:
     replay_window: int
     _stock_page = False
 
-    def _start_replay(self, vllm_config: Any, family: str, *, spec_supported: bool = False,
-                      spec_missing: str = "yet") -> bool:
+    def _start_replay(
+        self,
+        vllm_config: Any,
+        family: str,
+        *,
+        spec_supported: bool = False,
+        spec_missing: str = "yet",
+    ) -> bool:
         """Read the replayssm settings into `self.replay`; when enabled, refuse what the layer
         cannot run (an architecture whose page vLLM sizes, speculative decoding where
         `spec_supported` is false: the message says `spec_missing`) and set
@@ -156,7 +196,8 @@ class ReplayPage:
         if num_spec and not spec_supported:
             raise NotImplementedError(
                 f"replayssm with speculative decoding is not available for {family} layers "
-                f"{spec_missing}; drop --speculative-config or replayssm.enabled")
+                f"{spec_missing}; drop --speculative-config or replayssm.enabled"
+            )
         self.replay_window = 1 + num_spec
         return True
 
@@ -176,8 +217,14 @@ class ReplayPage:
             "ReplaySSM speculative decoding (k=%d): %.1f KiB of %s state per request and "
             "layer (one page: HP, LP, ring of %d records) vs %.1f KiB for stock speculative "
             "decoding (1 + k = %d pages): %.2fx as many requests per byte of state",
-            num_spec, ours / 1024, family, self.replay.buffer_len + self.replay_window,
-            stock_spec / 1024, 1 + num_spec, stock_spec / ours)
+            num_spec,
+            ours / 1024,
+            family,
+            self.replay.buffer_len + self.replay_window,
+            stock_spec / 1024,
+            1 + num_spec,
+            stock_spec / ours,
+        )
 
     def get_kv_cache_spec(self, vllm_config: Any):
         """vLLM's MambaSpec, with one page per request under speculative decoding: the

@@ -32,8 +32,9 @@ class SpecWindows:
             self._starts = starts
         return starts
 
-    def acceptance(self, meta: torch.Tensor, slots: torch.Tensor, q: torch.Tensor,
-                   seq_lens: torch.Tensor):
+    def acceptance(
+        self, meta: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, seq_lens: torch.Tensor
+    ):
         """Commit counts of a speculative step's rows. meta: [S, META_LEN] cursor words;
         slots, q (tokens this step), seq_lens (request lengths after it): [R]. Returns
         (start, accepted, pending, committed), [R] int64 each; store `start` with

@@ -76,7 +76,7 @@ def test_plain_decode_flushes_exactly_every_L_steps():
         assert gaps == {L}, (s, st_)
     # Stagger: 32 slots over L phases flush on every step of a cycle, 2 per step.
     per_step = torch.bincount(torch.tensor([x for v in flush_steps.values() for x in v]))
-    assert per_step[L:4 * L].min() == 2 and per_step[L:4 * L].max() == 2
+    assert per_step[L : 4 * L].min() == 2 and per_step[L : 4 * L].max() == 2
 
 
 def test_without_stagger_all_rows_flush_together():
@@ -92,7 +92,7 @@ def test_without_stagger_all_rows_flush_together():
 def test_garbage_meta_reads_as_fresh():
     L, T = 8, 2
     gen = torch.Generator().manual_seed(0)
-    meta = torch.randint(-2**31, 2**31 - 1, (64, META_LEN), dtype=torch.int64, generator=gen)
+    meta = torch.randint(-(2**31), 2**31 - 1, (64, META_LEN), dtype=torch.int64, generator=gen)
     meta = meta.to(torch.int32)
     assert not meta_is_valid(meta, L, T).any()
     plan = plan_step(meta, torch.full((64,), T), torch.full((64,), 5), L, T)

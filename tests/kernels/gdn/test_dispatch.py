@@ -76,8 +76,9 @@ def _setup(window: int, num_tokens: list[int], seed: int):
     slots = torch.tensor([*range(1, len(num_tokens) + 1), NULL_BLOCK_ID])
     gen = torch.Generator().manual_seed(seed)
     cache.hp.copy_(torch.randn(cache.hp.shape, generator=gen))
-    apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=L, window=window,
-                       stagger=True)
+    apply_prefill_hook(
+        cache.hp, cache.lp, cache.meta, slots, buffer_len=L, window=window, stagger=True
+    )
     q = [*num_tokens, 1]
     tok = fam.tokens(sum(q), gen)
     qsl = torch.tensor([0, *torch.tensor(q).cumsum(0).tolist()], dtype=torch.int32)
@@ -90,10 +91,25 @@ def _clone(cache: GDNReplayCache) -> GDNReplayCache:
 
 def _run(fn, fam, cache, slots, tok, window, **kwargs):
     p = fam.params
-    out = torch.full(fam.out_shape(tok["v"].shape[0]), float("nan"), dtype=torch.bfloat16,
-                     device=tok["v"].device)
-    fn(cache, tok["q"], tok["k"], tok["v"], tok["a"], tok["b"], p["A_log"], p["dt_bias"],
-       slots, out, scale=fam.scale, buffer_len=L, window=window, **kwargs)
+    out = torch.full(
+        fam.out_shape(tok["v"].shape[0]), float("nan"), dtype=torch.bfloat16, device=tok["v"].device
+    )
+    fn(
+        cache,
+        tok["q"],
+        tok["k"],
+        tok["v"],
+        tok["a"],
+        tok["b"],
+        p["A_log"],
+        p["dt_bias"],
+        slots,
+        out,
+        scale=fam.scale,
+        buffer_len=L,
+        window=window,
+        **kwargs,
+    )
     return out
 
 
@@ -126,14 +142,15 @@ def test_gdn_decode_on_cpu_runs_the_reference_route(case):
     step = dict(query_start_loc=qsl) if spec else {}
     ours, theirs = _clone(cache), _clone(cache)
     for _ in range(L + 2):  # through a flush
-        out_ours = _run(gdn_decode, fam, ours, slots, tok, window, stagger=True, route=route,
-                        **step)
+        out_ours = _run(
+            gdn_decode, fam, ours, slots, tok, window, stagger=True, route=route, **step
+        )
         if want == "stock":
-            out_theirs = _run(reference.gdn_stock_route_decode, fam, theirs, slots, tok, window,
-                              stagger=True)
+            out_theirs = _run(
+                reference.gdn_stock_route_decode, fam, theirs, slots, tok, window, stagger=True
+            )
         else:
-            out_theirs = _run(reference.gdn_replay_decode, fam, theirs, slots, tok, window,
-                              **step)
+            out_theirs = _run(reference.gdn_replay_decode, fam, theirs, slots, tok, window, **step)
         _assert_same(ours, theirs, out_ours, out_theirs)
     assert not torch.equal(ours.meta, cache.meta)
 
@@ -164,10 +181,12 @@ def test_gdn_decode_on_gpu_runs_the_planned_kernel(route):
         out_ours = _run(gdn_decode, fam, ours, slots, tok, 1, stagger=True, route=route)
         kernel = dict(cfg)
         if kernel.pop("route") == "stock":
-            out_theirs = _run(gdn_stock_route_decode, fam, theirs, slots, tok, 1, stagger=True,
-                              **kernel)
+            out_theirs = _run(
+                gdn_stock_route_decode, fam, theirs, slots, tok, 1, stagger=True, **kernel
+            )
         else:
-            out_theirs = _run(gdn_replay_decode, fam, theirs, slots, tok, 1,
-                              route=cfg["route"], **kernel)
+            out_theirs = _run(
+                gdn_replay_decode, fam, theirs, slots, tok, 1, route=cfg["route"], **kernel
+            )
         torch.cuda.synchronize()
         _assert_same(ours, theirs, out_ours, out_theirs)

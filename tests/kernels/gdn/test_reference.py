@@ -25,8 +25,17 @@ GEOMS = {
     "uneven": GDNGeometry(num_k_heads=1, num_v_heads=3, head_k_dim=12, head_v_dim=20),
 }
 
-BASE = dict(geom="tiny", L=4, T=1, lp=None, act=torch.float32, spec=False, churn=False,
-            stagger=True, exact=True)
+BASE = dict(
+    geom="tiny",
+    L=4,
+    T=1,
+    lp=None,
+    act=torch.float32,
+    spec=False,
+    churn=False,
+    stagger=True,
+    exact=True,
+)
 CASES = {
     "base": {},
     "lp_bf16": dict(lp=torch.bfloat16),
@@ -56,21 +65,35 @@ def test_replay_matches_naive(case):
     # Cached corrected values d are rounded to the activation dtype: history readouts (and
     # the fold flush) see that rounding; the exact flush does not.
     rounding = c["act"] if c["act"] != torch.float32 else None
-    check_scenario(fam, L=c["L"], T=c["T"], lp=c["lp"], spec=c["spec"], churn=c["churn"],
-                   stagger=c["stagger"], seed=sum(map(ord, case)), rounding=rounding)
+    check_scenario(
+        fam,
+        L=c["L"],
+        T=c["T"],
+        lp=c["lp"],
+        spec=c["spec"],
+        churn=c["churn"],
+        stagger=c["stagger"],
+        seed=sum(map(ord, case)),
+        rounding=rounding,
+    )
 
 
 @pytest.mark.parametrize("spec", [False, True], ids=["ar", "spec"])
 def test_exact_flush_hp_bitwise_independent_of_lp(spec):
-    check_hp_independent_of_lp(lambda: GDNFamily(GEOMS["tiny"], act_dtype=torch.bfloat16,
-                                                 seed=3), L=4, T=3 if spec else 1, spec=spec)
+    check_hp_independent_of_lp(
+        lambda: GDNFamily(GEOMS["tiny"], act_dtype=torch.bfloat16, seed=3),
+        L=4,
+        T=3 if spec else 1,
+        spec=spec,
+    )
 
 
 def test_fold_flush_lets_lp_rounding_into_hp():
     """Why `exact` is the default: with `fold`, HP depends on the LP dtype."""
     with pytest.raises(AssertionError, match="HP differs"):
-        check_hp_independent_of_lp(lambda: GDNFamily(GEOMS["tiny"], exact_flush=False, seed=3),
-                                   L=4, T=1, spec=False)
+        check_hp_independent_of_lp(
+            lambda: GDNFamily(GEOMS["tiny"], exact_flush=False, seed=3), L=4, T=1, spec=False
+        )
 
 
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp_only", "lp_bf16"])
@@ -85,8 +108,7 @@ def test_exact_flush_equals_stock_fp32_path_bitwise(lp, act):
     slots = torch.tensor([3, 1, 6, 2, 5], dtype=torch.int32)
     stock = torch.stack([fam.initial_state(gen) for _ in range(R + 2)])
     cache.hp[slots.long()] = stock[slots.long()]
-    apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=L, window=T,
-                       stagger=True)
+    apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, buffer_len=L, window=T, stagger=True)
     compared = 0
     for _ in range(steps):
         tok = fam.tokens(R, gen)

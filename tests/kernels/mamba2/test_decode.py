@@ -50,10 +50,20 @@ SCENARIOS = {
 @pytest.mark.parametrize("case", list(SCENARIOS))
 def test_kernel_matches_naive(case, device):
     c = {**SCENARIO_BASE, **SCENARIOS[case]}
-    fam = Mamba2Family(GEOMS[c["geom"]], act_dtype=c["act"], decode_op=_op(**c["knobs"]),
-                       device=device, seed=3)
-    check_scenario(fam, L=c["L"], T=c["T"], lp=c["lp"], spec=c["T"] > 1, churn=c["churn"],
-                   requests=3, cycles=3, seed=len(case))
+    fam = Mamba2Family(
+        GEOMS[c["geom"]], act_dtype=c["act"], decode_op=_op(**c["knobs"]), device=device, seed=3
+    )
+    check_scenario(
+        fam,
+        L=c["L"],
+        T=c["T"],
+        lp=c["lp"],
+        spec=c["T"] > 1,
+        churn=c["churn"],
+        requests=3,
+        cycles=3,
+        seed=len(case),
+    )
 
 
 # Lockstep with the torch reference: outputs, cursor words (exact), records, HP and LP.
@@ -71,19 +81,31 @@ LOCKSTEP = {
 def test_kernel_matches_reference_buffers(case, device):
     c = {**LOCKSTEP_BASE, **LOCKSTEP[case]}
     check_kernel_matches_reference(
-        lambda op: Mamba2Family(GEOMS["tp_groups"], act_dtype=torch.float16, device=device,
-                                decode_op=op, seed=4),
-        _op(), L=4, T=c["T"], lp=c["lp"], out_tol=out_tolerance(c["lp"], device),
+        lambda op: Mamba2Family(
+            GEOMS["tp_groups"], act_dtype=torch.float16, device=device, decode_op=op, seed=4
+        ),
+        _op(),
+        L=4,
+        T=c["T"],
+        lp=c["lp"],
+        out_tol=out_tolerance(c["lp"], device),
         stock_route_op=stock_route.mamba2_stock_route_decode if c["stock_share"] else None,
-        stock_share=c["stock_share"])
+        stock_share=c["stock_share"],
+    )
 
 
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["none", "bf16"])
 def test_stock_route_interleaved(lp, device):
     """Stock-route steps (HP alone, LP marked stale) between replay steps, against the
     oracle: a replay step that read a stale LP would be off by the LP-vs-HP difference."""
-    fam = Mamba2Family(GEOMS["tiny"], act_dtype=torch.bfloat16, device=device, seed=9,
-                       decode_op=_op(), stock_route_op=stock_route.mamba2_stock_route_decode)
+    fam = Mamba2Family(
+        GEOMS["tiny"],
+        act_dtype=torch.bfloat16,
+        device=device,
+        seed=9,
+        decode_op=_op(),
+        stock_route_op=stock_route.mamba2_stock_route_decode,
+    )
     check_mixed_routes(fam, L=4, lp=lp)
 
 
@@ -91,8 +113,13 @@ def test_hp_independent_of_lp(device):
     """The flush reads HP only: HP after every flush is bitwise the same with LP off, bf16
     and fp16."""
     check_hp_independent_of_lp(
-        lambda: Mamba2Family(GEOMS["tiny"], act_dtype=torch.bfloat16, device=device, seed=5,
-                             decode_op=_op()), L=4, T=1, spec=False)
+        lambda: Mamba2Family(
+            GEOMS["tiny"], act_dtype=torch.bfloat16, device=device, seed=5, decode_op=_op()
+        ),
+        L=4,
+        T=1,
+        spec=False,
+    )
 
 
 def test_dispatch_routes(device):
@@ -115,9 +142,20 @@ def test_scratch_too_small_is_refused(device):
     small = Mamba2Scratch.allocate(2, fam.geom.nheads, 4, device)
     with pytest.raises(ValueError, match="too small"):
         decode.mamba2_replay_decode(
-            cache, tok["x"], tok["dt"], fam.params["A"], tok["B"], tok["C"], fam.params["D"],
-            fam.params["dt_bias"], torch.tensor([1, 2, 3], device=device), out,
-            buffer_len=4, window=1, scratch=small)
+            cache,
+            tok["x"],
+            tok["dt"],
+            fam.params["A"],
+            tok["B"],
+            tok["C"],
+            fam.params["D"],
+            fam.params["dt_bias"],
+            torch.tensor([1, 2, 3], device=device),
+            out,
+            buffer_len=4,
+            window=1,
+            scratch=small,
+        )
 
 
 REAL = {
@@ -131,25 +169,38 @@ REAL = {
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 @pytest.mark.parametrize("T", [1, 4])
 def test_real_geometry_on_gpu(geom, lp, T):
-    fam = Mamba2Family(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=1,
-                       decode_op=_op())
+    fam = Mamba2Family(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=1, decode_op=_op())
     check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lp", [None, torch.bfloat16, torch.float16],
-                         ids=["hp", "lp_bf16", "lp_fp16"])
+@pytest.mark.parametrize(
+    "lp", [None, torch.bfloat16, torch.float16], ids=["hp", "lp_bf16", "lp_fp16"]
+)
 def test_real_geometry_lockstep_on_gpu(lp):
     check_kernel_matches_reference(
-        lambda op: Mamba2Family(REAL["nemotron3_super"], act_dtype=torch.bfloat16,
-                                device="cuda", decode_op=op, seed=4),
-        _op(), L=16, T=1, lp=lp, out_tol=out_tolerance(lp, "cuda"), requests=6)
+        lambda op: Mamba2Family(
+            REAL["nemotron3_super"], act_dtype=torch.bfloat16, device="cuda", decode_op=op, seed=4
+        ),
+        _op(),
+        L=16,
+        T=1,
+        lp=lp,
+        out_tol=out_tolerance(lp, "cuda"),
+        requests=6,
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("geom", list(REAL))
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 def test_real_geometry_stock_route_on_gpu(geom, lp):
-    fam = Mamba2Family(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=2,
-                       decode_op=_op(), stock_route_op=stock_route.mamba2_stock_route_decode)
+    fam = Mamba2Family(
+        REAL[geom],
+        act_dtype=torch.bfloat16,
+        device="cuda",
+        seed=2,
+        decode_op=_op(),
+        stock_route_op=stock_route.mamba2_stock_route_decode,
+    )
     check_mixed_routes(fam, L=16, lp=lp, rounding=None)

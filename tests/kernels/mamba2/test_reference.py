@@ -25,8 +25,9 @@ GEOMS = {
     "tp_groups": Mamba2Geometry(nheads=6, headdim=4, dstate=8, ngroups=3),
 }
 
-BASE = dict(geom="tiny", L=4, T=1, lp=None, act=torch.float32, spec=False, churn=False,
-            stagger=True)
+BASE = dict(
+    geom="tiny", L=4, T=1, lp=None, act=torch.float32, spec=False, churn=False, stagger=True
+)
 CASES = {
     "base": {},
     "lp_bf16": dict(lp=torch.bfloat16),
@@ -50,14 +51,23 @@ CASES = {
 def test_replay_matches_naive(case):
     c = {**BASE, **CASES[case]}
     fam = Mamba2Family(GEOMS[c["geom"]], act_dtype=c["act"], seed=7)
-    check_scenario(fam, L=c["L"], T=c["T"], lp=c["lp"], spec=c["spec"], churn=c["churn"],
-                   stagger=c["stagger"], seed=sum(map(ord, case)))
+    check_scenario(
+        fam,
+        L=c["L"],
+        T=c["T"],
+        lp=c["lp"],
+        spec=c["spec"],
+        churn=c["churn"],
+        stagger=c["stagger"],
+        seed=sum(map(ord, case)),
+    )
 
 
 @pytest.mark.parametrize("spec", [False, True], ids=["ar", "spec"])
 def test_hp_bitwise_independent_of_lp(spec):
-    check_hp_independent_of_lp(lambda: Mamba2Family(GEOMS["tiny"], seed=3), L=4,
-                               T=3 if spec else 1, spec=spec)
+    check_hp_independent_of_lp(
+        lambda: Mamba2Family(GEOMS["tiny"], seed=3), L=4, T=3 if spec else 1, spec=spec
+    )
 
 
 def test_perturbed_history_fails():

@@ -44,7 +44,11 @@ def stagger_phase(slots: torch.Tensor, buffer_len: int, window: int, stagger: bo
 
 
 def reset_meta(
-    meta: torch.Tensor, slots: torch.Tensor, buffer_len: int, window: int, stagger: bool,
+    meta: torch.Tensor,
+    slots: torch.Tensor,
+    buffer_len: int,
+    window: int,
+    stagger: bool,
     lp_stale: bool = False,
 ) -> None:
     """Reset the cursor words of `slots` in place (after a checkpoint write by prefill, a
@@ -68,10 +72,13 @@ def meta_is_valid(meta_rows: torch.Tensor, buffer_len: int, window: int) -> torc
     o, n, p, kap = m[:, ORIGIN], m[:, COMMITTED], m[:, PENDING], m[:, CAPACITY]
     return (
         ((m[:, MAGIC] == META_MAGIC) | (m[:, MAGIC] == META_MAGIC_LP_STALE))
-        & (o >= 0) & (o < C)
+        & (o >= 0)
+        & (o < C)
         & (n >= 0)
-        & (p >= 0) & (p <= window)
-        & (kap >= 2 * window) & (kap <= C)
+        & (p >= 0)
+        & (p <= window)
+        & (kap >= 2 * window)
+        & (kap <= C)
         & (n + p + window <= kap)
     )
 

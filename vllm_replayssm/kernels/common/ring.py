@@ -37,8 +37,9 @@ def gather_logical(ring: torch.Tensor, slots: torch.Tensor, origin: torch.Tensor
     num_ring_rows, *rest] (a copy).
     """
     num_ring_rows = ring.shape[2]
-    rows = torch.remainder(origin[:, None] + torch.arange(num_ring_rows, device=ring.device),
-                           num_ring_rows)  # [R, num_ring_rows]
+    rows = torch.remainder(
+        origin[:, None] + torch.arange(num_ring_rows, device=ring.device), num_ring_rows
+    )  # [R, num_ring_rows]
     g = ring[slots]  # [R, heads, C, *rest]
     idx = rows[:, None, :].expand(-1, g.shape[1], -1)
     idx = idx.reshape(*idx.shape, *([1] * (g.dim() - 3))).expand(*g.shape[:3], *g.shape[3:])

@@ -61,8 +61,14 @@ def _load_words(p_meta, stride_word, C, T: tl.constexpr):
     magic = tl.load(p_meta + W_MAGIC * stride_word)
     valid = (
         ((magic == MAGIC_WORD) | (magic == MAGIC_WORD_LP_STALE))
-        & (o >= 0) & (o < C) & (n >= 0) & (p >= 0) & (p <= T)
-        & (kap >= 2 * T) & (kap <= C) & (n + p + T <= kap)
+        & (o >= 0)
+        & (o < C)
+        & (n >= 0)
+        & (p >= 0)
+        & (p <= T)
+        & (kap >= 2 * T)
+        & (kap <= C)
+        & (n + p + T <= kap)
     )
     return o, n, p, kap, fo, fn, magic, valid
 
@@ -107,8 +113,10 @@ def finish_row(p_meta, stride_word, num_programs, o, n, q, kap, fo, fn, stale):
         tl.store(p_meta + W_CAPACITY * stride_word, kap.to(tl.int32))
         tl.store(p_meta + W_FOLD_ORIGIN * stride_word, fo.to(tl.int32))
         tl.store(p_meta + W_FOLD_COUNT * stride_word, fn.to(tl.int32))
-        tl.store(p_meta + W_MAGIC * stride_word,
-                 tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD).to(tl.int32))
+        tl.store(
+            p_meta + W_MAGIC * stride_word,
+            tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD).to(tl.int32),
+        )
         tl.store(p_meta + W_TICKET * stride_word, 0)
 
 
@@ -132,8 +140,15 @@ def stock_route_row(p_meta, stride_word, slot, C, stagger_mod, T: tl.constexpr):
     o = tl.where(valid, o, 0)
     n_c = tl.where(valid, n + p, 0)
     kap_reset = C - slot % stagger_mod
-    steady = (valid & (o == 0) & (n_c == 0) & (kap == kap_reset) & (fo == 0) & (fn == 0)
-              & (magic == MAGIC_WORD_LP_STALE))
+    steady = (
+        valid
+        & (o == 0)
+        & (n_c == 0)
+        & (kap == kap_reset)
+        & (fo == 0)
+        & (fn == 0)
+        & (magic == MAGIC_WORD_LP_STALE)
+    )
     return o, n_c, kap_reset, steady == 0
 
 

@@ -36,12 +36,18 @@ def launch_config(num_rows: int, v_per_k: int, plain: bool = True) -> dict:
         return dict(route="stock", block_v=16, num_warps=1)
     if num_rows <= 16:
         return dict(route="fused", block_v=16, num_warps=1, heads_per_program=1, num_stages=1)
-    return dict(route="split", block_v=16, num_warps=1,
-                heads_per_program=v_per_k if num_rows >= 64 else 1, num_stages=1)
+    return dict(
+        route="split",
+        block_v=16,
+        num_warps=1,
+        heads_per_program=v_per_k if num_rows >= 64 else 1,
+        num_stages=1,
+    )
 
 
-def plan_launch(route: str, num_rows: int, v_per_k: int, plain: bool,
-                launch: dict | None = None) -> dict:
+def plan_launch(
+    route: str, num_rows: int, v_per_k: int, plain: bool, launch: dict | None = None
+) -> dict:
     """The launch configuration of a Triton step: `launch_config` for `route` ("auto",
     "replay" or "stock"; a step that is not plain replays whatever the route), then the
     entries of `launch` (benchmarks, tests) over it. A `launch` route of another kind than
@@ -90,8 +96,7 @@ def gdn_decode(
     launch: overrides of the launch configuration (CUDA tensors only; see `plan_launch`).
     """
     plain = query_start_loc is None and num_accepted_tokens is None
-    common = dict(scale=scale, buffer_len=buffer_len, window=window,
-                  null_block_id=null_block_id)
+    common = dict(scale=scale, buffer_len=buffer_len, window=window, null_block_id=null_block_id)
     args = (cache, q, k, v, a, b, A_log, dt_bias, state_indices, out)
     if not v.is_cuda:
         if route not in ROUTES:
@@ -101,8 +106,12 @@ def gdn_decode(
         if route == "stock" and plain:
             reference.gdn_stock_route_decode(*args, stagger=stagger, **common)
         else:
-            reference.gdn_replay_decode(*args, query_start_loc=query_start_loc,
-                                        num_accepted_tokens=num_accepted_tokens, **common)
+            reference.gdn_replay_decode(
+                *args,
+                query_start_loc=query_start_loc,
+                num_accepted_tokens=num_accepted_tokens,
+                **common,
+            )
         return
     # Triton only on GPUs: importing the kernels defines their JIT functions.
     from vllm_replayssm.kernels.gdn.decode import gdn_replay_decode
@@ -113,6 +122,11 @@ def gdn_decode(
     if kernel_route == "stock":
         gdn_stock_route_decode(*args, stagger=stagger, **common, **cfg)
     else:
-        gdn_replay_decode(*args, query_start_loc=query_start_loc,
-                          num_accepted_tokens=num_accepted_tokens, route=kernel_route,
-                          **common, **cfg)
+        gdn_replay_decode(
+            *args,
+            query_start_loc=query_start_loc,
+            num_accepted_tokens=num_accepted_tokens,
+            route=kernel_route,
+            **common,
+            **cfg,
+        )

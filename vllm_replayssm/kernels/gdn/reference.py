@@ -33,8 +33,15 @@ def _heads(x: torch.Tensor, rep: int, dim: int) -> torch.Tensor:
 
 
 def _stock_update(
-    S: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
-    b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float,
+    S: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One delta-rule step in fp32. S: [R, Hv, V, K]; q, k: [R, Hk, K]; v: [R, Hv, V];
     a, b: [R, Hv]. Returns the new state and o: [R, Hv, V] (fp32)."""
@@ -72,8 +79,17 @@ def gdn_stock_decode(
     if not bool(active.any()):
         return
     slots = state_indices[active].long()
-    S, o = _stock_update(ssm_state[slots].float(), q[active], k[active], v[active], a[active],
-                         b[active], A_log, dt_bias, scale)
+    S, o = _stock_update(
+        ssm_state[slots].float(),
+        q[active],
+        k[active],
+        v[active],
+        a[active],
+        b[active],
+        A_log,
+        dt_bias,
+        scale,
+    )
     out[active] = o.to(out.dtype)
     ssm_state[slots] = S.to(ssm_state.dtype)
 
@@ -180,6 +196,7 @@ def gdn_replay_decode(
     gam = torch.cumsum(gh, dim=-1)
     gam_n = gam[..., -1]  # [R, Hv]
     wh = torch.where(hist[:, None, :], torch.exp(gam_n[..., None] - gam), 0.0)
+
     # u_i = S_n k_i and w_i = S_n q_i with S_n = e^{Gamma_n} S0 + sum_j wh_j d_j k_j^T.
     def apply_state(vec: torch.Tensor) -> torch.Tensor:  # [R, window, Hv, K] -> [.., V]
         ck = torch.einsum("rhvk,rthk->rthv", S0, vec) * torch.exp(gam_n)[:, None, :, None]
@@ -268,8 +285,9 @@ def gdn_stock_route_decode(
     zero_q = torch.zeros_like(slots)
     plan = plan_step(cache.meta[slots], zero_q, None, buffer_len, window, force_flush=True)
     S = _fold(cache, slots, plan.fold_origin, plan.fold_count)
-    S, o = _stock_update(S, q[active], k[active], v[active], a[active], b[active], A_log,
-                         dt_bias, scale)
+    S, o = _stock_update(
+        S, q[active], k[active], v[active], a[active], b[active], A_log, dt_bias, scale
+    )
     out[active] = o.to(out.dtype)
     cache.hp[slots] = S
     reset_meta(cache.meta, slots, buffer_len, window, stagger, lp_stale=True)

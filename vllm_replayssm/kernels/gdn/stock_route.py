@@ -21,24 +21,73 @@ from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 @triton.jit
 def _gdn_stock_route_kernel(
-    hp_ptr, ring_g_ptr, ring_beta_ptr, ring_k_ptr, ring_d_ptr, ring_v_ptr, meta_ptr,
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_indices_ptr, out_ptr,
-    scale, null_block_id, num_programs_per_row, num_ring_rows, stagger_mod,
-    stride_hp_slot, stride_hp_head, stride_hp_v, stride_hp_k,
-    stride_rg_slot, stride_rg_head, stride_rg_row,
-    stride_rbeta_slot, stride_rbeta_head, stride_rbeta_row,
-    stride_rk_slot, stride_rk_head, stride_rk_row, stride_rk_k,
-    stride_rd_slot, stride_rd_head, stride_rd_row, stride_rd_v,
-    stride_rv_slot, stride_rv_head, stride_rv_row, stride_rv_v,
-    stride_meta_slot, stride_meta_word,
-    stride_q_tok, stride_q_head, stride_q_k,
-    stride_k_tok, stride_k_head, stride_k_k,
-    stride_v_tok, stride_v_head, stride_v_v,
-    stride_a_tok, stride_a_head,
-    stride_b_tok, stride_b_head,
-    stride_out_tok, stride_out_head, stride_out_v,
-    head_k_dim: tl.constexpr, head_v_dim: tl.constexpr, v_per_k: tl.constexpr,
-    WINDOW: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    hp_ptr,
+    ring_g_ptr,
+    ring_beta_ptr,
+    ring_k_ptr,
+    ring_d_ptr,
+    ring_v_ptr,
+    meta_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    a_ptr,
+    b_ptr,
+    A_log_ptr,
+    dt_bias_ptr,
+    state_indices_ptr,
+    out_ptr,
+    scale,
+    null_block_id,
+    num_programs_per_row,
+    num_ring_rows,
+    stagger_mod,
+    stride_hp_slot,
+    stride_hp_head,
+    stride_hp_v,
+    stride_hp_k,
+    stride_rg_slot,
+    stride_rg_head,
+    stride_rg_row,
+    stride_rbeta_slot,
+    stride_rbeta_head,
+    stride_rbeta_row,
+    stride_rk_slot,
+    stride_rk_head,
+    stride_rk_row,
+    stride_rk_k,
+    stride_rd_slot,
+    stride_rd_head,
+    stride_rd_row,
+    stride_rd_v,
+    stride_rv_slot,
+    stride_rv_head,
+    stride_rv_row,
+    stride_rv_v,
+    stride_meta_slot,
+    stride_meta_word,
+    stride_q_tok,
+    stride_q_head,
+    stride_q_k,
+    stride_k_tok,
+    stride_k_head,
+    stride_k_k,
+    stride_v_tok,
+    stride_v_head,
+    stride_v_v,
+    stride_a_tok,
+    stride_a_head,
+    stride_b_tok,
+    stride_b_head,
+    stride_out_tok,
+    stride_out_head,
+    stride_out_v,
+    head_k_dim: tl.constexpr,
+    head_v_dim: tl.constexpr,
+    v_per_k: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
@@ -56,35 +105,60 @@ def _gdn_stock_route_kernel(
     m_k = o_k < head_k_dim
     m_vk = m_v[:, None] & m_k[None, :]
     # Loads that do not depend on the cursor first.
-    p_hp = (hp_ptr + slot * stride_hp_slot + pid_h * stride_hp_head
-            + o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
+    p_hp = (
+        hp_ptr
+        + slot * stride_hp_slot
+        + pid_h * stride_hp_head
+        + o_v[:, None] * stride_hp_v
+        + o_k[None, :] * stride_hp_k
+    )
     S = tl.load(p_hp, mask=m_vk, other=0.0)
-    k_t = tl.load(k_ptr + pid_r * stride_k_tok + kh * stride_k_head + o_k * stride_k_k,
-                  mask=m_k, other=0.0).to(tl.float32)
-    q_t = tl.load(q_ptr + pid_r * stride_q_tok + kh * stride_q_head + o_k * stride_q_k,
-                  mask=m_k, other=0.0).to(tl.float32)
-    v_t = tl.load(v_ptr + pid_r * stride_v_tok + pid_h * stride_v_head + o_v * stride_v_v,
-                  mask=m_v, other=0.0).to(tl.float32)
+    k_t = tl.load(
+        k_ptr + pid_r * stride_k_tok + kh * stride_k_head + o_k * stride_k_k, mask=m_k, other=0.0
+    ).to(tl.float32)
+    q_t = tl.load(
+        q_ptr + pid_r * stride_q_tok + kh * stride_q_head + o_k * stride_q_k, mask=m_k, other=0.0
+    ).to(tl.float32)
+    v_t = tl.load(
+        v_ptr + pid_r * stride_v_tok + pid_h * stride_v_head + o_v * stride_v_v, mask=m_v, other=0.0
+    ).to(tl.float32)
     a_t = tl.load(a_ptr + pid_r * stride_a_tok + pid_h * stride_a_head).to(tl.float32)
     b_raw = tl.load(b_ptr + pid_r * stride_b_tok + pid_h * stride_b_head)
     g_t = -tl.exp(tl.load(A_log_ptr + pid_h).to(tl.float32)) * softplus(
-        a_t + tl.load(dt_bias_ptr + pid_h).to(tl.float32))
+        a_t + tl.load(dt_bias_ptr + pid_h).to(tl.float32)
+    )
     beta_t = tl.sigmoid(b_raw.to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
     k_t = l2norm(k_t)
     q_t = l2norm(q_t) * scale
     p_meta = meta_ptr + slot * stride_meta_slot
-    o, n_c, kap_reset, reset = stock_route_row(p_meta, stride_meta_word, slot, num_ring_rows,
-                                               stagger_mod, WINDOW)
+    o, n_c, kap_reset, reset = stock_route_row(
+        p_meta, stride_meta_word, slot, num_ring_rows, stagger_mod, WINDOW
+    )
     if n_c > 0:  # a row arriving from the replay route: advance over its ring first
         S = advance_tile(
-            S, ring_g_ptr + slot * stride_rg_slot + pid_h * stride_rg_head,
+            S,
+            ring_g_ptr + slot * stride_rg_slot + pid_h * stride_rg_head,
             ring_beta_ptr + slot * stride_rbeta_slot + pid_h * stride_rbeta_head,
             ring_k_ptr + slot * stride_rk_slot + kh * stride_rk_head,
             ring_d_ptr + slot * stride_rd_slot + pid_h * stride_rd_head,
             ring_v_ptr + slot * stride_rv_slot + pid_h * stride_rv_head,
-            o, n_c, num_ring_rows, o_v, o_k, m_v, m_k, stride_rg_row, stride_rbeta_row,
-            stride_rk_row, stride_rk_k, stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v,
-            EXACT_FLUSH)
+            o,
+            n_c,
+            num_ring_rows,
+            o_v,
+            o_k,
+            m_v,
+            m_k,
+            stride_rg_row,
+            stride_rbeta_row,
+            stride_rk_row,
+            stride_rk_k,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_row,
+            stride_rv_v,
+            EXACT_FLUSH,
+        )
     S = S * tl.exp(g_t)
     d_t = (v_t - tl.sum(S * k_t[None, :], axis=1)) * beta_t
     S = S + d_t[:, None] * k_t[None, :]
@@ -122,8 +196,10 @@ def gdn_stock_route_decode(
     Hv, V = v.shape[1], v.shape[2]
     R = state_indices.shape[0]
     if v.shape[0] != R or tuple(out.shape) != tuple(v.shape):
-        raise ValueError(f"the stock route takes one token per row: v {tuple(v.shape)}, "
-                         f"out {tuple(out.shape)}, {R} rows")
+        raise ValueError(
+            f"the stock route takes one token per row: v {tuple(v.shape)}, "
+            f"out {tuple(out.shape)}, {R} rows"
+        )
     if R == 0:
         return
     num_ring_rows = ring_rows(buffer_len, window)
@@ -131,13 +207,46 @@ def gdn_stock_route_decode(
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
     _gdn_stock_route_kernel[grid](
-        cache.hp, cache.ring_g, beta, cache.ring_k, cache.ring_d, ring_v, cache.meta,
-        q, k, v, a, b, A_log, dt_bias, state_indices, out,
-        scale, null_block_id, grid[0] * Hv, num_ring_rows,
+        cache.hp,
+        cache.ring_g,
+        beta,
+        cache.ring_k,
+        cache.ring_d,
+        ring_v,
+        cache.meta,
+        q,
+        k,
+        v,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state_indices,
+        out,
+        scale,
+        null_block_id,
+        grid[0] * Hv,
+        num_ring_rows,
         (buffer_len - window + 1) if stagger else 1,
-        *cache.hp.stride(), *cache.ring_g.stride(), *beta.stride(), *cache.ring_k.stride(),
-        *cache.ring_d.stride(), *ring_v.stride(), *cache.meta.stride(),
-        *q.stride(), *k.stride(), *v.stride(), *a.stride(), *b.stride(), *out.stride(),
-        head_k_dim=K, head_v_dim=V, v_per_k=Hv // Hk, WINDOW=window, BLOCK_V=block_v,
-        BLOCK_K=pow2_block(K), EXACT_FLUSH=cache.exact_flush, num_warps=num_warps,
+        *cache.hp.stride(),
+        *cache.ring_g.stride(),
+        *beta.stride(),
+        *cache.ring_k.stride(),
+        *cache.ring_d.stride(),
+        *ring_v.stride(),
+        *cache.meta.stride(),
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *a.stride(),
+        *b.stride(),
+        *out.stride(),
+        head_k_dim=K,
+        head_v_dim=V,
+        v_per_k=Hv // Hk,
+        WINDOW=window,
+        BLOCK_V=block_v,
+        BLOCK_K=pow2_block(K),
+        EXACT_FLUSH=cache.exact_flush,
+        num_warps=num_warps,
     )

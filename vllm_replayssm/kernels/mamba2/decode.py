@@ -51,8 +51,9 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
-def launch_config(num_rows: int, nheads: int, headdim: int, dstate: int,
-                  ckpt_itemsize: int, device: torch.device) -> dict:
+def launch_config(
+    num_rows: int, nheads: int, headdim: int, dstate: int, ckpt_itemsize: int, device: torch.device
+) -> dict:
     """Launch knobs of the plain-decode launches.
 
     readout: block_p rows of the checkpoint per program (TILE_BYTES of them), one warp
@@ -70,9 +71,15 @@ def launch_config(num_rows: int, nheads: int, headdim: int, dstate: int,
     else:
         programs = 8
     flush_items = num_rows * nheads * triton.cdiv(headdim, flush_p)
-    return dict(readout_block_p=block_p, readout_warps=1, flush_block_p=flush_p,
-                flush_warps=4, flush_programs=min(programs, flush_items), plan_warps=1,
-                overlap=device.type == "cuda")
+    return dict(
+        readout_block_p=block_p,
+        readout_warps=1,
+        flush_block_p=flush_p,
+        flush_warps=4,
+        flush_programs=min(programs, flush_items),
+        plan_warps=1,
+        overlap=device.type == "cuda",
+    )
 
 
 def mamba2_replay_decode(
@@ -107,22 +114,51 @@ def mamba2_replay_decode(
     N = B.shape[2]
     R = state_indices.shape[0]
     ring_len = ring_rows(buffer_len, window)
-    check_args(cache, x, dt, A, B, C, D, dt_bias, state_indices, out, ring_len,
-               query_start_loc, num_accepted_tokens)
+    check_args(
+        cache,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        D,
+        dt_bias,
+        state_indices,
+        out,
+        ring_len,
+        query_start_loc,
+        num_accepted_tokens,
+    )
     if R == 0:
         return
     plain = window == 1 and query_start_loc is None and num_accepted_tokens is None
     if not plain:
         mamba2_window_decode(
-            cache, x, dt, A, B, C, D, dt_bias, state_indices, out, buffer_len=buffer_len,
-            window=window, query_start_loc=query_start_loc,
-            num_accepted_tokens=num_accepted_tokens, null_block_id=null_block_id, **knobs)
+            cache,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            D,
+            dt_bias,
+            state_indices,
+            out,
+            buffer_len=buffer_len,
+            window=window,
+            query_start_loc=query_start_loc,
+            num_accepted_tokens=num_accepted_tokens,
+            null_block_id=null_block_id,
+            **knobs,
+        )
         return
     if scratch is None:
         scratch = Mamba2Scratch.allocate(R, H, buffer_len, x.device)
     elif not scratch.fits(R, H, buffer_len):
-        raise ValueError(f"scratch {tuple(scratch.coef.shape)} too small for {R} rows, "
-                         f"{H} heads, buffer_len {buffer_len}")
+        raise ValueError(
+            f"scratch {tuple(scratch.coef.shape)} too small for {R} rows, "
+            f"{H} heads, buffer_len {buffer_len}"
+        )
     ckpt = cache.lp if cache.lp is not None else cache.hp
     cfg = launch_config(R, H, P, N, ckpt.element_size(), x.device)
     unknown = set(knobs) - set(cfg) - {"dot_precision"}
@@ -130,23 +166,52 @@ def mamba2_replay_decode(
         raise ValueError(f"unknown plain-decode knobs {sorted(unknown)}")
     cfg.update(knobs)
     common = dict(ring_len=ring_len, buffer_len=buffer_len)
-    mamba2_plan(cache, dt, A, B, C, D, dt_bias, state_indices, scratch,
-                null_block_id=null_block_id, num_warps=cfg["plan_warps"], **common)
+    mamba2_plan(
+        cache,
+        dt,
+        A,
+        B,
+        C,
+        D,
+        dt_bias,
+        state_indices,
+        scratch,
+        null_block_id=null_block_id,
+        num_warps=cfg["plan_warps"],
+        **common,
+    )
     side = _side_stream(x.device) if cfg["overlap"] and x.is_cuda else None
     if side is not None:  # the flush and the readout touch different rows: run both at once
         side.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        mamba2_flush(cache, x, C, out, scratch, block_p=cfg["flush_block_p"],
-                     num_warps=cfg["flush_warps"], num_programs=cfg["flush_programs"],
-                     dot_precision=cfg.get("dot_precision"), **common)
-    mamba2_readout(cache, x, C, out, scratch, null_block_id=null_block_id,
-                   block_p=cfg["readout_block_p"], num_warps=cfg["readout_warps"], **common)
+        mamba2_flush(
+            cache,
+            x,
+            C,
+            out,
+            scratch,
+            block_p=cfg["flush_block_p"],
+            num_warps=cfg["flush_warps"],
+            num_programs=cfg["flush_programs"],
+            dot_precision=cfg.get("dot_precision"),
+            **common,
+        )
+    mamba2_readout(
+        cache,
+        x,
+        C,
+        out,
+        scratch,
+        null_block_id=null_block_id,
+        block_p=cfg["readout_block_p"],
+        num_warps=cfg["readout_warps"],
+        **common,
+    )
     if side is not None:
         torch.cuda.current_stream(x.device).wait_stream(side)
 
 
-def check_args(cache, x, dt, A, B, C, D, dt_bias, state_indices, out, ring_len, qsl,
-               acc) -> None:
+def check_args(cache, x, dt, A, B, C, D, dt_bias, state_indices, out, ring_len, qsl, acc) -> None:
     """Shapes, dtypes and devices of a decode step's arguments (see mamba2_replay_decode)."""
     H, P = x.shape[1], x.shape[2]
     G, N = B.shape[1], B.shape[2]

@@ -24,7 +24,7 @@ STOCK_ROUTE_MAX_ROWS = 8
 
 
 def choose_route(route: str, num_rows: int, plain: bool) -> str:
-    """"replay" or "stock" for a step of num_rows rows (speculative steps always replay)."""
+    """ "replay" or "stock" for a step of num_rows rows (speculative steps always replay)."""
     if route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
     if not plain:
@@ -66,10 +66,37 @@ def mamba2_decode(
     plain = window == 1 and query_start_loc is None and num_accepted_tokens is None
     if choose_route(route, state_indices.shape[0], plain) == "stock":
         mamba2_stock_route_decode(
-            cache, x, dt, A, B, C, D, dt_bias, state_indices, out, buffer_len=buffer_len,
-            window=window, stagger=stagger, null_block_id=null_block_id)
+            cache,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            D,
+            dt_bias,
+            state_indices,
+            out,
+            buffer_len=buffer_len,
+            window=window,
+            stagger=stagger,
+            null_block_id=null_block_id,
+        )
         return
     mamba2_replay_decode(
-        cache, x, dt, A, B, C, D, dt_bias, state_indices, out, buffer_len=buffer_len,
-        window=window, query_start_loc=query_start_loc,
-        num_accepted_tokens=num_accepted_tokens, null_block_id=null_block_id, scratch=scratch)
+        cache,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        D,
+        dt_bias,
+        state_indices,
+        out,
+        buffer_len=buffer_len,
+        window=window,
+        query_start_loc=query_start_loc,
+        num_accepted_tokens=num_accepted_tokens,
+        null_block_id=null_block_id,
+        scratch=scratch,
+    )

@@ -36,21 +36,56 @@ from vllm_replayssm.kernels.mamba2.plan import (
 
 @triton.jit
 def _mamba2_flush_kernel(
-    hp_ptr, lp_ptr, ring_x_ptr, ring_B_ptr, x_ptr, C_ptr, out_ptr,
-    plan_ptr, coef_ptr, hp_rows_ptr, hp_count_ptr,
+    hp_ptr,
+    lp_ptr,
+    ring_x_ptr,
+    ring_B_ptr,
+    x_ptr,
+    C_ptr,
+    out_ptr,
+    plan_ptr,
+    coef_ptr,
+    hp_rows_ptr,
+    hp_count_ptr,
     ring_len,
-    stride_hp_slot, stride_hp_head, stride_hp_dim, stride_hp_dstate,
-    stride_lp_slot, stride_lp_head, stride_lp_dim, stride_lp_dstate,
-    stride_rx_slot, stride_rx_head, stride_rx_row, stride_rx_dim,
-    stride_rB_slot, stride_rB_group, stride_rB_row, stride_rB_dstate,
-    stride_x_tok, stride_x_head, stride_x_dim,
-    stride_C_tok, stride_C_group, stride_C_dstate,
-    stride_out_tok, stride_out_head, stride_out_dim,
-    stride_coef_row, stride_coef_head,
-    NUM_HEADS: tl.constexpr, HEADS_PER_GROUP: tl.constexpr, TILES_PER_HEAD: tl.constexpr,
-    headdim: tl.constexpr, dstate: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, HAS_LP: tl.constexpr,
-    LP_IS_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_hp_slot,
+    stride_hp_head,
+    stride_hp_dim,
+    stride_hp_dstate,
+    stride_lp_slot,
+    stride_lp_head,
+    stride_lp_dim,
+    stride_lp_dstate,
+    stride_rx_slot,
+    stride_rx_head,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_rB_slot,
+    stride_rB_group,
+    stride_rB_row,
+    stride_rB_dstate,
+    stride_x_tok,
+    stride_x_head,
+    stride_x_dim,
+    stride_C_tok,
+    stride_C_group,
+    stride_C_dstate,
+    stride_out_tok,
+    stride_out_head,
+    stride_out_dim,
+    stride_coef_row,
+    stride_coef_head,
+    NUM_HEADS: tl.constexpr,
+    HEADS_PER_GROUP: tl.constexpr,
+    TILES_PER_HEAD: tl.constexpr,
+    headdim: tl.constexpr,
+    dstate: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -81,23 +116,41 @@ def _mamba2_flush_kernel(
         cur = tl.load(p_coef + BLOCK_L)
         scale = tl.load(p_coef + BLOCK_L + 1)
         decay = tl.load(p_coef + BLOCK_L + 2)
-        c = tl.load(C_ptr + r64 * stride_C_tok + g * stride_C_group + o_n * stride_C_dstate,
-                    mask=m_n, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + r64 * stride_x_tok + h * stride_x_head + o_p * stride_x_dim,
-                    mask=m_p, other=0.0)
-        p_hp = (hp_ptr + slot * stride_hp_slot + h * stride_hp_head
-                + o_p[:, None] * stride_hp_dim + o_n[None, :] * stride_hp_dstate)
+        c = tl.load(
+            C_ptr + r64 * stride_C_tok + g * stride_C_group + o_n * stride_C_dstate,
+            mask=m_n,
+            other=0.0,
+        ).to(tl.float32)
+        x = tl.load(
+            x_ptr + r64 * stride_x_tok + h * stride_x_head + o_p * stride_x_dim, mask=m_p, other=0.0
+        )
+        p_hp = (
+            hp_ptr
+            + slot * stride_hp_slot
+            + h * stride_hp_head
+            + o_p[:, None] * stride_hp_dim
+            + o_n[None, :] * stride_hp_dstate
+        )
         S = tl.load(p_hp, mask=m_pn, other=0.0)  # [BLOCK_P, BLOCK_N]
         p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
         if flush != 0:
             rows = fo + o_j
             rows = tl.where(rows >= ring_len, rows - ring_len, rows)
             m_j = o_j < fn
-            x_f = tl.load(p_rx + o_p[:, None] * stride_rx_dim + rows[None, :] * stride_rx_row,
-                          mask=m_p[:, None] & m_j[None, :], other=0.0)  # [BLOCK_P, BLOCK_L]
-            B_f = tl.load(ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group
-                          + rows[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
-                          mask=m_j[:, None] & m_n[None, :], other=0.0)  # [BLOCK_L, BLOCK_N]
+            x_f = tl.load(
+                p_rx + o_p[:, None] * stride_rx_dim + rows[None, :] * stride_rx_row,
+                mask=m_p[:, None] & m_j[None, :],
+                other=0.0,
+            )  # [BLOCK_P, BLOCK_L]
+            B_f = tl.load(
+                ring_B_ptr
+                + slot * stride_rB_slot
+                + g * stride_rB_group
+                + rows[:, None] * stride_rB_row
+                + o_n[None, :] * stride_rB_dstate,
+                mask=m_j[:, None] & m_n[None, :],
+                other=0.0,
+            )  # [BLOCK_L, BLOCK_N]
             a = x_f.to(tl.float32) * coef[None, :]  # [BLOCK_P, BLOCK_L]
             if DOT_PRECISION == "bf16x3":
                 # B records are bf16 (exact operands); a = hi + mid + lo in bf16 carries
@@ -110,30 +163,49 @@ def _mamba2_flush_kernel(
                 S = tl.dot(a_mid, B_f, acc=S)
                 S = tl.dot(a_lo, B_f, acc=S)
             else:
-                S = tl.dot(a, B_f.to(tl.float32), acc=S * decay,
-                           input_precision=DOT_PRECISION)
+                S = tl.dot(a, B_f.to(tl.float32), acc=S * decay, input_precision=DOT_PRECISION)
             tl.store(p_hp, S, mask=m_pn)
             if HAS_LP:
-                store_lp(lp_ptr + slot * stride_lp_slot + h * stride_lp_head
-                         + o_p[:, None] * stride_lp_dim + o_n[None, :] * stride_lp_dstate,
-                         S, m_pn, LP_IS_FP16)
+                store_lp(
+                    lp_ptr
+                    + slot * stride_lp_slot
+                    + h * stride_lp_head
+                    + o_p[:, None] * stride_lp_dim
+                    + o_n[None, :] * stride_lp_dstate,
+                    S,
+                    m_pn,
+                    LP_IS_FP16,
+                )
             y = scale * tl.sum(S * c[None, :], axis=1)
         else:  # stale LP: read out from HP and the history, as the readout would from LP
             rows = o + o_j
             rows = tl.where(rows >= ring_len, rows - ring_len, rows)
-            x_h = tl.load(p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-                          mask=(o_j < n)[:, None] & m_p[None, :], other=0.0)
+            x_h = tl.load(
+                p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+                mask=(o_j < n)[:, None] & m_p[None, :],
+                other=0.0,
+            )
             y = scale * tl.sum(S * c[None, :], axis=1)
             y += tl.sum(coef[:, None] * x_h.to(tl.float32), axis=0)
         y += cur * x.to(tl.float32)
-        tl.store(out_ptr + r64 * stride_out_tok + h * stride_out_head + o_p * stride_out_dim,
-                 y, mask=m_p)
+        tl.store(
+            out_ptr + r64 * stride_out_tok + h * stride_out_head + o_p * stride_out_dim, y, mask=m_p
+        )
         tl.store(p_rx + write_row * stride_rx_row + o_p * stride_rx_dim, x, mask=m_p)
 
 
 def mamba2_flush(
-    cache, x: torch.Tensor, C: torch.Tensor, out: torch.Tensor, scratch: Mamba2Scratch, *,
-    ring_len: int, buffer_len: int, block_p: int, num_warps: int, num_programs: int,
+    cache,
+    x: torch.Tensor,
+    C: torch.Tensor,
+    out: torch.Tensor,
+    scratch: Mamba2Scratch,
+    *,
+    ring_len: int,
+    buffer_len: int,
+    block_p: int,
+    num_warps: int,
+    num_programs: int,
     dot_precision: str | None = None,
 ) -> None:
     """Launch the flush over the plan's HP list (after `mamba2_plan`, before
@@ -152,14 +224,37 @@ def mamba2_flush(
     lp = cache.lp if cache.lp is not None else cache.hp
     tiles = triton.cdiv(P, block_p)
     _mamba2_flush_kernel[(max(1, num_programs),)](
-        cache.hp, lp, cache.ring_x, cache.ring_B, x, C, out,
-        scratch.plan, scratch.coef, scratch.hp_rows, scratch.hp_count,
+        cache.hp,
+        lp,
+        cache.ring_x,
+        cache.ring_B,
+        x,
+        C,
+        out,
+        scratch.plan,
+        scratch.coef,
+        scratch.hp_rows,
+        scratch.hp_count,
         ring_len,
-        *cache.hp.stride(), *lp.stride(), *cache.ring_x.stride(), *cache.ring_B.stride(),
-        *x.stride(), *C.stride(), *out.stride(), scratch.coef.stride(0), scratch.coef.stride(1),
-        NUM_HEADS=H, HEADS_PER_GROUP=H // G, TILES_PER_HEAD=tiles, headdim=P, dstate=N,
-        BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
-        BLOCK_L=history_block(buffer_len), HAS_LP=cache.lp is not None,
+        *cache.hp.stride(),
+        *lp.stride(),
+        *cache.ring_x.stride(),
+        *cache.ring_B.stride(),
+        *x.stride(),
+        *C.stride(),
+        *out.stride(),
+        scratch.coef.stride(0),
+        scratch.coef.stride(1),
+        NUM_HEADS=H,
+        HEADS_PER_GROUP=H // G,
+        TILES_PER_HEAD=tiles,
+        headdim=P,
+        dstate=N,
+        BLOCK_P=block_p,
+        BLOCK_N=max(16, triton.next_power_of_2(N)),
+        BLOCK_L=history_block(buffer_len),
+        HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
-        DOT_PRECISION=dot_precision, num_warps=num_warps,
+        DOT_PRECISION=dot_precision,
+        num_warps=num_warps,
     )

@@ -59,19 +59,24 @@ class Mamba2Scratch:
     hp_count: torch.Tensor
 
     @classmethod
-    def allocate(cls, max_rows: int, nheads: int, buffer_len: int,
-                 device: torch.device | str) -> Mamba2Scratch:
+    def allocate(
+        cls, max_rows: int, nheads: int, buffer_len: int, device: torch.device | str
+    ) -> Mamba2Scratch:
         return cls(
             plan=torch.zeros(max_rows, PLAN_LEN, dtype=torch.int32, device=device),
-            coef=torch.zeros(max_rows, nheads, coef_len(buffer_len), dtype=torch.float32,
-                             device=device),
+            coef=torch.zeros(
+                max_rows, nheads, coef_len(buffer_len), dtype=torch.float32, device=device
+            ),
             hp_rows=torch.zeros(max_rows, dtype=torch.int32, device=device),
             hp_count=torch.zeros(1, dtype=torch.int32, device=device),
         )
 
     def fits(self, num_rows: int, nheads: int, buffer_len: int) -> bool:
-        return (self.plan.shape[0] >= num_rows and self.coef.shape[1] == nheads
-                and self.coef.shape[2] == coef_len(buffer_len))
+        return (
+            self.plan.shape[0] >= num_rows
+            and self.coef.shape[1] == nheads
+            and self.coef.shape[2] == coef_len(buffer_len)
+        )
 
 
 MAGIC_WORD = tl.constexpr(META_MAGIC)
@@ -90,19 +95,47 @@ T_PLAN_LEN = tl.constexpr(PLAN_LEN)
 
 @triton.jit
 def _mamba2_plan_kernel(
-    meta_ptr, ring_dt_ptr, ring_B_ptr,
-    dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, state_indices_ptr,
-    plan_ptr, coef_ptr, hp_rows_ptr, hp_count_ptr,
-    null_block_id, ring_len,
-    stride_meta_slot, stride_meta_word,
-    stride_rdt_slot, stride_rdt_head, stride_rdt_row,
-    stride_rB_slot, stride_rB_group, stride_rB_row, stride_rB_dstate,
-    stride_dt_tok, stride_dt_head,
-    stride_B_tok, stride_B_group, stride_B_dstate,
-    stride_C_tok, stride_C_group, stride_C_dstate,
-    stride_coef_row, stride_coef_head,
-    HEADS_PER_GROUP: tl.constexpr, dstate: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_HG: tl.constexpr, BLOCK_L: tl.constexpr, HAS_D: tl.constexpr,
+    meta_ptr,
+    ring_dt_ptr,
+    ring_B_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    dt_bias_ptr,
+    state_indices_ptr,
+    plan_ptr,
+    coef_ptr,
+    hp_rows_ptr,
+    hp_count_ptr,
+    null_block_id,
+    ring_len,
+    stride_meta_slot,
+    stride_meta_word,
+    stride_rdt_slot,
+    stride_rdt_head,
+    stride_rdt_row,
+    stride_rB_slot,
+    stride_rB_group,
+    stride_rB_row,
+    stride_rB_dstate,
+    stride_dt_tok,
+    stride_dt_head,
+    stride_B_tok,
+    stride_B_group,
+    stride_B_dstate,
+    stride_C_tok,
+    stride_C_group,
+    stride_C_dstate,
+    stride_coef_row,
+    stride_coef_head,
+    HEADS_PER_GROUP: tl.constexpr,
+    dstate: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_HG: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    HAS_D: tl.constexpr,
     HAS_LP: tl.constexpr,
 ):
     pid_g = tl.program_id(0)
@@ -125,14 +158,27 @@ def _mamba2_plan_kernel(
     A = tl.load(A_ptr + h, mask=m_hg, other=0.0).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + h, mask=m_hg, other=0.0).to(tl.float32)
     dt_raw = tl.load(dt_ptr + r64 * stride_dt_tok + h * stride_dt_head, mask=m_hg, other=0.0)
-    b_cur = tl.load(B_ptr + r64 * stride_B_tok + pid_g * stride_B_group + o_n * stride_B_dstate,
-                    mask=m_n, other=0.0)
-    c = tl.load(C_ptr + r64 * stride_C_tok + pid_g * stride_C_group + o_n * stride_C_dstate,
-                mask=m_n, other=0.0).to(tl.float32)
+    b_cur = tl.load(
+        B_ptr + r64 * stride_B_tok + pid_g * stride_B_group + o_n * stride_B_dstate,
+        mask=m_n,
+        other=0.0,
+    )
+    c = tl.load(
+        C_ptr + r64 * stride_C_tok + pid_g * stride_C_group + o_n * stride_C_dstate,
+        mask=m_n,
+        other=0.0,
+    ).to(tl.float32)
     # Commit (plain decode: everything pending) and the flush rule, q = T = 1.
     o_next, n_next, kap, fo, fn, flush, stale = plan_row(
-        meta_ptr + slot * stride_meta_slot, stride_meta_word, state_indices_ptr, r, 1,
-        ring_len, 1, False)
+        meta_ptr + slot * stride_meta_slot,
+        stride_meta_word,
+        state_indices_ptr,
+        r,
+        1,
+        ring_len,
+        1,
+        False,
+    )
     o_next, n_next, kap = o_next.to(tl.int32), n_next.to(tl.int32), kap.to(tl.int32)
     fo, fn = fo.to(tl.int32), fn.to(tl.int32)
     write_row = o_next + n_next
@@ -145,13 +191,23 @@ def _mamba2_plan_kernel(
     m_j = o_j < n
     rows = o + o_j
     rows = tl.where(rows >= ring_len, rows - ring_len, rows)
-    dt_h = tl.load(ring_dt_ptr + slot * stride_rdt_slot + h[:, None] * stride_rdt_head
-                   + rows[None, :] * stride_rdt_row, mask=m_hg[:, None] & m_j[None, :],
-                   other=0.0)  # [BLOCK_HG, BLOCK_L]
-    B_h = tl.load(ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group
-                  + rows[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
-                  mask=(m_j & (flush == 0))[:, None] & m_n[None, :],
-                  other=0.0).to(tl.float32)  # [BLOCK_L, BLOCK_N]
+    dt_h = tl.load(
+        ring_dt_ptr
+        + slot * stride_rdt_slot
+        + h[:, None] * stride_rdt_head
+        + rows[None, :] * stride_rdt_row,
+        mask=m_hg[:, None] & m_j[None, :],
+        other=0.0,
+    )  # [BLOCK_HG, BLOCK_L]
+    B_h = tl.load(
+        ring_B_ptr
+        + slot * stride_rB_slot
+        + pid_g * stride_rB_group
+        + rows[:, None] * stride_rB_row
+        + o_n[None, :] * stride_rB_dstate,
+        mask=(m_j & (flush == 0))[:, None] & m_n[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [BLOCK_L, BLOCK_N]
     bc = tl.sum(B_h * c[None, :], axis=1)  # [BLOCK_L]
     bc_cur = tl.sum(b_cur.to(tl.float32) * c, axis=0)
     dt_cur = softplus(dt_raw.to(tl.float32) + dt_bias)  # [BLOCK_HG]
@@ -161,8 +217,9 @@ def _mamba2_plan_kernel(
     # and then reads out from the fresh checkpoint with an empty history.
     lam_end = tl.where(flush, lam_n, lam_n + dt_cur)
     keep = m_hg[:, None] & m_j[None, :]
-    w = tl.where(keep, dt_h * tl.exp(tl.where(keep, A[:, None] * (lam_end[:, None] - lam),
-                                              0.0)), 0.0)
+    w = tl.where(
+        keep, dt_h * tl.exp(tl.where(keep, A[:, None] * (lam_end[:, None] - lam), 0.0)), 0.0
+    )
     coef = tl.where(flush, w, w * bc[None, :])
     scale = tl.exp(A * tl.where(flush, dt_cur, lam_n + dt_cur))
     cur = dt_cur * bc_cur
@@ -176,10 +233,20 @@ def _mamba2_plan_kernel(
     tl.store(p_coef + BLOCK_L + 2, decay, mask=m_hg)
 
     # Row-shared records of the current token.
-    tl.store(ring_dt_ptr + slot * stride_rdt_slot + h * stride_rdt_head
-             + write_row * stride_rdt_row, dt_cur, mask=m_hg)
-    tl.store(ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group
-             + write_row * stride_rB_row + o_n * stride_rB_dstate, b_cur, mask=m_n)
+    tl.store(
+        ring_dt_ptr + slot * stride_rdt_slot + h * stride_rdt_head + write_row * stride_rdt_row,
+        dt_cur,
+        mask=m_hg,
+    )
+    tl.store(
+        ring_B_ptr
+        + slot * stride_rB_slot
+        + pid_g * stride_rB_group
+        + write_row * stride_rB_row
+        + o_n * stride_rB_dstate,
+        b_cur,
+        mask=m_n,
+    )
 
     if pid_g == 0:
         read_hp = flush
@@ -208,9 +275,19 @@ def _mamba2_plan_kernel(
 
 
 def mamba2_plan(
-    cache, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-    D: torch.Tensor | None, dt_bias: torch.Tensor, state_indices: torch.Tensor,
-    scratch: Mamba2Scratch, *, ring_len: int, buffer_len: int, null_block_id: int,
+    cache,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    dt_bias: torch.Tensor,
+    state_indices: torch.Tensor,
+    scratch: Mamba2Scratch,
+    *,
+    ring_len: int,
+    buffer_len: int,
+    null_block_id: int,
     num_warps: int = 1,
 ) -> None:
     """Launch the plan for R rows (plain decode, one token per row).
@@ -223,13 +300,36 @@ def mamba2_plan(
     G, N = B.shape[1], B.shape[2]
     scratch.hp_count.zero_()
     _mamba2_plan_kernel[(G, R)](
-        cache.meta, cache.ring_dt, cache.ring_B,
-        dt, A, B, C, D if D is not None else A, dt_bias, state_indices,
-        scratch.plan, scratch.coef, scratch.hp_rows, scratch.hp_count,
-        null_block_id, ring_len,
-        *cache.meta.stride(), *cache.ring_dt.stride(), *cache.ring_B.stride(),
-        *dt.stride(), *B.stride(), *C.stride(), scratch.coef.stride(0), scratch.coef.stride(1),
-        HEADS_PER_GROUP=H // G, dstate=N, BLOCK_N=max(16, triton.next_power_of_2(N)),
-        BLOCK_HG=max(2, triton.next_power_of_2(H // G)), BLOCK_L=history_block(buffer_len),
-        HAS_D=D is not None, HAS_LP=cache.lp is not None, num_warps=num_warps,
+        cache.meta,
+        cache.ring_dt,
+        cache.ring_B,
+        dt,
+        A,
+        B,
+        C,
+        D if D is not None else A,
+        dt_bias,
+        state_indices,
+        scratch.plan,
+        scratch.coef,
+        scratch.hp_rows,
+        scratch.hp_count,
+        null_block_id,
+        ring_len,
+        *cache.meta.stride(),
+        *cache.ring_dt.stride(),
+        *cache.ring_B.stride(),
+        *dt.stride(),
+        *B.stride(),
+        *C.stride(),
+        scratch.coef.stride(0),
+        scratch.coef.stride(1),
+        HEADS_PER_GROUP=H // G,
+        dstate=N,
+        BLOCK_N=max(16, triton.next_power_of_2(N)),
+        BLOCK_HG=max(2, triton.next_power_of_2(H // G)),
+        BLOCK_L=history_block(buffer_len),
+        HAS_D=D is not None,
+        HAS_LP=cache.lp is not None,
+        num_warps=num_warps,
     )

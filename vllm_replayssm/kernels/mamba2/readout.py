@@ -36,18 +36,43 @@ T_META_LEN = tl.constexpr(META_LEN)
 
 @triton.jit
 def _mamba2_readout_kernel(
-    ckpt_ptr, ring_x_ptr, meta_ptr, x_ptr, C_ptr, out_ptr,
-    plan_ptr, coef_ptr,
-    null_block_id, ring_len,
-    stride_ck_slot, stride_ck_head, stride_ck_dim, stride_ck_dstate,
-    stride_rx_slot, stride_rx_head, stride_rx_row, stride_rx_dim,
-    stride_meta_slot, stride_meta_word,
-    stride_x_tok, stride_x_head, stride_x_dim,
-    stride_C_tok, stride_C_group, stride_C_dstate,
-    stride_out_tok, stride_out_head, stride_out_dim,
-    stride_coef_row, stride_coef_head,
-    HEADS_PER_GROUP: tl.constexpr, TILES_PER_HEAD: tl.constexpr, headdim: tl.constexpr,
-    dstate: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    ckpt_ptr,
+    ring_x_ptr,
+    meta_ptr,
+    x_ptr,
+    C_ptr,
+    out_ptr,
+    plan_ptr,
+    coef_ptr,
+    null_block_id,
+    ring_len,
+    stride_ck_slot,
+    stride_ck_head,
+    stride_ck_dim,
+    stride_ck_dstate,
+    stride_rx_slot,
+    stride_rx_head,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_meta_slot,
+    stride_meta_word,
+    stride_x_tok,
+    stride_x_head,
+    stride_x_dim,
+    stride_C_tok,
+    stride_C_group,
+    stride_C_dstate,
+    stride_out_tok,
+    stride_out_head,
+    stride_out_dim,
+    stride_coef_row,
+    stride_coef_head,
+    HEADS_PER_GROUP: tl.constexpr,
+    TILES_PER_HEAD: tl.constexpr,
+    headdim: tl.constexpr,
+    dstate: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_L: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -72,32 +97,44 @@ def _mamba2_readout_kernel(
     coef = tl.load(p_coef + o_j)
     cur = tl.load(p_coef + BLOCK_L)
     scale = tl.load(p_coef + BLOCK_L + 1)
-    c = tl.load(C_ptr + r64 * stride_C_tok + g * stride_C_group + o_n * stride_C_dstate,
-                mask=m_n, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + r64 * stride_x_tok + h * stride_x_head + o_p * stride_x_dim,
-                mask=m_p, other=0.0)
+    c = tl.load(
+        C_ptr + r64 * stride_C_tok + g * stride_C_group + o_n * stride_C_dstate, mask=m_n, other=0.0
+    ).to(tl.float32)
+    x = tl.load(
+        x_ptr + r64 * stride_x_tok + h * stride_x_head + o_p * stride_x_dim, mask=m_p, other=0.0
+    )
     p_out = out_ptr + r64 * stride_out_tok + h * stride_out_head + o_p * stride_out_dim
 
     if pid == 0:  # noqa: SIM102 (the store is shaped by the row, not the program)
         if slot32 != null_block_id:
             o_w = tl.arange(0, T_META_LEN)
             words = tl.load(p_plan + T_PLAN_META + o_w)
-            tl.store(meta_ptr + slot32.to(tl.int64) * stride_meta_slot
-                     + o_w * stride_meta_word, words)
+            tl.store(
+                meta_ptr + slot32.to(tl.int64) * stride_meta_slot + o_w * stride_meta_word, words
+            )
     if slot32 == null_block_id:
         tl.store(p_out, tl.zeros([BLOCK_P], dtype=tl.float32), mask=m_p)
         return
     if read_hp != 0:
         return
     slot = slot32.to(tl.int64)
-    S0 = tl.load(ckpt_ptr + slot * stride_ck_slot + h * stride_ck_head
-                 + o_p[:, None] * stride_ck_dim + o_n[None, :] * stride_ck_dstate,
-                 mask=m_p[:, None] & m_n[None, :], other=0.0)  # [BLOCK_P, BLOCK_N]
+    S0 = tl.load(
+        ckpt_ptr
+        + slot * stride_ck_slot
+        + h * stride_ck_head
+        + o_p[:, None] * stride_ck_dim
+        + o_n[None, :] * stride_ck_dstate,
+        mask=m_p[:, None] & m_n[None, :],
+        other=0.0,
+    )  # [BLOCK_P, BLOCK_N]
     rows = o + o_j
     rows = tl.where(rows >= ring_len, rows - ring_len, rows)
     p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
-    x_h = tl.load(p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-                  mask=(o_j < n)[:, None] & m_p[None, :], other=0.0)  # [BLOCK_L, BLOCK_P]
+    x_h = tl.load(
+        p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+        mask=(o_j < n)[:, None] & m_p[None, :],
+        other=0.0,
+    )  # [BLOCK_L, BLOCK_P]
     y = scale * tl.sum(S0.to(tl.float32) * c[None, :], axis=1)
     y += tl.sum(coef[:, None] * x_h.to(tl.float32), axis=0)
     y += cur * x.to(tl.float32)
@@ -106,8 +143,17 @@ def _mamba2_readout_kernel(
 
 
 def mamba2_readout(
-    cache, x: torch.Tensor, C: torch.Tensor, out: torch.Tensor, scratch: Mamba2Scratch, *,
-    ring_len: int, buffer_len: int, null_block_id: int, block_p: int, num_warps: int,
+    cache,
+    x: torch.Tensor,
+    C: torch.Tensor,
+    out: torch.Tensor,
+    scratch: Mamba2Scratch,
+    *,
+    ring_len: int,
+    buffer_len: int,
+    null_block_id: int,
+    block_p: int,
+    num_warps: int,
 ) -> None:
     """Launch the readout for R rows after `mamba2_plan` (alongside `mamba2_flush`).
 
@@ -120,12 +166,30 @@ def mamba2_readout(
     ckpt = cache.lp if cache.lp is not None else cache.hp
     tiles = triton.cdiv(P, block_p)
     _mamba2_readout_kernel[(H * tiles, R)](
-        ckpt, cache.ring_x, cache.meta, x, C, out,
-        scratch.plan, scratch.coef,
-        null_block_id, ring_len,
-        *ckpt.stride(), *cache.ring_x.stride(), *cache.meta.stride(),
-        *x.stride(), *C.stride(), *out.stride(), scratch.coef.stride(0), scratch.coef.stride(1),
-        HEADS_PER_GROUP=H // G, TILES_PER_HEAD=tiles, headdim=P, dstate=N, BLOCK_P=block_p,
-        BLOCK_N=max(16, triton.next_power_of_2(N)), BLOCK_L=history_block(buffer_len),
+        ckpt,
+        cache.ring_x,
+        cache.meta,
+        x,
+        C,
+        out,
+        scratch.plan,
+        scratch.coef,
+        null_block_id,
+        ring_len,
+        *ckpt.stride(),
+        *cache.ring_x.stride(),
+        *cache.meta.stride(),
+        *x.stride(),
+        *C.stride(),
+        *out.stride(),
+        scratch.coef.stride(0),
+        scratch.coef.stride(1),
+        HEADS_PER_GROUP=H // G,
+        TILES_PER_HEAD=tiles,
+        headdim=P,
+        dstate=N,
+        BLOCK_P=block_p,
+        BLOCK_N=max(16, triton.next_power_of_2(N)),
+        BLOCK_L=history_block(buffer_len),
         num_warps=num_warps,
     )

@@ -17,8 +17,14 @@ from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache
 
 
 def _stock_update(
-    S: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-    C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor,
+    S: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One recurrence step in fp32. S: [R, H, P, N] fp32; x: [R, H, P]; dt: [R, H];
     B, C: [R, G, N]. Returns the new state and y: [R, H, P] (fp32)."""
@@ -56,8 +62,9 @@ def mamba2_stock_decode(
     if not bool(active.any()):
         return
     slots = state_indices[active].long()
-    S, y = _stock_update(ssm_state[slots].float(), x[active], dt[active], A, B[active],
-                         C[active], D, dt_bias)
+    S, y = _stock_update(
+        ssm_state[slots].float(), x[active], dt[active], A, B[active], C[active], D, dt_bias
+    )
     out[active] = y.to(out.dtype)
     ssm_state[slots] = S.to(ssm_state.dtype)
 
@@ -86,18 +93,23 @@ def mamba2_prefill_scan(
     bounds = query_start_loc.tolist()
     finals = x.new_zeros((R, H, P, N), dtype=torch.float32)
     for r in range(R):
-        S = (initial_states[r].float() if initial_states is not None
-             else finals.new_zeros((H, P, N)))[None]
+        S = (
+            initial_states[r].float() if initial_states is not None else finals.new_zeros((H, P, N))
+        )[None]
         for t in range(bounds[r], bounds[r + 1]):
-            S, y = _stock_update(S, x[t: t + 1], dt[t: t + 1], A, B[t: t + 1], C[t: t + 1], D,
-                                 dt_bias)
+            S, y = _stock_update(
+                S, x[t : t + 1], dt[t : t + 1], A, B[t : t + 1], C[t : t + 1], D, dt_bias
+            )
             out[t] = y[0].to(out.dtype)
         finals[r] = S[0]
     return finals
 
 
 def _fold(
-    cache: Mamba2ReplayCache, slots: torch.Tensor, origin: torch.Tensor, count: torch.Tensor,
+    cache: Mamba2ReplayCache,
+    slots: torch.Tensor,
+    origin: torch.Tensor,
+    count: torch.Tensor,
     A: torch.Tensor,
 ) -> torch.Tensor:
     """HP folded over logical entries [0, count): [R, H, P, N] fp32 (nothing written)."""

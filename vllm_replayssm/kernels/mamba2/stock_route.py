@@ -20,21 +20,62 @@ from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
 
 @triton.jit
 def _mamba2_stock_route_kernel(
-    hp_ptr, ring_dt_ptr, ring_x_ptr, ring_B_ptr, meta_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, state_indices_ptr, out_ptr,
-    null_block_id, heads_per_group, num_programs_per_row, C, stagger_mod,
-    stride_hp_slot, stride_hp_head, stride_hp_dim, stride_hp_dstate,
-    stride_rdt_slot, stride_rdt_head, stride_rdt_row,
-    stride_rx_slot, stride_rx_head, stride_rx_row, stride_rx_dim,
-    stride_rB_slot, stride_rB_group, stride_rB_row, stride_rB_dstate,
-    stride_meta_slot, stride_meta_word,
-    stride_x_tok, stride_x_head, stride_x_dim,
-    stride_dt_tok, stride_dt_head,
-    stride_B_tok, stride_B_group, stride_B_dstate,
-    stride_C_tok, stride_C_group, stride_C_dstate,
-    stride_out_tok, stride_out_head, stride_out_dim,
-    headdim: tl.constexpr, dstate: tl.constexpr, T: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_D: tl.constexpr,
+    hp_ptr,
+    ring_dt_ptr,
+    ring_x_ptr,
+    ring_B_ptr,
+    meta_ptr,
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    dt_bias_ptr,
+    state_indices_ptr,
+    out_ptr,
+    null_block_id,
+    heads_per_group,
+    num_programs_per_row,
+    C,
+    stagger_mod,
+    stride_hp_slot,
+    stride_hp_head,
+    stride_hp_dim,
+    stride_hp_dstate,
+    stride_rdt_slot,
+    stride_rdt_head,
+    stride_rdt_row,
+    stride_rx_slot,
+    stride_rx_head,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_rB_slot,
+    stride_rB_group,
+    stride_rB_row,
+    stride_rB_dstate,
+    stride_meta_slot,
+    stride_meta_word,
+    stride_x_tok,
+    stride_x_head,
+    stride_x_dim,
+    stride_dt_tok,
+    stride_dt_head,
+    stride_B_tok,
+    stride_B_group,
+    stride_B_dstate,
+    stride_C_tok,
+    stride_C_group,
+    stride_C_dstate,
+    stride_out_tok,
+    stride_out_head,
+    stride_out_dim,
+    headdim: tl.constexpr,
+    dstate: tl.constexpr,
+    T: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_D: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
     pid_h = tl.program_id(1).to(tl.int64)
@@ -51,26 +92,54 @@ def _mamba2_stock_route_kernel(
     m_n = o_n < dstate
     m_pn = m_p[:, None] & m_n[None, :]
     # Loads that do not depend on the cursor first.
-    p_hp = (hp_ptr + slot * stride_hp_slot + pid_h * stride_hp_head
-            + o_p[:, None] * stride_hp_dim + o_n[None, :] * stride_hp_dstate)
+    p_hp = (
+        hp_ptr
+        + slot * stride_hp_slot
+        + pid_h * stride_hp_head
+        + o_p[:, None] * stride_hp_dim
+        + o_n[None, :] * stride_hp_dstate
+    )
     S = tl.load(p_hp, mask=m_pn, other=0.0)
-    x = tl.load(x_ptr + pid_r * stride_x_tok + pid_h * stride_x_head + o_p * stride_x_dim,
-                mask=m_p, other=0.0).to(tl.float32)
-    B = tl.load(B_ptr + pid_r * stride_B_tok + g * stride_B_group + o_n * stride_B_dstate,
-                mask=m_n, other=0.0).to(tl.float32)
-    Cv = tl.load(C_ptr + pid_r * stride_C_tok + g * stride_C_group + o_n * stride_C_dstate,
-                 mask=m_n, other=0.0).to(tl.float32)
+    x = tl.load(
+        x_ptr + pid_r * stride_x_tok + pid_h * stride_x_head + o_p * stride_x_dim,
+        mask=m_p,
+        other=0.0,
+    ).to(tl.float32)
+    B = tl.load(
+        B_ptr + pid_r * stride_B_tok + g * stride_B_group + o_n * stride_B_dstate,
+        mask=m_n,
+        other=0.0,
+    ).to(tl.float32)
+    Cv = tl.load(
+        C_ptr + pid_r * stride_C_tok + g * stride_C_group + o_n * stride_C_dstate,
+        mask=m_n,
+        other=0.0,
+    ).to(tl.float32)
     dt = tl.load(dt_ptr + pid_r * stride_dt_tok + pid_h * stride_dt_head).to(tl.float32)
     A = tl.load(A_ptr + pid_h).to(tl.float32)
     dt = softplus(dt + tl.load(dt_bias_ptr + pid_h).to(tl.float32))
     p_meta = meta_ptr + slot * stride_meta_slot
     o, n_c, kap_reset, reset = stock_route_row(p_meta, stride_meta_word, slot, C, stagger_mod, T)
     if n_c > 0:  # a row arriving from the replay route: fold its ring first
-        S = fold_tile(S, ring_dt_ptr + slot * stride_rdt_slot + pid_h * stride_rdt_head,
-                       ring_x_ptr + slot * stride_rx_slot + pid_h * stride_rx_head,
-                       ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group, A, o, n_c, C,
-                       o_p, o_n, m_p, m_n, stride_rdt_row, stride_rx_row, stride_rx_dim,
-                       stride_rB_row, stride_rB_dstate)
+        S = fold_tile(
+            S,
+            ring_dt_ptr + slot * stride_rdt_slot + pid_h * stride_rdt_head,
+            ring_x_ptr + slot * stride_rx_slot + pid_h * stride_rx_head,
+            ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group,
+            A,
+            o,
+            n_c,
+            C,
+            o_p,
+            o_n,
+            m_p,
+            m_n,
+            stride_rdt_row,
+            stride_rx_row,
+            stride_rx_dim,
+            stride_rB_row,
+            stride_rB_dstate,
+        )
     S = S * tl.exp(A * dt) + (dt * x)[:, None] * B[None, :]
     y = tl.sum(S * Cv[None, :], axis=1)
     if HAS_D:
@@ -107,8 +176,10 @@ def mamba2_stock_route_decode(
     G, N = B.shape[1], B.shape[2]
     R = state_indices.shape[0]
     if x.shape[0] != R or tuple(out.shape) != tuple(x.shape):
-        raise ValueError(f"the stock route takes one token per row: x {tuple(x.shape)}, "
-                         f"out {tuple(out.shape)}, {R} rows")
+        raise ValueError(
+            f"the stock route takes one token per row: x {tuple(x.shape)}, "
+            f"out {tuple(out.shape)}, {R} rows"
+        )
     if cache.ring_x.dtype != x.dtype:
         raise ValueError("ring records must have the activations' dtype")
     if R == 0:
@@ -117,12 +188,40 @@ def mamba2_stock_route_decode(
     bp = block_p or 8  # H200 bs 1: 8 rows 4-6% faster than 16 (Super, Nano 4B), 4 alike
     grid = (triton.cdiv(P, bp), H, R)
     _mamba2_stock_route_kernel[grid](
-        cache.hp, cache.ring_dt, cache.ring_x, cache.ring_B, cache.meta,
-        x, dt, A, B, C, D if D is not None else A, dt_bias, state_indices, out,
-        null_block_id, H // G, grid[0] * H, Cn, (buffer_len - window + 1) if stagger else 1,
-        *cache.hp.stride(), *cache.ring_dt.stride(), *cache.ring_x.stride(),
-        *cache.ring_B.stride(), *cache.meta.stride(),
-        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *out.stride(),
-        headdim=P, dstate=N, T=window, BLOCK_P=bp, BLOCK_N=pow2_block(N), HAS_D=D is not None,
+        cache.hp,
+        cache.ring_dt,
+        cache.ring_x,
+        cache.ring_B,
+        cache.meta,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        D if D is not None else A,
+        dt_bias,
+        state_indices,
+        out,
+        null_block_id,
+        H // G,
+        grid[0] * H,
+        Cn,
+        (buffer_len - window + 1) if stagger else 1,
+        *cache.hp.stride(),
+        *cache.ring_dt.stride(),
+        *cache.ring_x.stride(),
+        *cache.ring_B.stride(),
+        *cache.meta.stride(),
+        *x.stride(),
+        *dt.stride(),
+        *B.stride(),
+        *C.stride(),
+        *out.stride(),
+        headdim=P,
+        dstate=N,
+        T=window,
+        BLOCK_P=bp,
+        BLOCK_N=pow2_block(N),
+        HAS_D=D is not None,
         num_warps=num_warps or 1,
     )

@@ -8,8 +8,25 @@ import triton.language as tl
 
 
 @triton.jit
-def fold_tile(S, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n, m_p, m_n,
-              stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row, stride_rB_dstate):
+def fold_tile(
+    S,
+    p_rdt,
+    p_rx,
+    p_rB,
+    A,
+    fo,
+    fn,
+    C,
+    o_p,
+    o_n,
+    m_p,
+    m_n,
+    stride_rdt_row,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_rB_row,
+    stride_rB_dstate,
+):
     """S (one head's [BLOCK_P, BLOCK_N] fp32 tile) folded over ring entries [fo, fo + fn)
     of a ring of C rows. Rank-1 fp32 updates, for kernels whose every program carries this
     code (a tensor-core dot would cost registers in all of them; `flush.py` has the dot)."""
@@ -22,9 +39,11 @@ def fold_tile(S, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n, m_p, m_n,
         row_j = (fo + j) % C
         dt_j = tl.load(p_rdt + row_j * stride_rdt_row)
         lam_j += dt_j
-        x_j = tl.load(p_rx + row_j * stride_rx_row + o_p * stride_rx_dim, mask=m_p,
-                      other=0.0).to(tl.float32)
-        B_j = tl.load(p_rB + row_j * stride_rB_row + o_n * stride_rB_dstate, mask=m_n,
-                      other=0.0).to(tl.float32)
+        x_j = tl.load(p_rx + row_j * stride_rx_row + o_p * stride_rx_dim, mask=m_p, other=0.0).to(
+            tl.float32
+        )
+        B_j = tl.load(
+            p_rB + row_j * stride_rB_row + o_n * stride_rB_dstate, mask=m_n, other=0.0
+        ).to(tl.float32)
         S += (dt_j * tl.exp(A * (lam_tot - lam_j)) * x_j)[:, None] * B_j[None, :]
     return S

@@ -27,15 +27,52 @@ from vllm_replayssm.layout import Mamba2ReplayCache, ring_rows
 
 
 @triton.jit
-def _fold_head(hp_base, off_hp, lp_base, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n,
-               m_p, m_n, m_pn,
-               stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row, stride_rB_dstate,
-               HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr):
+def _fold_head(
+    hp_base,
+    off_hp,
+    lp_base,
+    off_lp,
+    p_rdt,
+    p_rx,
+    p_rB,
+    A,
+    fo,
+    fn,
+    C,
+    o_p,
+    o_n,
+    m_p,
+    m_n,
+    m_pn,
+    stride_rdt_row,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_rB_row,
+    stride_rB_dstate,
+    HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr,
+):
     """Fold ring entries [fo, fo + fn) of one head into its HP tile; write HP and LP; return
     the folded tile (fp32)."""
-    S = fold_tile(tl.load(hp_base + off_hp, mask=m_pn, other=0.0), p_rdt, p_rx, p_rB, A, fo,
-                   fn, C, o_p, o_n, m_p, m_n, stride_rdt_row, stride_rx_row, stride_rx_dim,
-                   stride_rB_row, stride_rB_dstate)
+    S = fold_tile(
+        tl.load(hp_base + off_hp, mask=m_pn, other=0.0),
+        p_rdt,
+        p_rx,
+        p_rB,
+        A,
+        fo,
+        fn,
+        C,
+        o_p,
+        o_n,
+        m_p,
+        m_n,
+        stride_rdt_row,
+        stride_rx_row,
+        stride_rx_dim,
+        stride_rB_row,
+        stride_rB_dstate,
+    )
     tl.store(hp_base + off_hp, S, mask=m_pn)
     if HAS_LP:
         store_lp(lp_base + off_lp, S, m_pn, LP_IS_FP16)
@@ -64,26 +101,76 @@ def _load_checkpoint(hp_base, off_hp, lp_base, off_lp, m_pn, HAS_LP: tl.constexp
 
 @triton.jit
 def _mamba2_window_kernel(
-    hp_ptr, lp_ptr, ring_dt_ptr, ring_x_ptr, ring_B_ptr, meta_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr,
-    state_indices_ptr, qsl_ptr, acc_ptr, out_ptr,
-    null_block_id, heads_per_group, num_programs_per_row, C,
-    stride_hp_slot, stride_hp_head, stride_hp_dim, stride_hp_dstate,
-    stride_lp_slot, stride_lp_head, stride_lp_dim, stride_lp_dstate,
-    stride_rdt_slot, stride_rdt_head, stride_rdt_row,
-    stride_rx_slot, stride_rx_head, stride_rx_row, stride_rx_dim,
-    stride_rB_slot, stride_rB_group, stride_rB_row, stride_rB_dstate,
-    stride_meta_slot, stride_meta_word,
-    stride_x_tok, stride_x_head, stride_x_dim,
-    stride_dt_tok, stride_dt_head,
-    stride_B_tok, stride_B_group, stride_B_dstate,
-    stride_C_tok, stride_C_group, stride_C_dstate,
-    stride_out_tok, stride_out_head, stride_out_dim,
-    headdim: tl.constexpr, dstate: tl.constexpr, T: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    HAS_LP: tl.constexpr, LP_IS_FP16: tl.constexpr, HAS_D: tl.constexpr,
-    HAS_ACC: tl.constexpr, IS_VARLEN: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
+    hp_ptr,
+    lp_ptr,
+    ring_dt_ptr,
+    ring_x_ptr,
+    ring_B_ptr,
+    meta_ptr,
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    dt_bias_ptr,
+    state_indices_ptr,
+    qsl_ptr,
+    acc_ptr,
+    out_ptr,
+    null_block_id,
+    heads_per_group,
+    num_programs_per_row,
+    C,
+    stride_hp_slot,
+    stride_hp_head,
+    stride_hp_dim,
+    stride_hp_dstate,
+    stride_lp_slot,
+    stride_lp_head,
+    stride_lp_dim,
+    stride_lp_dstate,
+    stride_rdt_slot,
+    stride_rdt_head,
+    stride_rdt_row,
+    stride_rx_slot,
+    stride_rx_head,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_rB_slot,
+    stride_rB_group,
+    stride_rB_row,
+    stride_rB_dstate,
+    stride_meta_slot,
+    stride_meta_word,
+    stride_x_tok,
+    stride_x_head,
+    stride_x_dim,
+    stride_dt_tok,
+    stride_dt_head,
+    stride_B_tok,
+    stride_B_group,
+    stride_B_dstate,
+    stride_C_tok,
+    stride_C_group,
+    stride_C_dstate,
+    stride_out_tok,
+    stride_out_head,
+    stride_out_dim,
+    headdim: tl.constexpr,
+    dstate: tl.constexpr,
+    T: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_ACC: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
     pid_hb = tl.program_id(1).to(tl.int64)
@@ -98,13 +185,17 @@ def _mamba2_window_kernel(
         for h in range(h0, h0 + HEADS_PER_PROGRAM):
             for i in tl.static_range(T):
                 p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
-                tl.store(p_out + o_p * stride_out_dim, tl.zeros([BLOCK_P], dtype=tl.float32),
-                         mask=m_p & (i < q))
+                tl.store(
+                    p_out + o_p * stride_out_dim,
+                    tl.zeros([BLOCK_P], dtype=tl.float32),
+                    mask=m_p & (i < q),
+                )
         return
 
     p_meta = meta_ptr + slot * stride_meta_slot
-    o, n, kap, fo, fn, flush, stale = plan_row(p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T,
-                                        HAS_ACC)
+    o, n, kap, fo, fn, flush, stale = plan_row(
+        p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T, HAS_ACC
+    )
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < dstate
     m_pn = m_p[:, None] & m_n[None, :]
@@ -119,25 +210,42 @@ def _mamba2_window_kernel(
     p_rB = ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group
 
     # Group-shared dot products: bc_h[i, j] = B_j . C_i (history), bc_w[i, j] = B_j . C_i.
-    B_h = tl.load(p_rB + row_h[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
-                  mask=m_hist[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-    c_w = tl.load(C_ptr + (bos + o_t[:, None]) * stride_C_tok + pid_g * stride_C_group
-                  + o_n[None, :] * stride_C_dstate, mask=(o_t < q)[:, None] & m_n[None, :],
-                  other=0.0).to(tl.float32)  # [BLOCK_T, BLOCK_N]
+    B_h = tl.load(
+        p_rB + row_h[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
+        mask=m_hist[:, None] & m_n[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    c_w = tl.load(
+        C_ptr
+        + (bos + o_t[:, None]) * stride_C_tok
+        + pid_g * stride_C_group
+        + o_n[None, :] * stride_C_dstate,
+        mask=(o_t < q)[:, None] & m_n[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [BLOCK_T, BLOCK_N]
     bc_h = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
     bc_w = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
     for i in tl.static_range(T):
         c_i = tl.sum(tl.where(o_t[:, None] == i, c_w, 0.0), axis=0)
         bc_h = tl.where(o_t[:, None] == i, tl.sum(B_h * c_i[None, :], axis=1)[None, :], bc_h)
         for j in tl.static_range(i + 1):
-            B_l = tl.load(B_ptr + (bos + j) * stride_B_tok + pid_g * stride_B_group
-                          + o_n * stride_B_dstate, mask=m_n & (i < q), other=0.0)
-            bc_w = tl.where((o_t[:, None] == i) & (o_t[None, :] == j),
-                            tl.sum(B_l.to(tl.float32) * c_i, axis=0), bc_w)
+            B_l = tl.load(
+                B_ptr + (bos + j) * stride_B_tok + pid_g * stride_B_group + o_n * stride_B_dstate,
+                mask=m_n & (i < q),
+                other=0.0,
+            )
+            bc_w = tl.where(
+                (o_t[:, None] == i) & (o_t[None, :] == j),
+                tl.sum(B_l.to(tl.float32) * c_i, axis=0),
+                bc_w,
+            )
             if j == i:  # noqa: SIM102 (constexpr, then runtime)
                 if (pid_p == 0) & (h0 % heads_per_group == 0):  # append B_i once per group
-                    tl.store(p_rB + (o + n + i) % C * stride_rB_row + o_n * stride_rB_dstate,
-                             B_l, mask=m_n & (i < q))
+                    tl.store(
+                        p_rB + (o + n + i) % C * stride_rB_row + o_n * stride_rB_dstate,
+                        B_l,
+                        mask=m_n & (i < q),
+                    )
 
     for h in tl.range(h0, h0 + HEADS_PER_PROGRAM, num_stages=NUM_STAGES):
         A = tl.load(A_ptr + h).to(tl.float32)
@@ -150,20 +258,50 @@ def _mamba2_window_kernel(
         # the folded HP in registers; rows whose LP is stale (a stock-route step) read HP;
         # the others read LP (or HP).
         if flush:
-            sc = _dot_window(_fold_head(
-                hp_h, off_hp, lp_h, off_lp, p_rdt, p_rx, p_rB, A, fo, fn, C, o_p, o_n,
-                m_p, m_n, m_pn, stride_rdt_row, stride_rx_row, stride_rx_dim, stride_rB_row,
-                stride_rB_dstate, HAS_LP, LP_IS_FP16), c_w, o_t, T)
+            sc = _dot_window(
+                _fold_head(
+                    hp_h,
+                    off_hp,
+                    lp_h,
+                    off_lp,
+                    p_rdt,
+                    p_rx,
+                    p_rB,
+                    A,
+                    fo,
+                    fn,
+                    C,
+                    o_p,
+                    o_n,
+                    m_p,
+                    m_n,
+                    m_pn,
+                    stride_rdt_row,
+                    stride_rx_row,
+                    stride_rx_dim,
+                    stride_rB_row,
+                    stride_rB_dstate,
+                    HAS_LP,
+                    LP_IS_FP16,
+                ),
+                c_w,
+                o_t,
+                T,
+            )
         elif stale:
             sc = _dot_window(tl.load(hp_h + off_hp, mask=m_pn, other=0.0), c_w, o_t, T)
         else:
             sc = _dot_window(
-                _load_checkpoint(hp_h, off_hp, lp_h, off_lp, m_pn, HAS_LP), c_w, o_t, T)
+                _load_checkpoint(hp_h, off_hp, lp_h, off_lp, m_pn, HAS_LP), c_w, o_t, T
+            )
         dt_h = tl.load(p_rdt + row_h * stride_rdt_row, mask=m_hist, other=0.0)
         lam_h = tl.cumsum(dt_h, axis=0)
         lam_n = tl.sum(dt_h, axis=0)
-        x_h = tl.load(p_rx + row_h[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-                      mask=m_hist[:, None] & m_p[None, :], other=0.0).to(tl.float32)
+        x_h = tl.load(
+            p_rx + row_h[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+            mask=m_hist[:, None] & m_p[None, :],
+            other=0.0,
+        ).to(tl.float32)
         if HAS_D:
             D = tl.load(D_ptr + h).to(tl.float32)
         # Window token i at logical n + i: checkpoint + history + window tokens 0..i.
@@ -171,31 +309,47 @@ def _mamba2_window_kernel(
         for i in tl.static_range(T):
             tok_i = bos + i
             live_i = i < q
-            dt_i = softplus(tl.load(dt_ptr + tok_i * stride_dt_tok + h * stride_dt_head,
-                                    mask=live_i, other=0.0).to(tl.float32) + dt_bias)
+            dt_i = softplus(
+                tl.load(
+                    dt_ptr + tok_i * stride_dt_tok + h * stride_dt_head, mask=live_i, other=0.0
+                ).to(tl.float32)
+                + dt_bias
+            )
             lam_i += dt_i
             bc_hi = tl.sum(tl.where(o_t[:, None] == i, bc_h, 0.0), axis=0)  # [BLOCK_H]
-            w_h = tl.where(m_hist, dt_h * tl.exp(tl.where(m_hist, A * (lam_i - lam_h), 0.0)),
-                           0.0) * bc_hi
+            w_h = (
+                tl.where(m_hist, dt_h * tl.exp(tl.where(m_hist, A * (lam_i - lam_h), 0.0)), 0.0)
+                * bc_hi
+            )
             y = tl.sum(tl.where(o_t[:, None] == i, sc, 0.0), axis=0) * tl.exp(A * lam_i)
             y += tl.sum(w_h[:, None] * x_h, axis=0)
             lam_l = lam_n
             for j in tl.static_range(i + 1):
                 tok_l = bos + j
-                dt_l = softplus(tl.load(dt_ptr + tok_l * stride_dt_tok + h * stride_dt_head,
-                                        mask=live_i, other=0.0).to(tl.float32) + dt_bias)
+                dt_l = softplus(
+                    tl.load(
+                        dt_ptr + tok_l * stride_dt_tok + h * stride_dt_head, mask=live_i, other=0.0
+                    ).to(tl.float32)
+                    + dt_bias
+                )
                 lam_l += dt_l
-                x_l = tl.load(x_ptr + tok_l * stride_x_tok + h * stride_x_head
-                              + o_p * stride_x_dim, mask=m_p & live_i, other=0.0)
-                bc_il = tl.sum(tl.sum(tl.where((o_t[:, None] == i) & (o_t[None, :] == j),
-                                               bc_w, 0.0), axis=1), axis=0)
+                x_l = tl.load(
+                    x_ptr + tok_l * stride_x_tok + h * stride_x_head + o_p * stride_x_dim,
+                    mask=m_p & live_i,
+                    other=0.0,
+                )
+                bc_il = tl.sum(
+                    tl.sum(tl.where((o_t[:, None] == i) & (o_t[None, :] == j), bc_w, 0.0), axis=1),
+                    axis=0,
+                )
                 y += (dt_l * tl.exp(A * (lam_i - lam_l)) * bc_il) * x_l.to(tl.float32)
                 if j == i:
                     if HAS_D:
                         y += D * x_l.to(tl.float32)
                     row_i = (o + n + i) % C
-                    tl.store(p_rx + row_i * stride_rx_row + o_p * stride_rx_dim, x_l,
-                             mask=m_p & live_i)
+                    tl.store(
+                        p_rx + row_i * stride_rx_row + o_p * stride_rx_dim, x_l, mask=m_p & live_i
+                    )
                     if pid_p == 0:
                         tl.store(p_rdt + row_i * stride_rdt_row, dt_l, mask=live_i)
             p_out = out_ptr + tok_i * stride_out_tok + h * stride_out_head
@@ -232,24 +386,57 @@ def mamba2_window_decode(
     G, N = B.shape[1], B.shape[2]
     R = state_indices.shape[0]
     if (H // G) % heads_per_program:
-        raise ValueError(f"heads_per_program={heads_per_program} must divide the {H // G} "
-                         "heads per group")
+        raise ValueError(
+            f"heads_per_program={heads_per_program} must divide the {H // G} heads per group"
+        )
     grid = (triton.cdiv(P, block_p), H // heads_per_program, R)
     lp = cache.lp if cache.lp is not None else cache.hp
     _mamba2_window_kernel[grid](
-        cache.hp, lp, cache.ring_dt, cache.ring_x, cache.ring_B, cache.meta,
-        x, dt, A, B, C, D if D is not None else A, dt_bias,
-        state_indices, query_start_loc if query_start_loc is not None else state_indices,
-        num_accepted_tokens if num_accepted_tokens is not None else state_indices, out,
-        null_block_id, H // G, grid[0] * grid[1], ring_rows(buffer_len, window),
-        *cache.hp.stride(), *lp.stride(), *cache.ring_dt.stride(), *cache.ring_x.stride(),
-        *cache.ring_B.stride(), *cache.meta.stride(),
-        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *out.stride(),
-        headdim=P, dstate=N, T=window, BLOCK_T=pow2_block(window, 1), BLOCK_P=block_p,
-        BLOCK_N=pow2_block(N), BLOCK_H=pow2_block(buffer_len),
+        cache.hp,
+        lp,
+        cache.ring_dt,
+        cache.ring_x,
+        cache.ring_B,
+        cache.meta,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        D if D is not None else A,
+        dt_bias,
+        state_indices,
+        query_start_loc if query_start_loc is not None else state_indices,
+        num_accepted_tokens if num_accepted_tokens is not None else state_indices,
+        out,
+        null_block_id,
+        H // G,
+        grid[0] * grid[1],
+        ring_rows(buffer_len, window),
+        *cache.hp.stride(),
+        *lp.stride(),
+        *cache.ring_dt.stride(),
+        *cache.ring_x.stride(),
+        *cache.ring_B.stride(),
+        *cache.meta.stride(),
+        *x.stride(),
+        *dt.stride(),
+        *B.stride(),
+        *C.stride(),
+        *out.stride(),
+        headdim=P,
+        dstate=N,
+        T=window,
+        BLOCK_T=pow2_block(window, 1),
+        BLOCK_P=block_p,
+        BLOCK_N=pow2_block(N),
+        BLOCK_H=pow2_block(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
-        HAS_D=D is not None, HAS_ACC=num_accepted_tokens is not None,
+        HAS_D=D is not None,
+        HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None,
-        HEADS_PER_PROGRAM=heads_per_program, NUM_STAGES=num_stages, num_warps=num_warps,
+        HEADS_PER_PROGRAM=heads_per_program,
+        NUM_STAGES=num_stages,
+        num_warps=num_warps,
     )
