@@ -11,15 +11,14 @@ install:
 install-gpu:
 	python3 -m pip install -e .
 
-## The CPU test suite (what CI runs): linter, the vLLM seam manifest, pytest in two timed
-## tiers (scripts/test_tiers.sh); the kernel tables' `slow` rows are left out.
-test: check-upstream
-	$(PY) -m ruff check .
+## The CPU test suite (what CI runs): the vLLM seam manifest, lint (ruff check and format),
+## pytest in two timed tiers (scripts/test_tiers.sh); the kernel tables' `slow` rows are
+## left out.
+test: check-upstream lint
 	bash scripts/test_tiers.sh $(PY) "not slow"
 
 ## The same with every row of the kernel tables (their full products).
-test-all: check-upstream
-	$(PY) -m ruff check .
+test-all: check-upstream lint
 	bash scripts/test_tiers.sh $(PY)
 
 ## Check patches/vllm-0.26.0.toml (every vLLM internal we rely on) against the installed vLLM.
