@@ -359,7 +359,7 @@ def ssm_layers(model: torch.nn.Module) -> list[tuple[str, str, bool | None, list
     for name, m in model.named_modules():
         if isinstance(m, MambaBase):
             replay = getattr(m, "replay", None)
-            counters = getattr(m, "_step_counters", None)
+            counters = getattr(m, "step_counters", None)
             totals = (
                 [] if counters is None or counters.totals is None else (counters.totals.tolist())
             )

@@ -50,7 +50,7 @@ def row_tokens(qsl_ptr, pid_r, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _load_words(p_meta, stride_word, C, T: tl.constexpr):
+def _load_words(p_meta, stride_word, num_ring_rows, WINDOW: tl.constexpr):
     """The row's cursor words (int64) and whether they satisfy the invariant of cursor.py."""
     o = tl.load(p_meta + W_ORIGIN * stride_word).to(tl.int64)
     n = tl.load(p_meta + W_COMMITTED * stride_word).to(tl.int64)
@@ -62,27 +62,36 @@ def _load_words(p_meta, stride_word, C, T: tl.constexpr):
     valid = (
         ((magic == MAGIC_WORD) | (magic == MAGIC_WORD_LP_STALE))
         & (o >= 0)
-        & (o < C)
+        & (o < num_ring_rows)
         & (n >= 0)
         & (p >= 0)
-        & (p <= T)
-        & (kap >= 2 * T)
-        & (kap <= C)
-        & (n + p + T <= kap)
+        & (p <= WINDOW)
+        & (kap >= 2 * WINDOW)
+        & (kap <= num_ring_rows)
+        & (n + p + WINDOW <= kap)
     )
     return o, n, p, kap, fo, fn, magic, valid
 
 
 @triton.jit
-def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC: tl.constexpr):
+def plan_row(
+    p_meta,
+    stride_word,
+    acc_ptr,
+    pid_r,
+    q,
+    num_ring_rows,
+    WINDOW: tl.constexpr,
+    HAS_ACC: tl.constexpr,
+):
     """Commit and the flush rule for one row (see cursor.py). Returns (origin, committed,
     capacity, fold_origin, fold_count, flush, lp_stale) after commit and flush; lp_stale:
     LP lags HP (a stock-route step) and no flush rewrites it this step."""
-    o, n, p, kap, fo, fn, magic, valid = _load_words(p_meta, stride_word, C, T)
+    o, n, p, kap, fo, fn, magic, valid = _load_words(p_meta, stride_word, num_ring_rows, WINDOW)
     o = tl.where(valid, o, 0)
     n = tl.where(valid, n, 0)
     p = tl.where(valid, p, 0)
-    kap = tl.where(valid, kap, C)
+    kap = tl.where(valid, kap, num_ring_rows)
     fo = tl.where(valid, fo, 0)
     fn = tl.where(valid, fn, 0)
     if HAS_ACC:
@@ -91,13 +100,14 @@ def plan_row(p_meta, stride_word, acc_ptr, pid_r, q, C, T: tl.constexpr, HAS_ACC
     else:
         a = p
     n = n + a
-    flush = n + q + T > kap
+    flush = n + q + WINDOW > kap
     fo = tl.where(flush, o, fo)
     fn = tl.where(flush, n, fn)
-    o_end = o + n  # < 2C for valid words (o < C, n <= capacity <= C): no modulo needed
-    o = tl.where(flush, tl.where(o_end >= C, o_end - C, o_end), o)
+    # Valid words have o < num_ring_rows and n <= capacity <= num_ring_rows: no modulo.
+    o_end = o + n
+    o = tl.where(flush, tl.where(o_end >= num_ring_rows, o_end - num_ring_rows, o_end), o)
     n = tl.where(flush, 0, n)
-    kap = tl.where(flush, C, kap)
+    kap = tl.where(flush, num_ring_rows, kap)
     stale = valid & (magic == MAGIC_WORD_LP_STALE) & (flush == 0)
     return o, n, kap, fo, fn, flush, stale
 
@@ -132,14 +142,14 @@ def softplus(x):
 
 
 @triton.jit
-def stock_route_row(p_meta, stride_word, slot, C, stagger_mod, T: tl.constexpr):
+def stock_route_row(p_meta, stride_word, slot, num_ring_rows, stagger_mod, WINDOW: tl.constexpr):
     """Cursor of a stock-route step (one token, everything pending committed): returns
     (origin, committed count to fold first, capacity after the reset, reset needed). A row
     already in the stock steady state (empty ring, LP stale, reset words) needs no write."""
-    o, n, p, kap, fo, fn, magic, valid = _load_words(p_meta, stride_word, C, T)
+    o, n, p, kap, fo, fn, magic, valid = _load_words(p_meta, stride_word, num_ring_rows, WINDOW)
     o = tl.where(valid, o, 0)
     n_c = tl.where(valid, n + p, 0)
-    kap_reset = C - slot % stagger_mod
+    kap_reset = num_ring_rows - slot % stagger_mod
     steady = (
         valid
         & (o == 0)

@@ -113,7 +113,7 @@ def mamba2_replay_decode(
     H, P = x.shape[1], x.shape[2]
     N = B.shape[2]
     R = state_indices.shape[0]
-    ring_len = ring_rows(buffer_len, window)
+    num_ring_rows = ring_rows(buffer_len, window)
     check_args(
         cache,
         x,
@@ -125,7 +125,7 @@ def mamba2_replay_decode(
         dt_bias,
         state_indices,
         out,
-        ring_len,
+        num_ring_rows,
         query_start_loc,
         num_accepted_tokens,
     )
@@ -165,7 +165,7 @@ def mamba2_replay_decode(
     if unknown:
         raise ValueError(f"unknown plain-decode knobs {sorted(unknown)}")
     cfg.update(knobs)
-    common = dict(ring_len=ring_len, buffer_len=buffer_len)
+    common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
     mamba2_plan(
         cache,
         dt,
@@ -211,7 +211,9 @@ def mamba2_replay_decode(
         torch.cuda.current_stream(x.device).wait_stream(side)
 
 
-def check_args(cache, x, dt, A, B, C, D, dt_bias, state_indices, out, ring_len, qsl, acc) -> None:
+def check_args(
+    cache, x, dt, A, B, C, D, dt_bias, state_indices, out, num_ring_rows, qsl, acc
+) -> None:
     """Shapes, dtypes and devices of a decode step's arguments (see mamba2_replay_decode)."""
     H, P = x.shape[1], x.shape[2]
     G, N = B.shape[1], B.shape[2]
@@ -219,9 +221,9 @@ def check_args(cache, x, dt, A, B, C, D, dt_bias, state_indices, out, ring_len, 
     R = state_indices.shape[0]
     want = {
         "hp": (cache.hp, (S, H, P, N), torch.float32),
-        "ring_dt": (cache.ring_dt, (S, H, ring_len), torch.float32),
-        "ring_x": (cache.ring_x, (S, H, ring_len, P), None),
-        "ring_B": (cache.ring_B, (S, G, ring_len, N), None),
+        "ring_dt": (cache.ring_dt, (S, H, num_ring_rows), torch.float32),
+        "ring_x": (cache.ring_x, (S, H, num_ring_rows, P), None),
+        "ring_B": (cache.ring_B, (S, G, num_ring_rows, N), None),
         "meta": (cache.meta, (S, 8), torch.int32),
         "dt": (dt, (x.shape[0], H), None),
         "C": (C, tuple(B.shape), None),

@@ -47,7 +47,7 @@ def _mamba2_flush_kernel(
     coef_ptr,
     hp_rows_ptr,
     hp_count_ptr,
-    ring_len,
+    num_ring_rows,
     stride_hp_slot,
     stride_hp_head,
     stride_hp_dim,
@@ -135,7 +135,7 @@ def _mamba2_flush_kernel(
         p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
         if flush != 0:
             rows = fo + o_j
-            rows = tl.where(rows >= ring_len, rows - ring_len, rows)
+            rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
             m_j = o_j < fn
             x_f = tl.load(
                 p_rx + o_p[:, None] * stride_rx_dim + rows[None, :] * stride_rx_row,
@@ -179,7 +179,7 @@ def _mamba2_flush_kernel(
             y = scale * tl.sum(S * c[None, :], axis=1)
         else:  # stale LP: read out from HP and the history, as the readout would from LP
             rows = o + o_j
-            rows = tl.where(rows >= ring_len, rows - ring_len, rows)
+            rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
             x_h = tl.load(
                 p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
                 mask=(o_j < n)[:, None] & m_p[None, :],
@@ -201,7 +201,7 @@ def mamba2_flush(
     out: torch.Tensor,
     scratch: Mamba2Scratch,
     *,
-    ring_len: int,
+    num_ring_rows: int,
     buffer_len: int,
     block_p: int,
     num_warps: int,
@@ -235,7 +235,7 @@ def mamba2_flush(
         scratch.coef,
         scratch.hp_rows,
         scratch.hp_count,
-        ring_len,
+        num_ring_rows,
         *cache.hp.stride(),
         *lp.stride(),
         *cache.ring_x.stride(),

@@ -110,7 +110,7 @@ def _mamba2_plan_kernel(
     hp_rows_ptr,
     hp_count_ptr,
     null_block_id,
-    ring_len,
+    num_ring_rows,
     stride_meta_slot,
     stride_meta_word,
     stride_rdt_slot,
@@ -175,14 +175,14 @@ def _mamba2_plan_kernel(
         state_indices_ptr,
         r,
         1,
-        ring_len,
+        num_ring_rows,
         1,
         False,
     )
     o_next, n_next, kap = o_next.to(tl.int32), n_next.to(tl.int32), kap.to(tl.int32)
     fo, fn = fo.to(tl.int32), fn.to(tl.int32)
     write_row = o_next + n_next
-    write_row = tl.where(write_row >= ring_len, write_row - ring_len, write_row)
+    write_row = tl.where(write_row >= num_ring_rows, write_row - num_ring_rows, write_row)
     # The history of a non-flush row, the fold region of a flush row: entries [0, n) from o.
     o = tl.where(flush, fo, o_next)
     n = tl.where(flush, fn, n_next)
@@ -190,7 +190,7 @@ def _mamba2_plan_kernel(
     o_j = tl.arange(0, BLOCK_L)
     m_j = o_j < n
     rows = o + o_j
-    rows = tl.where(rows >= ring_len, rows - ring_len, rows)
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
     dt_h = tl.load(
         ring_dt_ptr
         + slot * stride_rdt_slot
@@ -285,7 +285,7 @@ def mamba2_plan(
     state_indices: torch.Tensor,
     scratch: Mamba2Scratch,
     *,
-    ring_len: int,
+    num_ring_rows: int,
     buffer_len: int,
     null_block_id: int,
     num_warps: int = 1,
@@ -315,7 +315,7 @@ def mamba2_plan(
         scratch.hp_rows,
         scratch.hp_count,
         null_block_id,
-        ring_len,
+        num_ring_rows,
         *cache.meta.stride(),
         *cache.ring_dt.stride(),
         *cache.ring_B.stride(),

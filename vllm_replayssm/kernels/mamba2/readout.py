@@ -45,7 +45,7 @@ def _mamba2_readout_kernel(
     plan_ptr,
     coef_ptr,
     null_block_id,
-    ring_len,
+    num_ring_rows,
     stride_ck_slot,
     stride_ck_head,
     stride_ck_dim,
@@ -128,7 +128,7 @@ def _mamba2_readout_kernel(
         other=0.0,
     )  # [BLOCK_P, BLOCK_N]
     rows = o + o_j
-    rows = tl.where(rows >= ring_len, rows - ring_len, rows)
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
     p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
     x_h = tl.load(
         p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
@@ -149,7 +149,7 @@ def mamba2_readout(
     out: torch.Tensor,
     scratch: Mamba2Scratch,
     *,
-    ring_len: int,
+    num_ring_rows: int,
     buffer_len: int,
     null_block_id: int,
     block_p: int,
@@ -175,7 +175,7 @@ def mamba2_readout(
         scratch.plan,
         scratch.coef,
         null_block_id,
-        ring_len,
+        num_ring_rows,
         *ckpt.stride(),
         *cache.ring_x.stride(),
         *cache.meta.stride(),

@@ -37,7 +37,7 @@ def _mamba2_stock_route_kernel(
     null_block_id,
     heads_per_group,
     num_programs_per_row,
-    C,
+    num_ring_rows,
     stagger_mod,
     stride_hp_slot,
     stride_hp_head,
@@ -72,7 +72,7 @@ def _mamba2_stock_route_kernel(
     stride_out_dim,
     headdim: tl.constexpr,
     dstate: tl.constexpr,
-    T: tl.constexpr,
+    WINDOW: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_D: tl.constexpr,
@@ -119,7 +119,9 @@ def _mamba2_stock_route_kernel(
     A = tl.load(A_ptr + pid_h).to(tl.float32)
     dt = softplus(dt + tl.load(dt_bias_ptr + pid_h).to(tl.float32))
     p_meta = meta_ptr + slot * stride_meta_slot
-    o, n_c, kap_reset, reset = stock_route_row(p_meta, stride_meta_word, slot, C, stagger_mod, T)
+    o, n_c, kap_reset, reset = stock_route_row(
+        p_meta, stride_meta_word, slot, num_ring_rows, stagger_mod, WINDOW
+    )
     if n_c > 0:  # a row arriving from the replay route: fold its ring first
         S = fold_tile(
             S,
@@ -129,7 +131,7 @@ def _mamba2_stock_route_kernel(
             A,
             o,
             n_c,
-            C,
+            num_ring_rows,
             o_p,
             o_n,
             m_p,
@@ -219,7 +221,7 @@ def mamba2_stock_route_decode(
         *out.stride(),
         headdim=P,
         dstate=N,
-        T=window,
+        WINDOW=window,
         BLOCK_P=bp,
         BLOCK_N=pow2_block(N),
         HAS_D=D is not None,

@@ -16,7 +16,7 @@ def fold_tile(
     A,
     fo,
     fn,
-    C,
+    num_ring_rows,
     o_p,
     o_n,
     m_p,
@@ -27,16 +27,17 @@ def fold_tile(
     stride_rB_row,
     stride_rB_dstate,
 ):
-    """S (one head's [BLOCK_P, BLOCK_N] fp32 tile) folded over ring entries [fo, fo + fn)
-    of a ring of C rows. Rank-1 fp32 updates, for kernels whose every program carries this
-    code (a tensor-core dot would cost registers in all of them; `flush.py` has the dot)."""
+    """S (one head's [BLOCK_P, BLOCK_N] fp32 tile) folded over ring entries [fo, fo + fn) of
+    a ring of num_ring_rows rows. Rank-1 fp32 updates, for kernels whose every program
+    carries this code (a tensor-core dot would cost registers in all of them; `flush.py` has
+    the dot)."""
     lam_tot = tl.zeros([], dtype=tl.float32)
     for j in tl.range(fn, num_stages=1):
-        lam_tot += tl.load(p_rdt + ((fo + j) % C) * stride_rdt_row)
+        lam_tot += tl.load(p_rdt + ((fo + j) % num_ring_rows) * stride_rdt_row)
     S = S * tl.exp(A * lam_tot)
     lam_j = tl.zeros([], dtype=tl.float32)
     for j in tl.range(fn, num_stages=1):
-        row_j = (fo + j) % C
+        row_j = (fo + j) % num_ring_rows
         dt_j = tl.load(p_rdt + row_j * stride_rdt_row)
         lam_j += dt_j
         x_j = tl.load(p_rx + row_j * stride_rx_row + o_p * stride_rx_dim, mask=m_p, other=0.0).to(

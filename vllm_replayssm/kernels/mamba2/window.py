@@ -38,7 +38,7 @@ def _fold_head(
     A,
     fo,
     fn,
-    C,
+    num_ring_rows,
     o_p,
     o_n,
     m_p,
@@ -62,7 +62,7 @@ def _fold_head(
         A,
         fo,
         fn,
-        C,
+        num_ring_rows,
         o_p,
         o_n,
         m_p,
@@ -80,11 +80,11 @@ def _fold_head(
 
 
 @triton.jit
-def _dot_window(S, c_w, o_t, T: tl.constexpr):
+def _dot_window(S, c_w, o_t, WINDOW: tl.constexpr):
     """[BLOCK_T, BLOCK_P] = S . C_i for the window's tokens (S dies here: only this small
     tile stays live in the readout)."""
     sc = tl.zeros([c_w.shape[0], S.shape[0]], dtype=tl.float32)
-    for i in tl.static_range(T):
+    for i in tl.static_range(WINDOW):
         c_i = tl.sum(tl.where(o_t[:, None] == i, c_w, 0.0), axis=0)
         sc = tl.where(o_t[:, None] == i, tl.sum(S * c_i[None, :], axis=1)[None, :], sc)
     return sc
@@ -121,7 +121,7 @@ def _mamba2_window_kernel(
     null_block_id,
     heads_per_group,
     num_programs_per_row,
-    C,
+    num_ring_rows,
     stride_hp_slot,
     stride_hp_head,
     stride_hp_dim,
@@ -159,7 +159,7 @@ def _mamba2_window_kernel(
     stride_out_dim,
     headdim: tl.constexpr,
     dstate: tl.constexpr,
-    T: tl.constexpr,
+    WINDOW: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -183,7 +183,7 @@ def _mamba2_window_kernel(
     slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
     if slot == null_block_id:
         for h in range(h0, h0 + HEADS_PER_PROGRAM):
-            for i in tl.static_range(T):
+            for i in tl.static_range(WINDOW):
                 p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
                 tl.store(
                     p_out + o_p * stride_out_dim,
@@ -194,7 +194,7 @@ def _mamba2_window_kernel(
 
     p_meta = meta_ptr + slot * stride_meta_slot
     o, n, kap, fo, fn, flush, stale = plan_row(
-        p_meta, stride_meta_word, acc_ptr, pid_r, q, C, T, HAS_ACC
+        p_meta, stride_meta_word, acc_ptr, pid_r, q, num_ring_rows, WINDOW, HAS_ACC
     )
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < dstate
@@ -206,7 +206,7 @@ def _mamba2_window_kernel(
     o_h = tl.arange(0, BLOCK_H)
     # The committed history (< L entries, empty after a flush) at the post-flush origin.
     m_hist = o_h < n
-    row_h = (o + o_h) % C
+    row_h = (o + o_h) % num_ring_rows
     p_rB = ring_B_ptr + slot * stride_rB_slot + pid_g * stride_rB_group
 
     # Group-shared dot products: bc_h[i, j] = B_j . C_i (history), bc_w[i, j] = B_j . C_i.
@@ -225,7 +225,7 @@ def _mamba2_window_kernel(
     ).to(tl.float32)  # [BLOCK_T, BLOCK_N]
     bc_h = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
     bc_w = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
-    for i in tl.static_range(T):
+    for i in tl.static_range(WINDOW):
         c_i = tl.sum(tl.where(o_t[:, None] == i, c_w, 0.0), axis=0)
         bc_h = tl.where(o_t[:, None] == i, tl.sum(B_h * c_i[None, :], axis=1)[None, :], bc_h)
         for j in tl.static_range(i + 1):
@@ -242,7 +242,7 @@ def _mamba2_window_kernel(
             if j == i:  # noqa: SIM102 (constexpr, then runtime)
                 if (pid_p == 0) & (h0 % heads_per_group == 0):  # append B_i once per group
                     tl.store(
-                        p_rB + (o + n + i) % C * stride_rB_row + o_n * stride_rB_dstate,
+                        p_rB + (o + n + i) % num_ring_rows * stride_rB_row + o_n * stride_rB_dstate,
                         B_l,
                         mask=m_n & (i < q),
                     )
@@ -270,7 +270,7 @@ def _mamba2_window_kernel(
                     A,
                     fo,
                     fn,
-                    C,
+                    num_ring_rows,
                     o_p,
                     o_n,
                     m_p,
@@ -286,13 +286,13 @@ def _mamba2_window_kernel(
                 ),
                 c_w,
                 o_t,
-                T,
+                WINDOW,
             )
         elif stale:
-            sc = _dot_window(tl.load(hp_h + off_hp, mask=m_pn, other=0.0), c_w, o_t, T)
+            sc = _dot_window(tl.load(hp_h + off_hp, mask=m_pn, other=0.0), c_w, o_t, WINDOW)
         else:
             sc = _dot_window(
-                _load_checkpoint(hp_h, off_hp, lp_h, off_lp, m_pn, HAS_LP), c_w, o_t, T
+                _load_checkpoint(hp_h, off_hp, lp_h, off_lp, m_pn, HAS_LP), c_w, o_t, WINDOW
             )
         dt_h = tl.load(p_rdt + row_h * stride_rdt_row, mask=m_hist, other=0.0)
         lam_h = tl.cumsum(dt_h, axis=0)
@@ -306,7 +306,7 @@ def _mamba2_window_kernel(
             D = tl.load(D_ptr + h).to(tl.float32)
         # Window token i at logical n + i: checkpoint + history + window tokens 0..i.
         lam_i = lam_n
-        for i in tl.static_range(T):
+        for i in tl.static_range(WINDOW):
             tok_i = bos + i
             live_i = i < q
             dt_i = softplus(
@@ -346,7 +346,7 @@ def _mamba2_window_kernel(
                 if j == i:
                     if HAS_D:
                         y += D * x_l.to(tl.float32)
-                    row_i = (o + n + i) % C
+                    row_i = (o + n + i) % num_ring_rows
                     tl.store(
                         p_rx + row_i * stride_rx_row + o_p * stride_rx_dim, x_l, mask=m_p & live_i
                     )
@@ -426,7 +426,7 @@ def mamba2_window_decode(
         *out.stride(),
         headdim=P,
         dstate=N,
-        T=window,
+        WINDOW=window,
         BLOCK_T=pow2_block(window, 1),
         BLOCK_P=block_p,
         BLOCK_N=pow2_block(N),
