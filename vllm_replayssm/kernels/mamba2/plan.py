@@ -22,8 +22,21 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.cursor import META_LEN, META_MAGIC, META_MAGIC_LP_STALE
-from vllm_replayssm.kernels.common.triton_cursor import plan_row, softplus
+from vllm_replayssm.kernels.common.triton_cursor import (
+    MAGIC_WORD,
+    MAGIC_WORD_LP_STALE,
+    W_CAPACITY,
+    W_COMMITTED,
+    W_FOLD_COUNT,
+    W_FOLD_ORIGIN,
+    W_MAGIC,
+    W_ORIGIN,
+    W_PENDING,
+    W_TICKET,
+    plan_row,
+    softplus,
+)
+from vllm_replayssm.layout import META_LEN
 
 # Plan row (int32 words per batch row).
 PLAN_SLOT, PLAN_ORIGIN, PLAN_COUNT, PLAN_WRITE_ROW, PLAN_READ_HP, PLAN_FLUSH = range(6)
@@ -79,8 +92,6 @@ class Mamba2Scratch:
         )
 
 
-MAGIC_WORD = tl.constexpr(META_MAGIC)
-MAGIC_WORD_LP_STALE = tl.constexpr(META_MAGIC_LP_STALE)
 T_PLAN_SLOT = tl.constexpr(PLAN_SLOT)
 T_PLAN_ORIGIN = tl.constexpr(PLAN_ORIGIN)
 T_PLAN_COUNT = tl.constexpr(PLAN_COUNT)
@@ -261,14 +272,14 @@ def _mamba2_plan_kernel(
         tl.store(p_plan + T_PLAN_FOLD_ORIGIN, fo)
         tl.store(p_plan + T_PLAN_FOLD_COUNT, fn)
         p_words = p_plan + T_PLAN_META
-        tl.store(p_words + 0, o_next)
-        tl.store(p_words + 1, n_next)
-        tl.store(p_words + 2, 1)
-        tl.store(p_words + 3, kap)
-        tl.store(p_words + 4, fo)
-        tl.store(p_words + 5, fn)
-        tl.store(p_words + 6, tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD))
-        tl.store(p_words + 7, 0)
+        tl.store(p_words + W_ORIGIN, o_next)
+        tl.store(p_words + W_COMMITTED, n_next)
+        tl.store(p_words + W_PENDING, 1)
+        tl.store(p_words + W_CAPACITY, kap)
+        tl.store(p_words + W_FOLD_ORIGIN, fo)
+        tl.store(p_words + W_FOLD_COUNT, fn)
+        tl.store(p_words + W_MAGIC, tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD))
+        tl.store(p_words + W_TICKET, 0)
         if read_hp:
             k = tl.atomic_add(hp_count_ptr, 1, sem="relaxed")
             tl.store(hp_rows_ptr + k, r)

@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.cursor import META_LEN
 from vllm_replayssm.kernels.mamba2.plan import (
     T_PLAN_COUNT,
     T_PLAN_LEN,
@@ -30,6 +29,7 @@ from vllm_replayssm.kernels.mamba2.plan import (
     Mamba2Scratch,
     history_block,
 )
+from vllm_replayssm.layout import META_LEN
 
 T_META_LEN = tl.constexpr(META_LEN)
 
