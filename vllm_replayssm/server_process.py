@@ -17,6 +17,13 @@ from pathlib import Path
 import httpx
 
 STOP_TIMEOUT_S = 60
+# vLLM picks its internal ports (torch.distributed store, engine sockets) by binding port 0
+# and closing it again, so they come from the kernel's ephemeral range, which client
+# connections (our /health polls among them) draw from too: a poll could take the port
+# before the worker listens on it (seen once in CI: EADDRINUSE at worker start-up). With
+# VLLM_PORT set, vLLM scans upward from it instead; a base below the ephemeral range
+# (32768 on Linux by default) never meets a client socket.
+INTERNAL_PORT_BASE, INTERNAL_PORT_SPAN = 10_000, 20_000
 
 
 def free_port() -> int:
@@ -48,6 +55,8 @@ class ServerProcess:
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # One base per server (from its HTTP port), so servers side by side scan apart.
+        internal = INTERNAL_PORT_BASE + self.port % INTERNAL_PORT_SPAN
         self.log_path = log_path
         self.argv = launcher_cmd("serve", *args, "--host", "127.0.0.1", "--port", str(self.port))
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
@@ -58,7 +67,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=cwd or log_path.parent,
-            env={**(env or {}), **os.environ, "PYTHONUNBUFFERED": "1"},
+            env={"VLLM_PORT": str(internal), **(env or {}), **os.environ, "PYTHONUNBUFFERED": "1"},
         )
 
     def wait_ready(self, timeout: float) -> float:
