@@ -38,6 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+# vLLM records its model-runner phases (`gpu_model_runner: *`) only with this set; the
+# engine-core process inherits it.
+os.environ.setdefault("VLLM_CUSTOM_SCOPES_FOR_PROFILING", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import common
@@ -67,8 +70,11 @@ def analyse_trace(events: list[dict], steps: int) -> dict:
     "X" events (ts and dur in µs)."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     pre = sorted(e["ts"] for e in spans if e.get("name") == PHASE_PREFIX + "preprocess")
+    if len(pre) < 8:  # no phase annotations: steps from the host's graph launches
+        pre = sorted(e["ts"] for e in spans if e.get("name") == "cudaGraphLaunch")
     if len(pre) < 8:
-        raise RuntimeError(f"only {len(pre)} model-runner steps in the trace")
+        names = sorted({e.get("name", "") for e in spans if e.get("cat") != "kernel"})[:40]
+        raise RuntimeError(f"only {len(pre)} steps in the trace; CPU event names: {names}")
     # The last `steps` steps are decode steps; drop a quarter at each end of them (prefill
     # hand-over, the tail where requests finish).
     decode = pre[-steps:] if steps < len(pre) else pre
@@ -100,6 +106,7 @@ def analyse_trace(events: list[dict], steps: int) -> dict:
     busy = union_length(gpu) / n
     period = (t1 - t0) / n
     return {
+        "window_us": (t0, t1),
         "steps_in_window": n,
         "period_us": period,
         "period_median_us": statistics.median(periods),
@@ -195,6 +202,13 @@ def profile_mode(model: str, mode: str, model_dir: Path, args: argparse.Namespac
                 raise
             time.sleep(2.0)
     summary = analyse_trace(events, args.steps)
+    if args.trace_out:  # the decode window's events, for a closer look offline
+        t0, t1 = summary["window_us"]
+        keep = [e for e in events if "ts" in e and t0 <= e["ts"] < t1]
+        out = Path(args.trace_out) / f"timeline-{model}-{mode}.json.gz"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(out, "wt") as f:
+            json.dump({"traceEvents": keep}, f)
     e2e.log(
         f"period {summary['period_us']:.0f} us, GPU busy {summary['gpu_busy_us']:.0f} us "
         f"({summary['gpu_busy_fraction']:.0%}), phases {json.dumps(summary['host_phases_us'])}",
@@ -232,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
+    p.add_argument("--trace-out", default=None, help="directory for the decode window's events")
     args = p.parse_args(argv)
     if args.steps < 16:
         p.error("--steps must be at least 16")
