@@ -69,7 +69,13 @@ def analyse_trace(events: list[dict], steps: int) -> dict:
     """Summary of a worker trace's decode steps (module docstring). events: chrome-trace
     "X" events (ts and dur in µs)."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    pre = sorted(e["ts"] for e in spans if e.get("name") == PHASE_PREFIX + "preprocess")
+    # Host annotations only: the trace repeats each one on the GPU timeline
+    # (cat "gpu_user_annotation"), which must not count as a second step.
+    pre = sorted(
+        e["ts"]
+        for e in spans
+        if e.get("name") == PHASE_PREFIX + "preprocess" and e.get("cat") == "user_annotation"
+    )
     if len(pre) < 8:  # no phase annotations: steps from the host's graph launches
         pre = sorted(e["ts"] for e in spans if e.get("name") == "cudaGraphLaunch")
     if len(pre) < 8:
@@ -83,11 +89,12 @@ def analyse_trace(events: list[dict], steps: int) -> dict:
     t0, t1 = window[0], window[-1]
     n = len(window) - 1
     periods = [b - a for a, b in itertools.pairwise(window)]
+    # Every host annotation (model-runner phases and the scheduler's, e.g.
+    # "schedule: allocate_slots" once per request), summed per step.
     phases: dict[str, float] = {}
     for e in spans:
-        name = e.get("name", "")
-        if name.startswith(PHASE_PREFIX) and t0 <= e["ts"] < t1:
-            key = name[len(PHASE_PREFIX) :]
+        if e.get("cat") == "user_annotation" and t0 <= e["ts"] < t1:
+            key = e.get("name", "").removeprefix(PHASE_PREFIX)
             phases[key] = phases.get(key, 0.0) + e["dur"] / n
     gpu = [
         (max(e["ts"], t0), min(e["ts"] + e["dur"], t1))
@@ -116,7 +123,7 @@ def analyse_trace(events: list[dict], steps: int) -> dict:
         "gpu_idle_us": period - busy,
         "gpu_busy_fraction": busy / period,
         "kernel_sum_us": sum(kernels.values()),
-        "host_phases_us": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
+        "host_phases_us": dict(sorted(phases.items(), key=lambda kv: -kv[1])[:16]),
         "cuda_runtime_us": dict(sorted(runtime.items(), key=lambda kv: -kv[1])[:12]),
         "kernels_us": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:24]),
     }
