@@ -151,7 +151,8 @@ def gdn_state_specs(
     conv_dtype: torch.dtype,
 ) -> list[StateTensorSpec]:
     """Page of one GDN layer: conv, hp, [lp], ring_g, [ring_beta], ring_k, ring_d, [ring_v],
-    meta (+ pads). beta and v are kept only for the exact flush."""
+    meta (+ pads). beta and v are kept only for the exact flush. The corrected values d are
+    fp32 (they carry the state dependence: HP-only replay is then as accurate as stock fp32)."""
     num_ring_rows = ring_rows(buffer_len, window)
     Hk, Hv, K, V = geom.num_k_heads, geom.num_v_heads, geom.head_k_dim, geom.head_v_dim
     specs = [
@@ -165,7 +166,7 @@ def gdn_state_specs(
         specs.append(StateTensorSpec("ring_beta", (Hv, num_ring_rows), torch.float32))
     specs += [
         StateTensorSpec("ring_k", (Hk, num_ring_rows, K), act_dtype),
-        StateTensorSpec("ring_d", (Hv, num_ring_rows, V), act_dtype),
+        StateTensorSpec("ring_d", (Hv, num_ring_rows, V), torch.float32),
     ]
     if exact_flush:
         specs.append(StateTensorSpec("ring_v", (Hv, num_ring_rows, V), act_dtype))
@@ -237,8 +238,9 @@ class GDNReplayCache(NamedTuple):
 
     hp: [S, Hv, V, K] fp32; lp: like hp in bf16/fp16 or None; ring_g: [S, Hv, num_ring_rows]
     fp32 (log decay); ring_beta: like ring_g, or None (fold mode); ring_k: [S, Hk,
-    num_ring_rows, K] act (pre-norm k); ring_d: [S, Hv, num_ring_rows, V] act (corrected
-    values); ring_v: like ring_d, or None (fold mode); meta: [S, META_LEN] int32.
+    num_ring_rows, K] act (pre-norm k); ring_d: [S, Hv, num_ring_rows, V] fp32 (corrected
+    values); ring_v: [S, Hv, num_ring_rows, V] act, or None (fold mode); meta: [S, META_LEN]
+    int32.
     """
 
     hp: torch.Tensor

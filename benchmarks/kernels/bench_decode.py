@@ -6,7 +6,8 @@ window T = 1, buffer_len L = 16, fp32 HP, bf16 activations, GDN exact flush):
   Mamba-2  ours `mamba2_replay_decode` vs vLLM `mamba_ssm.selective_state_update`, called
            as `MambaMixer2`'s decode path calls it (stride-0 expansions: TIE_HDIM path)
   GDN      ours `dispatch.gdn_decode` (route "auto", as the layer calls it, unless --route
-           says otherwise) vs vLLM `fused_recurrent_gated_delta_rule_packed_decode`,
+           says otherwise: replay = plan / flush / readout, stock, or the v1 window step
+           fused / split) vs vLLM `fused_recurrent_gated_delta_rule_packed_decode`,
            called as `QwenGatedDeltaNetAttention._forward_core_decode_non_spec` calls it
 Method: NL independent layers (own state pages, own inputs) so that the states cannot stay
 in L2 (stock fp32 states >= 256 MiB in all, 2 GiB at bs 256); one CUDA graph holds a full
@@ -76,7 +77,12 @@ RING_READS = {
 # any knob of `kernels/mamba2/decode.launch_config` through --knob NAME=v1,v2.
 KNOBS = ("tile", "num_warps", "route", "heads_per_program", "num_stages")
 TILE_ARG = {"mamba2": "block_p", "gdn": "block_v"}
-ROUTES = {"mamba2": ("auto", "replay", "stock"), "gdn": ("fused", "split", "stock")}
+# GDN: auto (the policy), replay (plan / flush / readout), stock, or the window step's
+# one-launch forms at T = 1 (fused, split: the v1 kernel, for comparison).
+ROUTES = {
+    "mamba2": ("auto", "replay", "stock"),
+    "gdn": ("auto", "replay", "stock", "fused", "split"),
+}
 MIB = 2**20
 DEV = "cuda"
 
@@ -287,6 +293,29 @@ def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tens
     return layers
 
 
+# GDN launch knobs per kernel route: the window step's and the stock route's CLI knobs; the
+# replay launches take `kernels/gdn/decode.launch_config`'s through --knob.
+GDN_ROUTE_KNOBS = {
+    "stock": {"block_v", "num_warps"},
+    "fused": {"block_v", "num_warps", "heads_per_program", "num_stages"},
+    "split": {"block_v", "num_warps", "heads_per_program", "num_stages"},
+}
+
+
+def gdn_launch(geom, bs: int, config: dict) -> dict:
+    """The `launch` overrides of gdn_decode for a configuration: its route ("auto": none, as
+    the layer runs it) and the knobs that route's launcher takes."""
+    knobs = dict(config)
+    route = knobs.pop("route", "auto")
+    launch = {} if route == "auto" else {"route": route}
+    kernel_route = route_ran(geom, bs, config)
+    allowed = GDN_ROUTE_KNOBS.get(kernel_route)
+    launch.update({k: v for k, v in knobs.items() if allowed is None or k in allowed})
+    if kernel_route == "replay":  # only decode.launch_config's knobs (--knob)
+        launch = {k: v for k, v in launch.items() if k not in GDN_ROUTE_KNOBS["fused"]}
+    return launch
+
+
 def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
     """Our decode op on the layers; config: route and launcher overrides."""
     kwargs = dict(buffer_len=BUFFER_LEN, window=WINDOW)
@@ -308,17 +337,19 @@ def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
         names = ("x", "dt", "A", "B", "C", "D", "dt_bias")
     else:
         from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
+        from vllm_replayssm.kernels.gdn.plan import GDNScratch
 
-        if config.get("route") == "stock":  # the stock route has no head loop
-            config = {
-                k: v for k, v in config.items() if k not in ("heads_per_program", "num_stages")
-            }
+        launch = gdn_launch(geom, len(slots), config)
+        scratch = GDNScratch.allocate(
+            len(slots), geom.num_v_heads, geom.num_k_heads, geom.head_k_dim, BUFFER_LEN, DEV
+        )
         kwargs = dict(
             buffer_len=BUFFER_LEN,
             window=WINDOW,
             stagger=True,
             scale=geom.head_k_dim**-0.5,
-            launch=config,
+            launch=launch,
+            scratch=scratch,
         )
         names, fn = ("q", "k", "v", "a", "b", "A_log", "dt_bias"), gdn_decode
     return [(fn, (cache, *(t[n] for n in names), slots, out), kwargs) for cache, t, out in layers]
@@ -371,8 +402,7 @@ def launch_configs(geom, args) -> list[dict]:
     group = geom.nheads // geom.ngroups if fam == "mamba2" else geom.num_v_heads // geom.num_k_heads
     knobs = ("route",) if fam == "mamba2" else KNOBS
     given = [(k, getattr(args, k)) for k in knobs if getattr(args, k)]
-    if fam == "mamba2":
-        given += list(args.knob.items())
+    given += list(args.knob.items())
     configs = []
     for vals in itertools.product(*(v for _, v in given)):
         cfg = {}
@@ -394,11 +424,11 @@ def route_ran(geom, bs: int, config: dict) -> str:
         from vllm_replayssm.kernels.mamba2.dispatch import choose_route
 
         return choose_route(config.get("route", "auto"), bs, plain=True)
-    if "route" in config:
-        return config["route"]
-    from vllm_replayssm.kernels.gdn.dispatch import launch_config
+    from vllm_replayssm.kernels.gdn.dispatch import plan_launch
 
-    return launch_config(bs, geom.num_v_heads // geom.num_k_heads)["route"]
+    route = config.get("route", "auto")
+    launch = {} if route == "auto" else {"route": route}
+    return plan_launch("auto", bs, geom.num_v_heads // geom.num_k_heads, True, launch)["route"]
 
 
 def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) -> dict:
@@ -500,15 +530,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--route",
         default=None,
-        help="comma list; Mamba-2: auto, replay, stock; GDN: fused, split, stock",
+        help="comma list; Mamba-2: auto, replay, stock; GDN: auto, replay, stock, "
+        "fused, split (the window step at T = 1)",
     )
     p.add_argument(
         "--knob",
         action="append",
         default=[],
         metavar="NAME=V1,V2",
-        help="Mamba-2 launch knob values to try (repeatable), e.g. "
-        "readout_block_p=16,32 or flush_warps=4,8",
+        help="replay launch knob values to try (repeatable; both families' "
+        "decode.launch_config), e.g. readout_block_p=16,32, readout_block_v=16,32 or "
+        "flush_warps=4,8",
     )
     p.add_argument(
         "--heads-per-program",

@@ -132,11 +132,11 @@ def test_two_precision_study(family, capsys):
     blocks, state_err = _study(FAMILIES[family]())
     with capsys.disabled():
         print("\n" + _table(family, blocks, state_err))
-    # Full-precision paths agree with float64. GDN replay reads cached corrected values d
-    # in the activation dtype (bf16): its outputs carry that rounding (the level of the bf16
-    # output rounding itself), never its state.
+    # Full-precision paths agree with float64. GDN replay keeps its corrected values d in
+    # fp32, so its HP-only outputs are as accurate as stock fp32 (the 1e-5 target;
+    # bf16 d records were ~1e-3 off).
     assert max(blocks["a"]) < 2e-5 and state_err["a"] < 2e-5, (blocks["a"], state_err["a"])
-    assert max(blocks["a'"]) < (2e-5 if family == "mamba2" else 3e-3), blocks["a'"]
+    assert max(blocks["a'"]) < (2e-5 if family == "mamba2" else 1e-5), blocks["a'"]
     assert state_err["a'"] < 2e-5, state_err["a'"]
     # (c): bounded by the LP rounding of the checkpoint, no drift; its HP is exact.
     assert max(blocks["c"]) < 1e-2, blocks["c"]

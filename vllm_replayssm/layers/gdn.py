@@ -10,6 +10,7 @@ hook resets their cursors and LP.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from vllm.forward_context import get_forward_context
@@ -44,6 +45,26 @@ from vllm_replayssm.metrics import StepCounters
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
 
+_SCRATCH: dict[tuple, Any] = {}
+
+
+def _shared_scratch(
+    max_rows: int, num_v_heads: int, num_k_heads: int, head_k_dim: int, buffer_len: int, device
+):
+    """One `GDNScratch` (GPU plain-decode launches) for all GDN layers of a process with
+    these shapes: layers run one after another on one stream, and each step's launches
+    leave it ready for the next. Sized by max_num_seqs (decode rows, CUDA-graph padding
+    included, never exceed it)."""
+    from vllm_replayssm.kernels.gdn.plan import GDNScratch
+
+    shape = (num_v_heads, num_k_heads, head_k_dim, buffer_len)
+    key = (str(device), *shape)
+    scratch = _SCRATCH.get(key)
+    if scratch is None or not scratch.fits(max_rows, *shape):
+        scratch = _SCRATCH[key] = GDNScratch.allocate(max_rows, *shape, device)
+    return scratch
+
+
 class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
     """QwenGatedDeltaNetAttention with ReplaySSM state and decode (see module docstring)."""
 
@@ -57,6 +78,16 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         ):
             return
         self.replay_specs = gdn_page_specs(vllm_config, config)
+        self._scratch = None
+        if not current_platform.is_cpu():
+            self._scratch = _shared_scratch(
+                vllm_config.scheduler_config.max_num_seqs,
+                self.num_v_heads // self.tp_size,
+                self.num_k_heads // self.tp_size,
+                self.head_k_dim,
+                self.replay.buffer_len,
+                torch.get_default_device(),
+            )
         self.spec_windows = SpecWindows(self.replay.buffer_len, self.replay_window)
         self.step_counters = StepCounters(
             "gdn", ring_rows(self.replay.buffer_len, self.replay_window)
@@ -157,6 +188,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 window=self.replay_window,
                 stagger=cfg.stagger,
                 route=cfg.route,
+                scratch=self._scratch,
             ),
         )
 

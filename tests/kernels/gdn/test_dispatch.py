@@ -7,7 +7,13 @@ import torch
 
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.gdn import reference
-from vllm_replayssm.kernels.gdn.dispatch import gdn_decode, launch_config, plan_launch
+from vllm_replayssm.kernels.gdn.dispatch import (
+    STOCK_ROUTE_MAX_ROWS,
+    chosen_route,
+    gdn_decode,
+    launch_config,
+    plan_launch,
+)
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache
 
 from ..families import GDNFamily
@@ -17,10 +23,12 @@ L = 4
 V_PER_K = 4
 
 
-# (num_rows, plain) -> route, heads_per_program (None: the stock route has no head loop)
+# (num_rows, plain) -> route, heads_per_program (None: no head loop)
 POLICY = {
     "plain_bs1": (1, True, "stock", None),
-    "plain_bs256": (256, True, "stock", None),
+    "plain_at_threshold": (STOCK_ROUTE_MAX_ROWS, True, "stock", None),
+    "plain_above_threshold": (STOCK_ROUTE_MAX_ROWS + 1, True, "replay", None),
+    "plain_bs256": (256, True, "replay", None),
     "spec_bs16": (16, False, "fused", 1),
     "spec_bs17": (17, False, "split", 1),
     "spec_bs64": (64, False, "split", V_PER_K),
@@ -33,29 +41,35 @@ def test_launch_config(case):
     cfg = launch_config(rows, V_PER_K, plain=plain)
     assert cfg["route"] == route
     assert cfg.get("heads_per_program") == hpp
-    assert cfg["block_v"] == 16 and cfg["num_warps"] == 1
+    if route == "replay":  # the replay launches take decode.launch_config's knobs
+        assert cfg == {"route": "replay"}
+    else:
+        assert cfg["block_v"] == 16 and cfg["num_warps"] == 1
+    assert chosen_route("auto", rows, V_PER_K, plain) == ("stock" if route == "stock" else "replay")
 
 
-# (replayssm.route, plain, launch overrides) -> the kernel route that runs
+# (replayssm.route, num_rows, plain, launch overrides) -> the kernel route that runs
 ROUTES = {
-    "auto_plain": ("auto", True, None, "stock"),
-    "auto_spec": ("auto", False, None, "fused"),
-    "replay_plain": ("replay", True, None, "fused"),
-    "stock_plain": ("stock", True, None, "stock"),
-    "stock_spec_replays": ("stock", False, None, "fused"),
-    "override_split": ("auto", True, {"route": "split"}, "split"),
-    "override_stock": ("replay", True, {"route": "stock", "block_v": 8}, "stock"),
+    "auto_plain_small": ("auto", 4, True, None, "stock"),
+    "auto_plain_large": ("auto", 64, True, None, "replay"),
+    "auto_spec": ("auto", 4, False, None, "fused"),
+    "replay_plain_small": ("replay", 4, True, None, "replay"),
+    "stock_plain_large": ("stock", 64, True, None, "stock"),
+    "stock_spec_replays": ("stock", 4, False, None, "fused"),
+    "override_split": ("auto", 4, True, {"route": "split"}, "split"),
+    "override_stock": ("replay", 4, True, {"route": "stock", "block_v": 8}, "stock"),
+    "override_replay_knob": ("auto", 64, True, {"readout_warps": 2}, "replay"),
 }
 
 
 @pytest.mark.parametrize("case", list(ROUTES))
 def test_plan_launch(case):
-    route, plain, launch, want = ROUTES[case]
-    cfg = plan_launch(route, 4, V_PER_K, plain, launch)
+    route, rows, plain, launch, want = ROUTES[case]
+    cfg = plan_launch(route, rows, V_PER_K, plain, launch)
     assert cfg["route"] == want
     if want == "stock":
         assert set(cfg) == {"route", "block_v", "num_warps"}
-    else:  # a forced replay form starts from the replay configuration
+    elif want in ("fused", "split"):  # a forced window form starts from its configuration
         assert cfg["heads_per_program"] == 1 and cfg["num_stages"] == 1
     for key, val in (launch or {}).items():
         assert cfg[key] == val
@@ -66,6 +80,10 @@ def test_plan_launch_refuses():
         plan_launch("fused", 4, V_PER_K, True)
     with pytest.raises(ValueError, match="plain decode"):
         plan_launch("auto", 4, V_PER_K, False, {"route": "stock"})
+    with pytest.raises(ValueError, match="plain decode"):
+        plan_launch("auto", 4, V_PER_K, False, {"route": "replay"})
+    with pytest.raises(ValueError, match="launch route must be one of"):
+        plan_launch("auto", 4, V_PER_K, True, {"route": "both"})
 
 
 def _setup(window: int, num_tokens: list[int], seed: int):
@@ -169,6 +187,7 @@ def test_gdn_decode_on_gpu_runs_the_planned_kernel(route):
     """On CUDA tensors: the Triton launcher `plan_launch` names, with its configuration."""
     from vllm_replayssm.kernels.gdn.decode import gdn_replay_decode
     from vllm_replayssm.kernels.gdn.stock_route import gdn_stock_route_decode
+    from vllm_replayssm.kernels.gdn.window import gdn_window_decode
 
     fam, cache, slots, tok, _ = _setup(1, [1] * 20, seed=7)
     fam.params = {k: v.cuda() for k, v in fam.params.items()}
@@ -180,13 +199,16 @@ def test_gdn_decode_on_gpu_runs_the_planned_kernel(route):
     for _ in range(L + 2):
         out_ours = _run(gdn_decode, fam, ours, slots, tok, 1, stagger=True, route=route)
         kernel = dict(cfg)
-        if kernel.pop("route") == "stock":
+        kernel_route = kernel.pop("route")
+        if kernel_route == "stock":
             out_theirs = _run(
                 gdn_stock_route_decode, fam, theirs, slots, tok, 1, stagger=True, **kernel
             )
+        elif kernel_route == "replay":
+            out_theirs = _run(gdn_replay_decode, fam, theirs, slots, tok, 1, **kernel)
         else:
             out_theirs = _run(
-                gdn_replay_decode, fam, theirs, slots, tok, 1, route=cfg["route"], **kernel
+                gdn_window_decode, fam, theirs, slots, tok, 1, route=kernel_route, **kernel
             )
         torch.cuda.synchronize()
         _assert_same(ours, theirs, out_ours, out_theirs)

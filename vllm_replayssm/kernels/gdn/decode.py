@@ -1,451 +1,88 @@
-"""Triton Gated DeltaNet ReplaySSM decode: plain or speculative, exact or fold flush.
+"""The Gated DeltaNet replay route in Triton: one decode step of one layer for a batch of rows.
 
-One program per (value-dim tile, key head, row), looping over the value heads that share the
-key head: the cursor plan, the ring's keys, their norms and their Gram products with the
-window's keys and queries are computed once per program. Per value head it either advances
-HP over the committed entries (flush rows; exact: the delta rule replayed serially from HP
-over the cached k, v, g, beta; fold: weighted sum of cached corrected values) and writes HP +
-LP, or reads LP (HP when LP is off); then window token i is read out from checkpoint +
-history + the window's own corrected values (forward substitution), and only records are
-written. The row's last program stores the cursor words. Two launch forms, as in the Mamba-2
-kernel: "fused" (one launch) or "split" (FLUSH_ONLY then READOUT). Semantics:
-`reference.gdn_replay_decode`. Which route and launch configuration a step takes is
-`dispatch.py`'s decision; the launcher here runs what it is given.
+Plain decode (one token per row, window 1) runs three launches that share caller-owned
+scratch (`plan.GDNScratch`):
+1. `plan.py`: cursor words -> dense plan rows; per (row, key head) the normalised k_t and
+   q_t and their products with the ring's keys, per (row, value head) the readout
+   coefficients; g, β and k records appended; the list of rows that read HP;
+2. `flush.py`: persistent over that list: flush rows fold their records into HP (HP read
+   once, HP and LP written) and read out; stale-LP rows read out from HP;
+3. `readout.py`: every other row, one ~8 KiB checkpoint tile per program, LP (or HP when LP
+   is off) + history; stores the d and v records and the cursor words.
+2 and 3 touch different rows; with `overlap` the flush runs on a side stream beside the
+readout. Speculative windows (T = 1 + k) run the window step (`window.py`).
+
+No host synchronisation, no allocation when scratch is given, launch shapes fixed by the
+batch: safe in CUDA graphs. Semantics: `reference.gdn_replay_decode`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 import triton
-import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
-from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
-from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens, softplus
-from vllm_replayssm.kernels.gdn.tiles import advance_tile
+from vllm_replayssm.kernels.gdn.flush import gdn_flush
+from vllm_replayssm.kernels.gdn.plan import GDNScratch, gdn_plan
+from vllm_replayssm.kernels.gdn.readout import gdn_readout
+from vllm_replayssm.kernels.gdn.window import check_args, gdn_window_decode
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
-FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
+TILE_BYTES = 8192  # checkpoint bytes per readout program
 
 
-@triton.jit
-def _pick(mat, o_t, i):
-    """Row i of a [BLOCK_W, X] register tile, as [X]."""
-    return tl.sum(tl.where(o_t[:, None] == i, mat, 0.0), axis=0)
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@triton.jit
-def _pick1(vec, o_t, i):
-    return tl.sum(tl.where(o_t == i, vec, 0.0), axis=0)
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
-@triton.jit
-def _l2norm_rows(x):
-    return x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream the flush runs on beside the readout (one per device, made on first use,
+    before any CUDA-graph capture: the layers' warm-up runs a decode step first)."""
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
 
 
-@triton.jit
-def _flush_head(
-    p_hp,
-    p_lp,
-    p_rg,
-    p_rbeta,
-    p_rk,
-    p_rd,
-    p_rv,
-    fo,
-    fn,
-    num_ring_rows,
-    o_v,
-    o_k,
-    m_v,
-    m_k,
-    m_vk,
-    stride_rg_row,
-    stride_rbeta_row,
-    stride_rk_row,
-    stride_rk_k,
-    stride_rd_row,
-    stride_rd_v,
-    stride_rv_row,
-    stride_rv_v,
-    HAS_LP: tl.constexpr,
-    LP_IS_FP16: tl.constexpr,
-    EXACT_FLUSH: tl.constexpr,
-):
-    """Advance one value head's HP tile over ring entries [fo, fo + fn); write HP and LP;
-    return the new tile (fp32)."""
-    S = advance_tile(
-        tl.load(p_hp, mask=m_vk, other=0.0),
-        p_rg,
-        p_rbeta,
-        p_rk,
-        p_rd,
-        p_rv,
-        fo,
-        fn,
-        num_ring_rows,
-        o_v,
-        o_k,
-        m_v,
-        m_k,
-        stride_rg_row,
-        stride_rbeta_row,
-        stride_rk_row,
-        stride_rk_k,
-        stride_rd_row,
-        stride_rd_v,
-        stride_rv_row,
-        stride_rv_v,
-        EXACT_FLUSH,
+def launch_config(
+    num_rows: int,
+    num_v_heads: int,
+    head_v_dim: int,
+    head_k_dim: int,
+    ckpt_itemsize: int,
+    device: torch.device,
+) -> dict:
+    """Launch knobs of the plain-decode launches (defaults, to be tuned on the H200).
+
+    readout: block_v rows of the checkpoint per program (TILE_BYTES of them: 16 x 128 fp32,
+    32 x 128 bf16/fp16), one warp (no cross-warp reductions); flush: one value head's tile
+    of up to 64 rows per item, four warps, a persistent grid of two programs per SM (8 in
+    the interpreter), on a side stream beside the readout (GPU). The Mamba-2 sweeps on the
+    H200 chose the same shapes (`kernels/mamba2/decode.launch_config`)."""
+    block_v = TILE_BYTES // (pow2_block(head_k_dim) * ckpt_itemsize)
+    block_v = max(8, min(block_v, triton.next_power_of_2(head_v_dim)))
+    flush_v = max(16, min(64, triton.next_power_of_2(head_v_dim)))
+    if device.type == "cuda":
+        programs = 2 * _num_sms(device.index if device.index is not None else 0)
+    else:
+        programs = 8
+    flush_items = num_rows * num_v_heads * triton.cdiv(head_v_dim, flush_v)
+    return dict(
+        readout_block_v=block_v,
+        readout_warps=1,
+        flush_block_v=flush_v,
+        flush_warps=4,
+        flush_programs=min(programs, flush_items),
+        plan_warps=1,
+        overlap=device.type == "cuda",
     )
-    tl.store(p_hp, S, mask=m_vk)
-    if HAS_LP:
-        store_lp(p_lp, S, m_vk, LP_IS_FP16)
-    return S
-
-
-@triton.jit
-def _gdn_replay_decode_kernel(
-    hp_ptr,
-    lp_ptr,
-    ring_g_ptr,
-    ring_beta_ptr,
-    ring_k_ptr,
-    ring_d_ptr,
-    ring_v_ptr,
-    meta_ptr,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    a_ptr,
-    b_ptr,
-    A_log_ptr,
-    dt_bias_ptr,
-    state_indices_ptr,
-    qsl_ptr,
-    acc_ptr,
-    out_ptr,
-    scale,
-    null_block_id,
-    num_programs_per_row,
-    num_ring_rows,
-    stride_hp_slot,
-    stride_hp_head,
-    stride_hp_v,
-    stride_hp_k,
-    stride_lp_slot,
-    stride_lp_head,
-    stride_lp_v,
-    stride_lp_k,
-    stride_rg_slot,
-    stride_rg_head,
-    stride_rg_row,
-    stride_rbeta_slot,
-    stride_rbeta_head,
-    stride_rbeta_row,
-    stride_rk_slot,
-    stride_rk_head,
-    stride_rk_row,
-    stride_rk_k,
-    stride_rd_slot,
-    stride_rd_head,
-    stride_rd_row,
-    stride_rd_v,
-    stride_rv_slot,
-    stride_rv_head,
-    stride_rv_row,
-    stride_rv_v,
-    stride_meta_slot,
-    stride_meta_word,
-    stride_q_tok,
-    stride_q_head,
-    stride_q_k,
-    stride_k_tok,
-    stride_k_head,
-    stride_k_k,
-    stride_v_tok,
-    stride_v_head,
-    stride_v_v,
-    stride_a_tok,
-    stride_a_head,
-    stride_b_tok,
-    stride_b_head,
-    stride_out_tok,
-    stride_out_head,
-    stride_out_v,
-    head_k_dim: tl.constexpr,
-    head_v_dim: tl.constexpr,
-    v_per_k: tl.constexpr,
-    WINDOW: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    HAS_LP: tl.constexpr,
-    LP_IS_FP16: tl.constexpr,
-    EXACT_FLUSH: tl.constexpr,
-    HAS_ACC: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    MODE: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
-    pid_v = tl.program_id(0)
-    pid_hb = tl.program_id(1).to(tl.int64)
-    pid_r = tl.program_id(2).to(tl.int64)
-    bos, q = row_tokens(qsl_ptr, pid_r, IS_VARLEN)
-    o_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    m_v = o_v < head_v_dim
-    h0 = pid_hb * HEADS_PER_PROGRAM
-    pid_k = h0 // v_per_k
-    slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
-    if MODE == 1:  # noqa: SIM102 (constexpr, then runtime)  FLUSH_ONLY: no outputs
-        if slot == null_block_id:
-            return
-    if slot == null_block_id:
-        for h in range(h0, h0 + HEADS_PER_PROGRAM):
-            for i in tl.static_range(WINDOW):
-                p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
-                tl.store(
-                    p_out + o_v * stride_out_v,
-                    tl.zeros([BLOCK_V], dtype=tl.float32),
-                    mask=m_v & (i < q),
-                )
-        return
-
-    p_meta = meta_ptr + slot * stride_meta_slot
-    o, n, kap, fo, fn, flush, stale = plan_row(
-        p_meta, stride_meta_word, acc_ptr, pid_r, q, num_ring_rows, WINDOW, HAS_ACC
-    )
-    o_k = tl.arange(0, BLOCK_K)
-    m_k = o_k < head_k_dim
-    m_vk = m_v[:, None] & m_k[None, :]
-    p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
-    if MODE == 1:
-        if flush:
-            for h in range(h0, h0 + HEADS_PER_PROGRAM):
-                _flush_head(
-                    hp_ptr
-                    + slot * stride_hp_slot
-                    + h * stride_hp_head
-                    + o_v[:, None] * stride_hp_v
-                    + o_k[None, :] * stride_hp_k,
-                    lp_ptr
-                    + slot * stride_lp_slot
-                    + h * stride_lp_head
-                    + o_v[:, None] * stride_lp_v
-                    + o_k[None, :] * stride_lp_k,
-                    ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-                    ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-                    p_rk,
-                    ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
-                    ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
-                    fo,
-                    fn,
-                    num_ring_rows,
-                    o_v,
-                    o_k,
-                    m_v,
-                    m_k,
-                    m_vk,
-                    stride_rg_row,
-                    stride_rbeta_row,
-                    stride_rk_row,
-                    stride_rk_k,
-                    stride_rd_row,
-                    stride_rd_v,
-                    stride_rv_row,
-                    stride_rv_v,
-                    HAS_LP,
-                    LP_IS_FP16,
-                    EXACT_FLUSH,
-                )
-        return
-
-    # Key-head-shared quantities. History: committed entries [0, n) (empty after a flush).
-    o_h = tl.arange(0, BLOCK_H)
-    m_hist = o_h < n
-    row_h = (o + o_h) % num_ring_rows
-    k_h = _l2norm_rows(
-        tl.load(
-            p_rk + row_h[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-            mask=m_hist[:, None] & m_k[None, :],
-            other=0.0,
-        ).to(tl.float32)
-    )
-    o_t = tl.arange(0, BLOCK_W)
-    m_t = o_t < q
-    tok = bos + o_t
-    k_w_raw = tl.load(
-        k_ptr + tok[:, None] * stride_k_tok + pid_k * stride_k_head + o_k[None, :] * stride_k_k,
-        mask=m_t[:, None] & m_k[None, :],
-        other=0.0,
-    )
-    k_w = _l2norm_rows(k_w_raw.to(tl.float32))
-    q_w = (
-        _l2norm_rows(
-            tl.load(
-                q_ptr
-                + tok[:, None] * stride_q_tok
-                + pid_k * stride_q_head
-                + o_k[None, :] * stride_q_k,
-                mask=m_t[:, None] & m_k[None, :],
-                other=0.0,
-            ).to(tl.float32)
-        )
-        * scale
-    )
-    # Gram products of the history keys with window keys / queries: [BLOCK_W, BLOCK_H].
-    gk = tl.zeros([BLOCK_W, BLOCK_H], dtype=tl.float32)
-    gq = tl.zeros([BLOCK_W, BLOCK_H], dtype=tl.float32)
-    for i in tl.static_range(WINDOW):
-        gk = tl.where(
-            o_t[:, None] == i, tl.sum(k_h * _pick(k_w, o_t, i)[None, :], axis=1)[None, :], gk
-        )
-        gq = tl.where(
-            o_t[:, None] == i, tl.sum(k_h * _pick(q_w, o_t, i)[None, :], axis=1)[None, :], gq
-        )
-    row_w = (o + n + o_t) % num_ring_rows
-    if (pid_v == 0) & (h0 % v_per_k == 0):  # append k once per key head
-        tl.store(
-            p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-            k_w_raw,
-            mask=m_t[:, None] & m_k[None, :],
-        )
-
-    for h in tl.range(h0, h0 + HEADS_PER_PROGRAM, num_stages=NUM_STAGES):
-        p_rg = ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head
-        p_rbeta = ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head
-        p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
-        p_rv = ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head
-        p_hp = (
-            hp_ptr
-            + slot * stride_hp_slot
-            + h * stride_hp_head
-            + o_v[:, None] * stride_hp_v
-            + o_k[None, :] * stride_hp_k
-        )
-        p_lp = (
-            lp_ptr
-            + slot * stride_lp_slot
-            + h * stride_lp_head
-            + o_v[:, None] * stride_lp_v
-            + o_k[None, :] * stride_lp_k
-        )
-        # Flush rows use the advanced HP (FUSED: in registers; READOUT: just rewritten by
-        # FLUSH_ONLY); rows whose LP is stale (a stock-route step) read HP; others read LP.
-        if MODE == 0:
-            if flush:
-                S = _flush_head(
-                    p_hp,
-                    p_lp,
-                    p_rg,
-                    p_rbeta,
-                    p_rk,
-                    p_rd,
-                    p_rv,
-                    fo,
-                    fn,
-                    num_ring_rows,
-                    o_v,
-                    o_k,
-                    m_v,
-                    m_k,
-                    m_vk,
-                    stride_rg_row,
-                    stride_rbeta_row,
-                    stride_rk_row,
-                    stride_rk_k,
-                    stride_rd_row,
-                    stride_rd_v,
-                    stride_rv_row,
-                    stride_rv_v,
-                    HAS_LP,
-                    LP_IS_FP16,
-                    EXACT_FLUSH,
-                )
-            elif stale:
-                S = tl.load(p_hp, mask=m_vk, other=0.0)
-            elif HAS_LP:
-                S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
-            else:
-                S = tl.load(p_hp, mask=m_vk, other=0.0)
-        else:
-            if flush | stale:
-                S = tl.load(p_hp, mask=m_vk, other=0.0)
-            elif HAS_LP:
-                S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
-            else:
-                S = tl.load(p_hp, mask=m_vk, other=0.0)
-
-        g_h = tl.load(p_rg + row_h * stride_rg_row, mask=m_hist, other=0.0)
-        gam_n = tl.sum(g_h, axis=0)
-        w_h = tl.where(m_hist, tl.exp(gam_n - tl.cumsum(g_h, axis=0)), 0.0)  # [BLOCK_H]
-        d_h = tl.load(
-            p_rd + row_h[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
-            mask=m_hist[:, None] & m_v[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        decay_n = tl.exp(gam_n)
-        neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
-        dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
-        a_w = tl.load(a_ptr + tok * stride_a_tok + h * stride_a_head, mask=m_t, other=0.0).to(
-            tl.float32
-        )
-        b_raw = tl.load(b_ptr + tok * stride_b_tok + h * stride_b_head, mask=m_t, other=0.0)
-        g_w = tl.where(m_t, neg_A * softplus(a_w + dt_bias), 0.0)
-        beta_w = tl.sigmoid(b_raw.to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
-        G_w = tl.cumsum(g_w, axis=0)
-        v_w_raw = tl.load(
-            v_ptr + tok[:, None] * stride_v_tok + h * stride_v_head + o_v[None, :] * stride_v_v,
-            mask=m_t[:, None] & m_v[None, :],
-            other=0.0,
-        )
-        v_w = v_w_raw.to(tl.float32)
-        d_w = tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32)
-        for i in tl.static_range(WINDOW):
-            k_i = _pick(k_w, o_t, i)
-            q_i = _pick(q_w, o_t, i)
-            # u = S_n k_i, w = S_n q_i, S_n = e^{Gamma_n} S + sum_j w_h[j] d_j k_j^T.
-            u = tl.sum(S * k_i[None, :], axis=1) * decay_n + tl.sum(
-                (w_h * _pick(gk, o_t, i))[:, None] * d_h, axis=0
-            )
-            w = tl.sum(S * q_i[None, :], axis=1) * decay_n + tl.sum(
-                (w_h * _pick(gq, o_t, i))[:, None] * d_h, axis=0
-            )
-            G_i = _pick1(G_w, o_t, i)
-            beta_i = _pick1(beta_w, o_t, i)
-            d_i = beta_i * (_pick(v_w, o_t, i) - tl.exp(G_i) * u)
-            o_i = tl.exp(G_i) * w
-            for j in tl.static_range(i):
-                k_j = _pick(k_w, o_t, j)
-                d_j = _pick(d_w, o_t, j)
-                G_ij = tl.exp(G_i - _pick1(G_w, o_t, j))
-                d_i -= (beta_i * G_ij * tl.sum(k_i * k_j, axis=0)) * d_j
-                o_i += (G_ij * tl.sum(k_j * q_i, axis=0)) * d_j
-            o_i += tl.sum(k_i * q_i, axis=0) * d_i
-            d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
-            p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
-            tl.store(p_out + o_v * stride_out_v, o_i, mask=m_v & (i < q))
-
-        # Append the window's records at logical n .. n + q - 1.
-        tl.store(
-            p_rd + row_w[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
-            d_w.to(ring_d_ptr.dtype.element_ty),
-            mask=m_t[:, None] & m_v[None, :],
-        )
-        if EXACT_FLUSH:
-            tl.store(
-                p_rv + row_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v,
-                v_w_raw,
-                mask=m_t[:, None] & m_v[None, :],
-            )
-        if pid_v == 0:
-            tl.store(p_rg + row_w * stride_rg_row, g_w, mask=m_t)
-            if EXACT_FLUSH:
-                tl.store(p_rbeta + row_w * stride_rbeta_row, beta_w, mask=m_t)
-    finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn, stale)
 
 
 def gdn_replay_decode(
@@ -466,67 +103,24 @@ def gdn_replay_decode(
     query_start_loc: torch.Tensor | None = None,
     num_accepted_tokens: torch.Tensor | None = None,
     null_block_id: int = NULL_BLOCK_ID,
-    route: str = "fused",
-    block_v: int = 16,
-    num_warps: int = 1,
-    heads_per_program: int = 1,
-    num_stages: int = 1,
+    scratch: GDNScratch | None = None,
+    **knobs,
 ) -> None:
     """Triton twin of `reference.gdn_replay_decode` (same arguments and effects).
 
-    Launch configuration (`dispatch.launch_config` chooses it for the layers): route
-    "fused" (one launch) or "split" (flush, then readout); block_v, the value-dim tile;
-    num_warps; heads_per_program, a divisor of the value heads per key head; num_stages, the
-    head loop's pipelining. The defaults are the small-batch row of that table.
+    scratch: `GDNScratch` for at least R rows (plain decode); None allocates one per call
+    (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
+    readout_block_v, readout_warps, flush_block_v, flush_warps, flush_programs, plan_warps,
+    overlap, dot_precision) or set the window step's (speculative: route, block_v,
+    num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
     R = state_indices.shape[0]
-    num_ring_rows = ring_rows(buffer_len, window)
-    _check(
-        cache,
-        q,
-        k,
-        v,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        state_indices,
-        out,
-        num_ring_rows,
-        query_start_loc,
-        num_accepted_tokens,
-        R,
-    )
-    if route not in ("fused", "split"):
-        raise ValueError(f"route must be 'fused' or 'split', got {route!r}")
-    if (Hv // Hk) % heads_per_program:
-        raise ValueError(
-            f"heads_per_program={heads_per_program} must divide the {Hv // Hk} "
-            "value heads per key head"
-        )
-    if R == 0:
-        return
-    cfg = dict(
-        block_v=block_v,
-        num_warps=num_warps,
-        heads_per_program=heads_per_program,
-        num_stages=num_stages,
-    )
-    grid = (triton.cdiv(V, block_v), Hv // heads_per_program, R)
-    lp = cache.lp if cache.lp is not None else cache.hp
-    beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
-    ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
-    for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
-        _launch(
-            grid,
-            mode,
-            cfg,
+    plain = window == 1 and query_start_loc is None and num_accepted_tokens is None
+    if not plain:
+        gdn_window_decode(
             cache,
-            lp,
-            beta,
-            ring_v,
             q,
             k,
             v,
@@ -535,145 +129,75 @@ def gdn_replay_decode(
             A_log,
             dt_bias,
             state_indices,
-            query_start_loc,
-            num_accepted_tokens,
             out,
-            scale,
-            null_block_id,
-            K,
-            V,
-            Hv // Hk,
-            num_ring_rows,
-            window,
-            buffer_len,
+            scale=scale,
+            buffer_len=buffer_len,
+            window=window,
+            query_start_loc=query_start_loc,
+            num_accepted_tokens=num_accepted_tokens,
+            null_block_id=null_block_id,
+            **knobs,
         )
-
-
-def _launch(
-    grid,
-    mode,
-    cfg,
-    cache,
-    lp,
-    beta,
-    ring_v,
-    q,
-    k,
-    v,
-    a,
-    b,
-    A_log,
-    dt_bias,
-    state_indices,
-    query_start_loc,
-    num_accepted_tokens,
-    out,
-    scale,
-    null_block_id,
-    K,
-    V,
-    v_per_k,
-    num_ring_rows,
-    window,
-    buffer_len,
-) -> None:
-    _gdn_replay_decode_kernel[grid](
-        cache.hp,
-        lp,
-        cache.ring_g,
-        beta,
-        cache.ring_k,
-        cache.ring_d,
-        ring_v,
-        cache.meta,
+        return
+    num_ring_rows = ring_rows(buffer_len, window)
+    check_args(
+        cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, num_ring_rows, None, None, R
+    )
+    if R == 0:
+        return
+    if scratch is None:
+        scratch = GDNScratch.allocate(R, Hv, Hk, K, buffer_len, v.device)
+    elif not scratch.fits(R, Hv, Hk, K, buffer_len):
+        raise ValueError(
+            f"scratch {tuple(scratch.coef.shape)} / {tuple(scratch.kq.shape)} does not fit "
+            f"{R} rows, {Hv} value and {Hk} key heads of dim {K}, buffer_len {buffer_len}"
+        )
+    ckpt = cache.lp if cache.lp is not None else cache.hp
+    cfg = launch_config(R, Hv, V, K, ckpt.element_size(), v.device)
+    unknown = set(knobs) - set(cfg) - {"dot_precision"}
+    if unknown:
+        raise ValueError(f"unknown plain-decode knobs {sorted(unknown)}")
+    cfg.update(knobs)
+    common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
+    gdn_plan(
+        cache,
         q,
         k,
-        v,
         a,
         b,
         A_log,
         dt_bias,
         state_indices,
-        query_start_loc if query_start_loc is not None else state_indices,
-        num_accepted_tokens if num_accepted_tokens is not None else state_indices,
-        out,
-        scale,
-        null_block_id,
-        grid[0] * grid[1],
-        num_ring_rows,
-        *cache.hp.stride(),
-        *lp.stride(),
-        *cache.ring_g.stride(),
-        *beta.stride(),
-        *cache.ring_k.stride(),
-        *cache.ring_d.stride(),
-        *ring_v.stride(),
-        *cache.meta.stride(),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *a.stride(),
-        *b.stride(),
-        *out.stride(),
-        head_k_dim=K,
-        head_v_dim=V,
-        v_per_k=v_per_k,
-        WINDOW=window,
-        BLOCK_W=pow2_block(window, 1),
-        BLOCK_V=cfg["block_v"],
-        BLOCK_K=pow2_block(K),
-        BLOCK_H=pow2_block(buffer_len),
-        HAS_LP=cache.lp is not None,
-        LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
-        EXACT_FLUSH=cache.exact_flush,
-        HAS_ACC=num_accepted_tokens is not None,
-        IS_VARLEN=query_start_loc is not None,
-        MODE=mode,
-        HEADS_PER_PROGRAM=cfg["heads_per_program"],
-        NUM_STAGES=cfg["num_stages"],
-        num_warps=cfg["num_warps"],
+        scratch,
+        scale=scale,
+        null_block_id=null_block_id,
+        num_warps=cfg["plan_warps"],
+        **common,
     )
-
-
-def _check(
-    cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, num_ring_rows, qsl, acc, R
-) -> None:
-    Hk, K = k.shape[1], k.shape[2]
-    Hv, V = v.shape[1], v.shape[2]
-    S = cache.hp.shape[0]
-    n_tok = v.shape[0]
-    want = {
-        "hp": (cache.hp, (S, Hv, V, K), torch.float32),
-        "ring_g": (cache.ring_g, (S, Hv, num_ring_rows), torch.float32),
-        "ring_k": (cache.ring_k, (S, Hk, num_ring_rows, K), k.dtype),
-        "ring_d": (cache.ring_d, (S, Hv, num_ring_rows, V), None),
-        "meta": (cache.meta, (S, 8), torch.int32),
-        "q": (q, (n_tok, Hk, K), None),
-        "k": (k, (n_tok, Hk, K), None),
-        "a": (a, (n_tok, Hv), None),
-        "b": (b, (n_tok, Hv), None),
-        "A_log": (A_log, (Hv,), None),
-        "dt_bias": (dt_bias, (Hv,), None),
-        "out": (out, (n_tok, Hv, V), None),
-        "state_indices": (state_indices, (R,), None),
-    }
-    if cache.lp is not None:
-        want["lp"] = (cache.lp, (S, Hv, V, K), None)
-    if cache.exact_flush:
-        want["ring_beta"] = (cache.ring_beta, (S, Hv, num_ring_rows), torch.float32)
-        want["ring_v"] = (cache.ring_v, (S, Hv, num_ring_rows, V), v.dtype)
-    if qsl is not None:
-        want["query_start_loc"] = (qsl, (R + 1,), None)
-    if acc is not None:
-        want["num_accepted_tokens"] = (acc, (R,), None)
-    for name, (t, shape, dtype) in want.items():
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape}")
-        if dtype is not None and t.dtype != dtype:
-            raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
-        if t.device != v.device:
-            raise ValueError(f"{name} is on {t.device}, v on {v.device}")
-    if Hv % Hk:
-        raise ValueError(f"num_v_heads={Hv} not divisible by num_k_heads={Hk}")
-    if qsl is None and n_tok != R:
-        raise ValueError(f"{n_tok} tokens for {R} rows without query_start_loc")
+    side = _side_stream(v.device) if cfg["overlap"] and v.is_cuda else None
+    if side is not None:  # the flush and the readout touch different rows: run both at once
+        side.wait_stream(torch.cuda.current_stream(v.device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        gdn_flush(
+            cache,
+            v,
+            out,
+            scratch,
+            block_v=cfg["flush_block_v"],
+            num_warps=cfg["flush_warps"],
+            num_programs=cfg["flush_programs"],
+            dot_precision=cfg.get("dot_precision", "tf32x3"),
+            **common,
+        )
+    gdn_readout(
+        cache,
+        v,
+        out,
+        scratch,
+        null_block_id=null_block_id,
+        block_v=cfg["readout_block_v"],
+        num_warps=cfg["readout_warps"],
+        **common,
+    )
+    if side is not None:
+        torch.cuda.current_stream(v.device).wait_stream(side)

@@ -1,11 +1,13 @@
 """Gated DeltaNet decode: the one op the layer calls (`gdn_decode`) and the route policy
 behind it (`launch_config`).
 
-Routes: **replay**, the ReplaySSM step (`decode.py`, launched "fused" or "split"; on CPU
-tensors `reference.gdn_replay_decode`), and **stock**, the stock read + write step on the
-ReplaySSM page (`stock_route.py`; `reference.gdn_stock_route_decode`), which only plain decode
-(one token per row) can take. `replayssm.route` picks between them: "auto" follows the
-measured policy, "replay" and "stock" force one; a speculative step always replays.
+Routes: **replay**, the ReplaySSM step: plain decode by the plan / flush / readout launches
+(`decode.py`, route "replay"), speculative windows by the window step (`window.py`, launched
+"fused" or "split"); on CPU tensors `reference.gdn_replay_decode`. **stock**, the stock
+read + write step on the ReplaySSM page (`stock_route.py`; `reference.gdn_stock_route_decode`),
+which only plain decode (one token per row) can take. `replayssm.route` picks between them:
+"auto" follows the measured policy, "replay" and "stock" force one; a speculative step
+always replays.
 
 On CUDA tensors the Triton kernels run with `launch_config`'s configuration. On CPU tensors
 (vLLM's CPU platform, where Triton is not launched) the torch references run; there "auto"
@@ -14,30 +16,51 @@ replays, since the policy was measured on GPUs only.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from vllm_replayssm.config import ROUTES
 from vllm_replayssm.kernels.gdn import reference
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache
 
+if TYPE_CHECKING:  # Triton modules are imported only where kernels run (GPUs)
+    from vllm_replayssm.kernels.gdn.plan import GDNScratch
+
+
+# Plain decode of up to this many rows takes the stock route, above it the plan / flush /
+# readout replay launches. A starting value (Mamba-2's measured crossover, where the two
+# kernels have the same structure); to be tuned with the v2 GDN kernels on the H200.
+STOCK_ROUTE_MAX_ROWS = 8
+KERNEL_ROUTES = ("replay", "stock", "fused", "split")
+
 
 def launch_config(num_rows: int, v_per_k: int, plain: bool = True) -> dict:
-    """The measured launch configuration of a step of `num_rows` rows, from the H200 sweeps
-    in benchmarks/results/ (keys: route, then the chosen launcher's arguments).
+    """The launch configuration of a step of `num_rows` rows (keys: route, then the chosen
+    launcher's arguments; "replay" takes `decode.launch_config`'s knobs).
 
-    Plain decode takes the stock route at every batch size: the GDN replay kernels lost to
-    vLLM's decode kernel at bs 1, 32 and 256 (0.72x / 0.46x / 0.93x on Qwen3.5-122B), the
-    stock route ran at 1.42x / 1.03x of it at bs 1 / 32. Its 16-row value tile is the one
-    every engine run so far used: 8-row tiles were 5% faster at bs 1 and 1% slower at bs 32
+    Plain decode: the stock route up to STOCK_ROUTE_MAX_ROWS rows, the replay launches above.
+    The stock route's 16-row value tile is the one every engine run so far used: 8-row
+    tiles were 5% faster at bs 1 and 1% slower at bs 32
     (`kernels-h200-20261129-22b7412-stock-route-bs1-32.json`). Speculative decode (which the
-    stock route cannot do): one warp per program, 16-row value tiles, fused up to 16 rows,
-    else flush + readout with all value heads of a key head per program from 64 rows."""
+    stock route cannot do): the window step, one warp per program, 16-row value tiles,
+    fused up to 16 rows, else flush + readout with all value heads of a key head per program
+    from 64 rows."""
     if plain:
+        return _route_config("stock" if num_rows <= STOCK_ROUTE_MAX_ROWS else "replay", 0, 0)
+    return _route_config("fused" if num_rows <= 16 else "split", num_rows, v_per_k)
+
+
+def _route_config(route: str, num_rows: int, v_per_k: int) -> dict:
+    """The base configuration of one kernel route."""
+    if route == "stock":
         return dict(route="stock", block_v=16, num_warps=1)
-    if num_rows <= 16:
-        return dict(route="fused", block_v=16, num_warps=1, heads_per_program=1, num_stages=1)
+    if route == "replay":
+        return dict(route="replay")
+    if route not in KERNEL_ROUTES:
+        raise ValueError(f"launch route must be one of {list(KERNEL_ROUTES)}, got {route!r}")
     return dict(
-        route="split",
+        route=route,
         block_v=16,
         num_warps=1,
         heads_per_program=v_per_k if num_rows >= 64 else 1,
@@ -50,18 +73,28 @@ def plan_launch(
 ) -> dict:
     """The launch configuration of a Triton step: `launch_config` for `route` ("auto",
     "replay" or "stock"; a step that is not plain replays whatever the route), then the
-    entries of `launch` (benchmarks, tests) over it. A `launch` route of another kind than
-    the chosen one ("stock" vs "fused" / "split") starts from that kind's configuration."""
+    entries of `launch` (benchmarks, tests) over it. A `launch` route other than the chosen
+    one ("replay", "stock", or the window step's "fused" / "split") starts from that
+    route's configuration."""
     if route not in ROUTES:
         raise ValueError(f"route must be one of {list(ROUTES)}, got {route!r}")
-    cfg = launch_config(num_rows, v_per_k, plain=plain and route != "replay")
+    cfg = launch_config(num_rows, v_per_k, plain=plain)
+    if plain and route != "auto":
+        cfg = _route_config(route, num_rows, v_per_k)
     forced = (launch or {}).get("route", cfg["route"])
-    if (forced == "stock") != (cfg["route"] == "stock"):
-        cfg = launch_config(num_rows, v_per_k, plain=forced == "stock")
+    if forced != cfg["route"]:
+        cfg = _route_config(forced, num_rows, v_per_k)
     cfg.update(launch or {})
-    if cfg["route"] == "stock" and not plain:
-        raise ValueError("the stock route is for plain decode (one token per row)")
+    if cfg["route"] in ("stock", "replay") and not plain:
+        raise ValueError(f"the {cfg['route']} route is for plain decode (one token per row)")
     return cfg
+
+
+def chosen_route(route: str, num_rows: int, v_per_k: int, plain: bool) -> str:
+    """The route a step takes on GPUs: "stock" or "replay" (the window step counts as
+    replay). Benchmarks and the layer's counters report it."""
+    kernel_route = plan_launch(route, num_rows, v_per_k, plain)["route"]
+    return "stock" if kernel_route == "stock" else "replay"
 
 
 def gdn_decode(
@@ -85,6 +118,7 @@ def gdn_decode(
     num_accepted_tokens: torch.Tensor | None = None,
     null_block_id: int = NULL_BLOCK_ID,
     launch: dict | None = None,
+    scratch: GDNScratch | None = None,
 ) -> None:
     """One GDN decode step of a layer, on the route `route` picks (module docstring).
 
@@ -94,6 +128,8 @@ def gdn_decode(
     written). stagger: the cursor reset of a stock-route step staggers the next flush.
     query_start_loc / num_accepted_tokens: a speculative step (None, None: plain decode).
     launch: overrides of the launch configuration (CUDA tensors only; see `plan_launch`).
+    scratch: `GDNScratch` for >= R rows (the replay launches of plain decode on CUDA;
+    required under CUDA graphs, None allocates one per call).
     """
     plain = query_start_loc is None and num_accepted_tokens is None
     common = dict(scale=scale, buffer_len=buffer_len, window=window, null_block_id=null_block_id)
@@ -116,13 +152,16 @@ def gdn_decode(
     # Triton only on GPUs: importing the kernels defines their JIT functions.
     from vllm_replayssm.kernels.gdn.decode import gdn_replay_decode
     from vllm_replayssm.kernels.gdn.stock_route import gdn_stock_route_decode
+    from vllm_replayssm.kernels.gdn.window import gdn_window_decode
 
     cfg = plan_launch(route, state_indices.shape[0], v.shape[1] // k.shape[1], plain, launch)
     kernel_route = cfg.pop("route")
     if kernel_route == "stock":
         gdn_stock_route_decode(*args, stagger=stagger, **common, **cfg)
+    elif kernel_route == "replay":
+        gdn_replay_decode(*args, scratch=scratch, **common, **cfg)
     else:
-        gdn_replay_decode(
+        gdn_window_decode(
             *args,
             query_start_loc=query_start_loc,
             num_accepted_tokens=num_accepted_tokens,

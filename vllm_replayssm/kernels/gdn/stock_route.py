@@ -15,7 +15,7 @@ import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, softplus, stock_route_row
-from vllm_replayssm.kernels.gdn.tiles import advance_tile, l2norm
+from vllm_replayssm.kernels.gdn.tiles import advance_tile, beta_gate, l2norm
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 
@@ -127,7 +127,7 @@ def _gdn_stock_route_kernel(
     g_t = -tl.exp(tl.load(A_log_ptr + pid_h).to(tl.float32)) * softplus(
         a_t + tl.load(dt_bias_ptr + pid_h).to(tl.float32)
     )
-    beta_t = tl.sigmoid(b_raw.to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
+    beta_t = beta_gate(b_raw)
     k_t = l2norm(k_t)
     q_t = l2norm(q_t) * scale
     p_meta = meta_ptr + slot * stride_meta_slot

@@ -1,6 +1,7 @@
-"""Triton tile helpers shared by the Gated DeltaNet kernels (`decode.py`, the replay step;
-`stock_route.py`, the stock read + write step): the key normalisation and the advance of one
-value head's checkpoint tile over committed ring entries."""
+"""Triton tile helpers shared by the Gated DeltaNet kernels (the plain-decode launches
+`plan.py`, `readout.py`, `flush.py`; the window step `window.py`; the stock route
+`stock_route.py`): the key normalisation, the plain-decode readout of one tile, and the
+advance of one value head's checkpoint tile over committed ring entries."""
 
 import triton
 import triton.language as tl
@@ -10,6 +11,43 @@ import triton.language as tl
 def l2norm(x):
     """x / sqrt(sum(x^2) + 1e-6) of a [BLOCK_K] fp32 vector (vLLM's in-kernel q/k norm)."""
     return x / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6)
+
+
+@triton.jit
+def beta_gate(b):
+    """β = sigmoid(b) rounded to b's dtype (as vLLM's kernel does), returned in fp32; b: any
+    shape, in its input dtype. The bf16 rounding is written out (round to nearest even on
+    the fp32 bits; sigmoid is finite and positive): GPUs round the plain cast the same way,
+    but Triton's interpreter truncates it, which would put one-ulp β errors into every
+    interpreted bf16 test."""
+    beta = tl.sigmoid(b.to(tl.float32))
+    if b.dtype == tl.bfloat16:
+        bits = beta.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    return beta.to(b.dtype).to(tl.float32)
+
+
+@triton.jit
+def l2norm_rows(x):
+    """Each row of a [rows, BLOCK_K] fp32 tile normalised as `l2norm` does."""
+    return x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+
+
+@triton.jit
+def readout_tile(S, kn, qn, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v):
+    """The plain-decode readout of one value tile (README "Readout"), fp32.
+
+    S: [BLOCK_V, BLOCK_K] checkpoint tile S0; kn, qn: [BLOCK_K] normalised k_t and scaled q_t;
+    coef_k, coef_q: [BLOCK_L] e^{Γn−Γj}(k_j·k_t) and e^{Γn−Γj}(k_j·q_t) (zero past the
+    history); d_h: [BLOCK_L, BLOCK_V] cached corrected values; exp_gam = e^{Γn}; alpha =
+    e^{g_t}; beta = β_t; kq = k_t·q_t; v: [BLOCK_V] fp32. Returns (d_t, o_t), [BLOCK_V] each:
+    u = S_n k_t, w = S_n q_t, d_t = β(v − α u), o_t = α w + (k_t·q_t) d_t.
+    """
+    u = exp_gam * tl.sum(S * kn[None, :], axis=1) + tl.sum(coef_k[:, None] * d_h, axis=0)
+    w = exp_gam * tl.sum(S * qn[None, :], axis=1) + tl.sum(coef_q[:, None] * d_h, axis=0)
+    d_t = beta * (v - alpha * u)
+    return d_t, alpha * w + kq * d_t
 
 
 @triton.jit

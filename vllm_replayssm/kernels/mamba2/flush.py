@@ -19,8 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
-from vllm_replayssm.kernels.mamba2.plan import (
+from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_FLUSH,
     T_PLAN_FOLD_COUNT,
@@ -29,9 +28,9 @@ from vllm_replayssm.kernels.mamba2.plan import (
     T_PLAN_ORIGIN,
     T_PLAN_SLOT,
     T_PLAN_WRITE_ROW,
-    Mamba2Scratch,
-    history_block,
 )
+from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
+from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, history_block
 
 
 @triton.jit

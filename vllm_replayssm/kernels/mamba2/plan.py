@@ -22,6 +22,19 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_replayssm.kernels.common.plan_row import (
+    PLAN_LEN,
+    T_PLAN_COUNT,
+    T_PLAN_FLUSH,
+    T_PLAN_FOLD_COUNT,
+    T_PLAN_FOLD_ORIGIN,
+    T_PLAN_LEN,
+    T_PLAN_META,
+    T_PLAN_ORIGIN,
+    T_PLAN_READ_HP,
+    T_PLAN_SLOT,
+    T_PLAN_WRITE_ROW,
+)
 from vllm_replayssm.kernels.common.triton_cursor import (
     MAGIC_WORD,
     MAGIC_WORD_LP_STALE,
@@ -36,13 +49,6 @@ from vllm_replayssm.kernels.common.triton_cursor import (
     plan_row,
     softplus,
 )
-from vllm_replayssm.layout import META_LEN
-
-# Plan row (int32 words per batch row).
-PLAN_SLOT, PLAN_ORIGIN, PLAN_COUNT, PLAN_WRITE_ROW, PLAN_READ_HP, PLAN_FLUSH = range(6)
-PLAN_FOLD_ORIGIN, PLAN_FOLD_COUNT = 6, 7
-PLAN_META = 8  # words PLAN_META .. PLAN_META + META_LEN - 1: the new cursor words
-PLAN_LEN = PLAN_META + META_LEN
 
 
 def history_block(buffer_len: int) -> int:
@@ -90,18 +96,6 @@ class Mamba2Scratch:
             and self.coef.shape[1] == nheads
             and self.coef.shape[2] == coef_len(buffer_len)
         )
-
-
-T_PLAN_SLOT = tl.constexpr(PLAN_SLOT)
-T_PLAN_ORIGIN = tl.constexpr(PLAN_ORIGIN)
-T_PLAN_COUNT = tl.constexpr(PLAN_COUNT)
-T_PLAN_WRITE_ROW = tl.constexpr(PLAN_WRITE_ROW)
-T_PLAN_READ_HP = tl.constexpr(PLAN_READ_HP)
-T_PLAN_FLUSH = tl.constexpr(PLAN_FLUSH)
-T_PLAN_FOLD_ORIGIN = tl.constexpr(PLAN_FOLD_ORIGIN)
-T_PLAN_FOLD_COUNT = tl.constexpr(PLAN_FOLD_COUNT)
-T_PLAN_META = tl.constexpr(PLAN_META)
-T_PLAN_LEN = tl.constexpr(PLAN_LEN)
 
 
 @triton.jit

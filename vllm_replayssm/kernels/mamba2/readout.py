@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.mamba2.plan import (
+from vllm_replayssm.kernels.common.plan_row import (
+    T_META_LEN,
     T_PLAN_COUNT,
     T_PLAN_LEN,
     T_PLAN_META,
@@ -26,12 +27,8 @@ from vllm_replayssm.kernels.mamba2.plan import (
     T_PLAN_READ_HP,
     T_PLAN_SLOT,
     T_PLAN_WRITE_ROW,
-    Mamba2Scratch,
-    history_block,
 )
-from vllm_replayssm.layout import META_LEN
-
-T_META_LEN = tl.constexpr(META_LEN)
+from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, history_block
 
 
 @triton.jit

@@ -1,0 +1,225 @@
+"""Offline sm_90 compile report of the GDN plain-decode kernels (plan / readout / flush) and
+the stock route at the Qwen3.5-122B geometry (16 key / 64 value heads, 128 x 128, L = 16):
+registers, spills and the SASS mix per kernel variant, on a machine without a GPU (the
+figures in vllm_replayssm/kernels/README.md).
+
+    .venv/bin/python benchmarks/kernels/sm90_gdn.py --tool PATH/TO/sm90_report.py
+
+The tool (`compile_sm90`) compiles a Triton kernel for sm_90 with Triton's bundled ptxas and
+reads the SASS back; it comes with the development environment, not with this repository.
+Strides are those of real pages: the layer's page is carved on the meta device
+(`layout.carve`), so every stride is the one the launchers pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from vllm_replayssm.kernels.gdn import flush, plan, readout
+from vllm_replayssm.layout import (
+    GDNGeometry,
+    GDNReplayCache,
+    carve,
+    gdn_state_specs,
+    page_size_bytes,
+    ring_rows,
+)
+
+GEOM = GDNGeometry(num_k_heads=16, num_v_heads=64, head_k_dim=128, head_v_dim=128)
+L, R = 16, 256  # buffer_len, rows
+KEYS = ("regs", "local", "stack", "sass", "LDG128", "STG128", "BAR", "SHFL", "MMA", "ATOM", "INT")
+TORCH_TO_TRITON = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+TORCH_TO_TRITON[torch.int32] = "*i32"
+
+
+def _tensors(lp: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Every tensor a launcher passes, on the meta device, keyed by its argument prefix."""
+    specs = gdn_state_specs(GEOM, L, 1, torch.bfloat16, lp, True, (8192, 3), torch.bfloat16)
+    raw = torch.empty(4 * page_size_bytes(specs), dtype=torch.uint8, device="meta")
+    cache = GDNReplayCache.from_views(carve(raw, specs))
+    scratch = plan.GDNScratch.allocate(
+        R, GEOM.num_v_heads, GEOM.num_k_heads, GEOM.head_k_dim, L, "meta"
+    )
+    Hk, Hv, K, V = GEOM.num_k_heads, GEOM.num_v_heads, GEOM.head_k_dim, GEOM.head_v_dim
+    qkv = torch.empty(R, 2 * Hk * K + Hv * V, dtype=torch.bfloat16, device="meta")
+    ba = torch.empty(R, 2 * Hv, dtype=torch.bfloat16, device="meta")
+    t = {
+        "hp": cache.hp,
+        "lp": cache.lp if cache.lp is not None else cache.hp,
+        "ck": cache.lp if cache.lp is not None else cache.hp,
+        "rg": cache.ring_g,
+        "rbeta": cache.ring_beta,
+        "rk": cache.ring_k,
+        "rd": cache.ring_d,
+        "rv": cache.ring_v,
+        "meta": cache.meta,
+        "q": qkv[:, : Hk * K].view(R, Hk, K),  # vLLM's packed projection: strided views
+        "k": qkv[:, Hk * K : 2 * Hk * K].view(R, Hk, K),
+        "v": qkv[:, 2 * Hk * K :].view(R, Hv, V),
+        "a": ba[:, :Hv],
+        "b": ba[:, Hv:],
+        "out": torch.empty(R, Hv, V, dtype=torch.bfloat16, device="meta"),
+        "kq": scratch.kq,
+    }
+    return t, scratch
+
+
+PTRS = {  # pointer argument -> tensor prefix
+    "hp_ptr": "hp",
+    "lp_ptr": "lp",
+    "ckpt_ptr": "ck",
+    "ring_g_ptr": "rg",
+    "ring_beta_ptr": "rbeta",
+    "ring_k_ptr": "rk",
+    "ring_d_ptr": "rd",
+    "ring_v_ptr": "rv",
+    "meta_ptr": "meta",
+    "q_ptr": "q",
+    "k_ptr": "k",
+    "v_ptr": "v",
+    "a_ptr": "a",
+    "b_ptr": "b",
+    "out_ptr": "out",
+    "kq_ptr": "kq",
+}
+SCALARS = {
+    "scale": GEOM.head_k_dim**-0.5,
+    "null_block_id": 0,
+    "num_ring_rows": ring_rows(L, 1),
+    "stagger_mod": L,
+    "A_log_ptr": "*fp32",
+    "dt_bias_ptr": "*fp32",
+    "state_indices_ptr": "*i32",
+    "plan_ptr": "*i32",
+    "coef_ptr": "*fp32",
+    "hp_rows_ptr": "*i32",
+    "hp_count_ptr": "*i32",
+}
+
+
+def kernel_args(kernel, lp: torch.dtype | None) -> dict:
+    """Argument values of a kernel's non-constexpr parameters, from the meta tensors: a
+    pointer's dtype, a stride_<prefix>_<dim> its stride (dims in the tensor's order)."""
+    t, scratch = _tensors(lp)
+    strides = {"coef": scratch.coef.stride()[:2], **{p: x.stride() for p, x in t.items()}}
+    out = {}
+    for p in kernel.params:
+        if p.is_constexpr:
+            continue
+        name = p.name
+        if name in PTRS:
+            out[name] = TORCH_TO_TRITON[t[PTRS[name]].dtype]
+        elif name in SCALARS:
+            out[name] = SCALARS[name]
+        elif name.startswith("stride_"):
+            prefix = name[len("stride_") :].rsplit("_", 1)[0]
+            out[name] = strides[prefix][_dim_index(kernel, prefix, name)]
+        else:
+            raise KeyError(f"{kernel.fn.__name__}: no value for argument {name}")
+    return out
+
+
+def _dim_index(kernel, prefix: str, name: str) -> int:
+    """Position of stride `name` among the kernel's strides of `prefix`."""
+    names = [p.name for p in kernel.params if p.name.startswith(f"stride_{prefix}_")]
+    names = [n for n in names if n[len(f"stride_{prefix}_") :].count("_") == 0]
+    return names.index(name)
+
+
+def variants() -> list[tuple[str, object, dict, dict, int]]:
+    """(name, kernel, args, constexprs, num_warps) of every variant reported."""
+    Hk, Hv, K, V = GEOM.num_k_heads, GEOM.num_v_heads, GEOM.head_k_dim, GEOM.head_v_dim
+    BL = plan.history_block(L)
+    out = [
+        (
+            "plan",
+            plan._gdn_plan_kernel,
+            kernel_args(plan._gdn_plan_kernel, torch.bfloat16),
+            dict(
+                V_PER_K=Hv // Hk,
+                head_k_dim=K,
+                BLOCK_K=K,
+                BLOCK_HG=Hv // Hk,
+                BLOCK_L=BL,
+                HAS_LP=True,
+                EXACT_FLUSH=True,
+            ),
+            1,
+        )
+    ]
+    for lp, rows in ((None, 16), (torch.bfloat16, 32), (torch.float16, 32)):
+        name = "fp32" if lp is None else str(lp).split(".")[1]
+        out.append(
+            (
+                f"readout {rows} x {K} {name}",
+                readout._gdn_readout_kernel,
+                kernel_args(readout._gdn_readout_kernel, lp),
+                dict(
+                    V_PER_K=Hv // Hk,
+                    TILES_PER_HEAD=V // rows,
+                    head_k_dim=K,
+                    head_v_dim=V,
+                    BLOCK_V=rows,
+                    BLOCK_K=K,
+                    BLOCK_L=BL,
+                    EXACT_FLUSH=True,
+                ),
+                1,
+            )
+        )
+    out.append(
+        (
+            f"flush 64 x {K} serial",
+            flush._gdn_flush_kernel,
+            kernel_args(flush._gdn_flush_kernel, torch.bfloat16),
+            dict(
+                NUM_V_HEADS=Hv,
+                V_PER_K=Hv // Hk,
+                TILES_PER_HEAD=V // 64,
+                head_k_dim=K,
+                head_v_dim=V,
+                BLOCK_V=64,
+                BLOCK_K=K,
+                BLOCK_L=BL,
+                HAS_LP=True,
+                LP_IS_FP16=False,
+                EXACT_FLUSH=True,
+                DOT_PRECISION="tf32x3",
+            ),
+            4,
+        )
+    )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tool", required=True, help="path of sm90_report.py")
+    p.add_argument("--out-dir", default="/tmp/sm90_gdn", help="where .ptx / .sass files go")
+    args = p.parse_args()
+    spec = importlib.util.spec_from_file_location("sm90_report", args.tool)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    for name, kernel, kargs, constexprs, warps in variants():
+        row = tool.compile_sm90(
+            kernel,
+            kargs,
+            constexprs,
+            num_warps=warps,
+            num_stages=1,
+            tag=name.split()[0],
+            out_dir=args.out_dir,
+        )
+        print(f"{name:26s} warps={warps}", json.dumps({k: row.get(k) for k in KEYS}))
+
+
+if __name__ == "__main__":
+    main()

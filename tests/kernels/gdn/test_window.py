@@ -1,0 +1,171 @@
+"""Triton GDN window step (`window.py`: the speculative path, which also runs T = 1 when
+asked) against the torch reference and the float64 oracle.
+
+On CPU the kernel runs in Triton's interpreter on tiny shapes (CI); on the GPU host the
+same checks run at real geometries (`gpu` marker)."""
+
+import functools
+
+import pytest
+import torch
+
+from vllm_replayssm.kernels.gdn import stock_route as gdn_stock
+from vllm_replayssm.kernels.gdn import window as gdn_window
+from vllm_replayssm.layout import GDNGeometry
+
+from ..checks import (
+    check_kernel_matches_reference,
+    check_mixed_routes,
+    check_scenario,
+    out_tolerance,
+)
+from ..families import GDNFamily
+from ..tables import table
+from .test_reference import GEOMS
+
+
+def _op(route):
+    return functools.partial(gdn_window.gdn_window_decode, route=route)
+
+
+LP = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+CASES = {
+    "ar_fused": dict(L=4, T=1, lp=None, spec=False, route="fused"),
+    "ar_fold_split": dict(L=4, T=1, lp=None, spec=False, exact=False, route="split"),
+    "ar_lp_fp16_split": dict(L=4, T=1, lp=torch.float16, spec=False, route="split"),
+    "spec_T3_split": dict(L=5, T=3, lp=None, spec=True, route="split"),
+    "spec_T2_lp_fp16_churn_fused": dict(
+        L=4, T=2, lp=torch.float16, spec=True, churn=True, route="fused"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "row", table({"geom": {g: g for g in ("tiny", "uneven")}, "case": {c: c for c in CASES}})
+)
+def test_kernel_matches_naive(row, device):
+    case = row["case"]
+    c = CASES[case]
+    fam = GDNFamily(
+        GEOMS[row["geom"]],
+        decode_op=_op(c["route"]),
+        device=device,
+        seed=3,
+        exact_flush=c.get("exact", True),
+    )
+    check_scenario(
+        fam,
+        L=c["L"],
+        T=c["T"],
+        lp=c["lp"],
+        spec=c["spec"],
+        churn=c.get("churn", False),
+        requests=3,
+        cycles=3,
+        seed=len(case),
+    )
+
+
+@pytest.mark.parametrize(
+    "row",
+    table(
+        {
+            "route": {"split": "split", "fused": "fused"},
+            "flush": {"exact": True, "fold": False},
+            "lp": LP,
+            "T": {"T1": 1, "T3": 3},
+        }
+    ),
+)
+def test_kernel_matches_reference_buffers(row, device):
+    lp, exact = row["lp"], row["flush"]
+    check_kernel_matches_reference(
+        lambda op: GDNFamily(
+            GEOMS["qwen35_122b"],
+            act_dtype=torch.float16,
+            device=device,
+            exact_flush=exact,
+            decode_op=op,
+            seed=4,
+        ),
+        _op(row["route"]),
+        L=4,
+        T=row["T"],
+        lp=lp,
+        # fold: HP sums cached fp32 d, which follow the LP read: an interpreted bf16 LP
+        # (truncated, not rounded) reaches HP through them.
+        out_tol=out_tolerance(lp, device),
+        hp_tol=1e-5 if exact or lp is None else out_tolerance(lp, device),
+    )
+
+
+@pytest.mark.parametrize(
+    "row",
+    table({"flush": {"exact": True, "fold": False}, "lp": {"none": None, "bf16": torch.bfloat16}}),
+)
+def test_stock_route_interleaved(row, device):
+    """Stock-route steps (HP alone, LP marked stale) between replay steps: vs the oracle,
+    and in lockstep with the torch reference (cursor words exact)."""
+    lp, exact = row["lp"], row["flush"]
+    fam = GDNFamily(
+        GEOMS["tiny"],
+        act_dtype=torch.bfloat16,
+        device=device,
+        seed=9,
+        exact_flush=exact,
+        decode_op=_op("split"),
+        stock_route_op=gdn_stock.gdn_stock_route_decode,
+    )
+    check_mixed_routes(fam, L=4, lp=lp)
+    tol = out_tolerance(lp, device)
+    check_kernel_matches_reference(
+        lambda op: GDNFamily(
+            GEOMS["qwen35_122b"],
+            act_dtype=torch.float16,
+            device=device,
+            exact_flush=exact,
+            decode_op=op,
+            seed=4,
+        ),
+        _op("fused"),
+        L=4,
+        T=1,
+        lp=lp,
+        out_tol=tol,
+        hp_tol=1e-5 if exact or lp is None else tol,
+        stock_route_op=gdn_stock.gdn_stock_route_decode,
+        stock_share=0.4,
+    )
+
+
+REAL = {
+    "qwen35_4b": GDNGeometry(16, 32, 128, 128),
+    "qwen35_122b": GDNGeometry(16, 64, 128, 128),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geom", list(REAL))
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("route", ["fused", "split"])
+def test_real_geometry_on_gpu(geom, lp, T, route):
+    fam = GDNFamily(
+        REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=1, decode_op=_op(route)
+    )
+    check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geom", list(REAL))
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
+def test_real_geometry_stock_route_on_gpu(geom, lp):
+    fam = GDNFamily(
+        REAL[geom],
+        act_dtype=torch.bfloat16,
+        device="cuda",
+        seed=2,
+        decode_op=_op("split"),
+        stock_route_op=gdn_stock.gdn_stock_route_decode,
+    )
+    check_mixed_routes(fam, L=16, lp=lp)
