@@ -326,3 +326,21 @@ def test_split_reaches_fp32(precision, exact, gates):
     assert rel(got, ref) < TOL
     one_pass = wy_fold_emulated(*args, exact=exact, precision=precision[:4])
     assert rel(one_pass, ref) > TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gates", list(GATES))
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fold"])
+@pytest.mark.parametrize("precision", list(SPLITS))
+def test_wy_fold_on_gpu(precision, exact, gates):
+    """The flush kernel's tile (64 x 128, BLOCK_L 16, 4 warps) with the tensor cores' own
+    splits, 16 records across the ring's wrap: fp32 level against float64 and the serial
+    tile."""
+    ring = make_ring(17, 128, 128, gates=gates, act=torch.bfloat16, d_dtype=torch.float32, seed=13)
+    ring = {name: t.cuda() for name, t in ring.items()}
+    ref = oracle(ring, 5, 16, exact)
+    kw = dict(exact=exact, block_v=64, block_l=16, precision=precision)
+    wy = run_kernel(ring, 5, 16, use_wy=True, **kw)
+    serial = run_kernel(ring, 5, 16, use_wy=False, **kw)
+    assert rel(wy, ref) < TOL
+    assert rel(wy, serial.double()) < TOL

@@ -83,11 +83,10 @@ def _dot3(a, b, acc, PRECISION: tl.constexpr):
     be exact: three bf16 parts of a carry its 24 bits against b's exact bf16 values)."""
     if PRECISION == "bf16x3":
         a_hi = a.to(tl.bfloat16)
-        a = a - a_hi.to(tl.float32)
-        a_mid = a.to(tl.bfloat16)
-        a_lo = (a - a_mid.to(tl.float32)).to(tl.bfloat16)
         acc = tl.dot(a_hi, b, acc=acc)
+        a_mid = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
         acc = tl.dot(a_mid, b, acc=acc)
+        a_lo = (a - a_hi.to(tl.float32) - a_mid.to(tl.float32)).to(tl.bfloat16)
         acc = tl.dot(a_lo, b, acc=acc)
     else:
         acc = tl.dot(a, b.to(tl.float32), acc=acc, input_precision=PRECISION)
