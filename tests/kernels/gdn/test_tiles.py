@@ -203,7 +203,12 @@ ROWS = table(
         "fold": {"mid": (3, 9), "empty": (3, 0), "one": (3, 1), "full": (0, 16), "wrap": (11, 16)},
         "mode": {"exact": True, "fold": False},
         "gates": {g: g for g in GATES},
-        "shape": {"v16_k8": (16, 8, 16), "v32_k128": (32, 128, 32), "v40_k20": (40, 20, 16)},
+        "shape": {
+            "v16_k8": (16, 8, 16),  # (V, K, BLOCK_V)
+            "v32_k128": (32, 128, 32),
+            "v64_k128": (64, 128, 64),
+            "v40_k20": (40, 20, 16),  # a partial value tile and masked keys
+        },
         "act": {"fp32": torch.float32, "bf16": torch.bfloat16},
     }
 )
