@@ -5,6 +5,9 @@ at the real tile size, since the interpreter multiplies dot operands in plain fp
 
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import pytest
 import torch
 import triton
@@ -230,6 +233,48 @@ def test_wy_fold_matches_serial_and_oracle(row):
     assert rel(serial, ref) < TOL
     if fn == 0:
         assert torch.equal(wy, ring["S0"])
+
+
+@pytest.fixture
+def bf16_dots(monkeypatch):
+    """Triton's interpreter multiplies bf16 dot operands as their raw 16-bit patterns; read
+    them as bf16 values instead (exact in fp32, as on the tensor cores), so that the bf16x3
+    path runs here. A no-op on a GPU."""
+    if not os.environ.get("TRITON_INTERPRET"):
+        return
+    from triton.runtime import interpreter
+
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def as_fp32(t):
+        if t.dtype.scalar != tl.bfloat16:
+            return t
+        bits = t.data.astype(np.uint32) << 16
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def bf16_create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, as_fp32(a), as_fp32(b), d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", bf16_create_dot)
+
+
+@pytest.mark.parametrize("gates", list(GATES))
+@pytest.mark.parametrize("fold", [(3, 9), (0, 16), (11, 16)], ids=["mid", "full", "wrap"])
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fold"])
+def test_wy_fold_bf16x3(exact, fold, gates, bf16_dots):
+    """The bf16x3 path (three bf16 parts against the raw bf16 k, 1/||k|| applied outside the
+    products) on a 64 x 128 tile, against float64 and the serial tile."""
+    fo, fn = fold
+    ring = make_ring(17, 64, 128, gates=gates, act=torch.bfloat16, d_dtype=torch.float32, seed=fn)
+    ref = oracle(ring, fo, fn, exact)
+    wy = run_kernel(
+        ring, fo, fn, exact=exact, use_wy=True, block_v=64, block_l=16, precision="bf16x3"
+    )
+    serial = run_kernel(
+        ring, fo, fn, exact=exact, use_wy=False, block_v=64, block_l=16, precision="ieee"
+    )
+    assert rel(wy, ref) < TOL
+    assert rel(wy, serial.double()) < TOL
 
 
 def test_wy_fold_block_l_above_fn():
