@@ -258,14 +258,23 @@ def bf16_dots(monkeypatch):
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", bf16_create_dot)
 
 
-@pytest.mark.parametrize("gates", list(GATES))
-@pytest.mark.parametrize("fold", [(3, 9), (0, 16), (11, 16)], ids=["mid", "full", "wrap"])
-@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fold"])
-def test_wy_fold_bf16x3(exact, fold, gates, bf16_dots):
+BF16X3_ROWS = table(
+    {
+        "mode": {"exact": True, "fold": False},
+        "fold": {"wrap": (11, 16), "mid": (3, 9), "full": (0, 16)},
+        "gates": {g: g for g in GATES},
+    }
+)
+
+
+@pytest.mark.parametrize("row", BF16X3_ROWS)
+def test_wy_fold_bf16x3(row, bf16_dots):
     """The bf16x3 path (three bf16 parts against the raw bf16 k, 1/||k|| applied outside the
     products) on a 64 x 128 tile, against float64 and the serial tile."""
-    fo, fn = fold
-    ring = make_ring(17, 64, 128, gates=gates, act=torch.bfloat16, d_dtype=torch.float32, seed=fn)
+    exact, (fo, fn) = row["mode"], row["fold"]
+    ring = make_ring(
+        17, 64, 128, gates=row["gates"], act=torch.bfloat16, d_dtype=torch.float32, seed=fn
+    )
     ref = oracle(ring, fo, fn, exact)
     wy = run_kernel(
         ring, fo, fn, exact=exact, use_wy=True, block_v=64, block_l=16, precision="bf16x3"
@@ -277,14 +286,22 @@ def test_wy_fold_bf16x3(exact, fold, gates, bf16_dots):
     assert rel(wy, serial.double()) < TOL
 
 
-def test_wy_fold_block_l_above_fn():
-    """BLOCK_L 32 with 16 records (the padding rows contribute nothing) and a d ring in a
-    wider dtype than k."""
-    ring = make_ring(40, 16, 16, gates="real", act=torch.bfloat16, d_dtype=torch.float32, seed=5)
+@pytest.mark.parametrize(
+    "ring_rows,fo,fn,block_l",
+    [(40, 30, 16, 32), (5, 3, 5, 16)],
+    ids=["block_l_above_fn", "ring_below_block_l"],
+)
+def test_wy_fold_padding(ring_rows, fo, fn, block_l):
+    """Padding rows contribute nothing: BLOCK_L 32 with 16 records; a 5-row ring folded
+    whole from row 3 with BLOCK_L 16 (padding rows past twice the ring are masked). The d
+    ring is in a wider dtype than k."""
+    ring = make_ring(
+        ring_rows, 16, 16, gates="real", act=torch.bfloat16, d_dtype=torch.float32, seed=fn
+    )
     for exact in (True, False):
-        ref = oracle(ring, 30, 16, exact)
+        ref = oracle(ring, fo, fn, exact)
         wy = run_kernel(
-            ring, 30, 16, exact=exact, use_wy=True, block_v=16, block_l=32, precision="tf32x3"
+            ring, fo, fn, exact=exact, use_wy=True, block_v=16, block_l=block_l, precision="tf32x3"
         )
         assert rel(wy, ref) < TOL
 
