@@ -1,6 +1,7 @@
 """Triton tile helpers shared by the Gated DeltaNet kernels (`decode.py`, the replay step;
-`stock_route.py`, the stock read + write step): the key normalisation and the advance of one
-value head's checkpoint tile over committed ring entries."""
+`stock_route.py`, the stock read + write step; the flush): the key normalisation and the
+advance of one value head's checkpoint tile over committed ring entries, record by record
+(`advance_tile`) or in chunked WY form with tensor-core products (`wy_fold_tile`)."""
 
 import triton
 import triton.language as tl
