@@ -324,23 +324,24 @@ def round_tf32(x: torch.Tensor) -> torch.Tensor:
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
-def emulated_dot(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
-    """a @ b (fp32) as the tensor cores form it: parts rounded to the operand format, exact
-    products, fp32 accumulation. "tf32x3": hi.hi + hi.lo + lo.hi; "bf16x3": three bf16
-    parts of a against b, which must be exactly bf16; "tf32", "bf16": one pass."""
+def emulated_dot(a: torch.Tensor, b: torch.Tensor, precision: str, acc=None) -> torch.Tensor:
+    """acc + a @ b (fp32) as the tensor cores form it: parts rounded to the operand format,
+    exact products, fp32 accumulation. "tf32x3": hi.hi + hi.lo + lo.hi; "bf16x3": three
+    bf16 parts of a against b, which must be exactly bf16, smallest part first (as
+    `_dot3`); "tf32", "bf16": one pass."""
+    out = torch.zeros(a.shape[0], b.shape[1]) if acc is None else acc
     if precision in ("tf32", "tf32x3"):
         a_hi, b_hi = round_tf32(a), round_tf32(b)
-        out = a_hi @ b_hi
+        prod = a_hi @ b_hi
         if precision == "tf32x3":
-            out = out + (a_hi @ round_tf32(b - b_hi) + round_tf32(a - a_hi) @ b_hi)
-        return out
+            prod = prod + (a_hi @ round_tf32(b - b_hi) + round_tf32(a - a_hi) @ b_hi)
+        return out + prod
     assert torch.equal(b.bfloat16().float(), b)
     parts = [a.bfloat16().float()]
     if precision == "bf16x3":
         for _ in range(2):
             parts.append((a - sum(parts)).bfloat16().float())
-    out = torch.zeros(a.shape[0], b.shape[1])
-    for p in parts:
+    for p in reversed(parts):
         out = out + p @ b
     return out
 
@@ -373,7 +374,7 @@ def wy_fold_emulated(S0, g, beta, k, v, d, *, exact: bool, precision: str) -> to
     else:
         D = d.float().T
     w = torch.exp(lam) * (rnorm if bf16 else 1.0)
-    return torch.exp(g.sum()) * S0 + emulated_dot(D * w[None, :], k_op, precision)
+    return emulated_dot(D * w[None, :], k_op, precision, acc=torch.exp(g.sum()) * S0)
 
 
 SPLITS = {"tf32x3": torch.float32, "bf16x3": torch.bfloat16}
