@@ -113,11 +113,12 @@ def _fold_kernel(
     tl.store(out_ptr + o_v[:, None] * K + o_k[None, :], S, mask=m_vk)
 
 
-# Gates: realistic decays; a state that grows (no decay, beta near 1, large values); one
-# that shrinks by e^-10..e^-30 per record; keys nearly parallel (I + A far from I).
+# Gates: realistic decays; a state that grows (g > 0, up to e^8 over 16 records, beta near
+# 1, large values); one that shrinks by e^-10..e^-30 per record; keys nearly parallel
+# (I + A far from I).
 GATES = {
     "real": dict(g=(-5.0, 0.0), beta=(0.0, 1.0), v_scale=1.0, k_spread=1.0),
-    "grow": dict(g=(-0.01, 0.0), beta=(0.9, 1.0), v_scale=30.0, k_spread=1.0),
+    "grow": dict(g=(0.0, 0.5), beta=(0.9, 1.0), v_scale=30.0, k_spread=1.0),
     "shrink": dict(g=(-30.0, -10.0), beta=(0.0, 1.0), v_scale=1.0, k_spread=1.0),
     "parallel_keys": dict(g=(-0.5, 0.0), beta=(0.5, 1.0), v_scale=1.0, k_spread=0.05),
 }
@@ -365,8 +366,9 @@ def wy_fold_emulated(S0, g, beta, k, v, d, *, exact: bool, precision: str) -> to
         else:
             gram = emulated_dot(k_op, k_op.T.contiguous(), precision)
         R = beta[None, :] * (v.float().T - torch.exp(g.cumsum(0))[None, :] * P)
-        A = torch.tril(
-            beta[:, None] * torch.exp((lam[None, :] - lam[:, None]).clamp(max=0)) * gram, -1
+        below = torch.ones(n, n, dtype=torch.bool).tril(-1)
+        A = torch.where(
+            below, beta[:, None] * torch.exp((lam[None, :] - lam[:, None]) * below) * gram, 0.0
         )
         D = R.clone()
         for i in range(n - 1):

@@ -168,9 +168,10 @@ def wy_fold_tile(
             gram = tl.dot(k_op, tl.trans(k_op), input_precision=PRECISION)
         R = beta[None, :] * (v - tl.exp(gam)[None, :] * P)  # [BLOCK_V, BLOCK_L]
         # A[j, i] = β_j e^{Γ_j − Γ_i} (k̂_i · k̂_j), i < j; Γ_j − Γ_i = Λ_i − Λ_j.
+        below = o_l[None, :] < o_l[:, None]  # no exponent above the diagonal: no overflow
         A = tl.where(
-            o_l[None, :] < o_l[:, None],
-            beta[:, None] * tl.exp(tl.minimum(lam[None, :] - lam[:, None], 0.0)) * gram,
+            below,
+            beta[:, None] * tl.exp(tl.where(below, lam[None, :] - lam[:, None], 0.0)) * gram,
             0.0,
         )  # [BLOCK_L (j), BLOCK_L (i)]
         D = R
