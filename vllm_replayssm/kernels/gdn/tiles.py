@@ -174,6 +174,8 @@ def wy_fold_tile(
             beta[:, None] * tl.exp(tl.where(below, lam[None, :] - lam[:, None], 0.0)) * gram,
             0.0,
         )  # [BLOCK_L (j), BLOCK_L (i)]
+        # (I + A) D = R by forward substitution, column i of D final at step i: in-register
+        # rank-1 updates without barriers (an inverse first costs more; README, Flush).
         D = R
         for i in tl.static_range(BLOCK_L - 1):
             d_i = tl.sum(tl.where(o_l[None, :] == i, D, 0.0), axis=1)  # [BLOCK_V]
