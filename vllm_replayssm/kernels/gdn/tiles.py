@@ -1,7 +1,8 @@
 """Triton tile helpers shared by the Gated DeltaNet kernels (the plain-decode launches
 `plan.py`, `readout.py`, `flush.py`; the window step `window.py`; the stock route
 `stock_route.py`): the key normalisation, the plain-decode readout of one tile, and the
-advance of one value head's checkpoint tile over committed ring entries."""
+advance of one value head's checkpoint tile over committed ring entries, record by record
+(`advance_tile`) or in chunked WY form with tensor-core products (`wy_fold_tile`)."""
 
 import triton
 import triton.language as tl
@@ -113,3 +114,118 @@ def advance_tile(
             )
             S += (tl.exp(gam_tot - gam_j) * d_j)[:, None] * k_j[None, :]
     return S
+
+
+@triton.jit
+def _dot3(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a @ b at fp32 accuracy (a: fp32; b: fp32, or bf16 for "bf16x3", where it must
+    be exact: three bf16 parts of a carry its 24 bits against b's exact bf16 values). The
+    parts are formed before the products, smallest first (fewer live registers: the exact
+    WY fold spills none at 64 x 128)."""
+    if PRECISION == "bf16x3":
+        a_hi = a.to(tl.bfloat16)
+        a_mid = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
+        a_lo = (a - a_hi.to(tl.float32) - a_mid.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(a_lo, b, acc=acc)
+        acc = tl.dot(a_mid, b, acc=acc)
+        acc = tl.dot(a_hi, b, acc=acc)
+    else:
+        acc = tl.dot(a, b.to(tl.float32), acc=acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def wy_fold_tile(
+    S,
+    p_rg,
+    p_rbeta,
+    p_rk,
+    p_rd,
+    p_rv,
+    fo,
+    fn,
+    num_ring_rows,
+    o_v,
+    o_k,
+    m_v,
+    m_k,
+    stride_rg_row,
+    stride_rbeta_row,
+    stride_rk_row,
+    stride_rk_k,
+    stride_rd_row,
+    stride_rd_v,
+    stride_rv_row,
+    stride_rv_v,
+    EXACT_FLUSH: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """`advance_tile` in chunked (WY) form: the same result up to fp32 reassociation, with
+    the fn <= BLOCK_L records loaded at once and folded by tensor-core products (README,
+    Flush). S: [BLOCK_V, BLOCK_K] fp32, BLOCK_V, BLOCK_K >= 16; BLOCK_L: a power of two
+    >= max(fn, 16); fo < num_ring_rows, fn <= num_ring_rows. PRECISION: "bf16x3" (bf16 k
+    records: the exact operand of every product) or "tf32x3" (any record dtype); "ieee"
+    runs in the interpreter only."""
+    o_l = tl.arange(0, BLOCK_L)
+    m_l = o_l < fn
+    rows = fo + o_l
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+    g = tl.load(p_rg + rows * stride_rg_row, mask=m_l, other=0.0)
+    # Λ_j = Σ_{l>j} g_l summed from the end (no difference of long prefix sums): the decay
+    # of record j to the fold's end, accurate to u |Λ_j| where its weight e^{Λ_j} is large.
+    rows_next = tl.where(rows + 1 >= num_ring_rows, rows + 1 - num_ring_rows, rows + 1)
+    g_next = tl.load(p_rg + rows_next * stride_rg_row, mask=o_l + 1 < fn, other=0.0)
+    lam = tl.cumsum(g_next, axis=0, reverse=True)  # [BLOCK_L]
+    decay = tl.exp(tl.sum(g, axis=0))
+    k = tl.load(
+        p_rk + rows[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
+        mask=m_l[:, None] & m_k[None, :],
+        other=0.0,
+    )  # [BLOCK_L, BLOCK_K], raw records
+    k32 = k.to(tl.float32)
+    rnorm = 1.0 / tl.sqrt(tl.sum(k32 * k32, axis=1) + 1e-6)  # [BLOCK_L]
+    if PRECISION == "bf16x3":
+        tl.static_assert(k.dtype == tl.bfloat16, "bf16x3 needs bf16 k records")
+        k_op = k
+    else:
+        k_op = k32 * rnorm[:, None]
+    if EXACT_FLUSH:
+        beta = tl.load(p_rbeta + rows * stride_rbeta_row, mask=m_l, other=0.0)
+        gam = tl.cumsum(g, axis=0)  # Γ_j, inclusive
+        v = tl.load(
+            p_rv + o_v[:, None] * stride_rv_v + rows[None, :] * stride_rv_row,
+            mask=m_v[:, None] & m_l[None, :],
+            other=0.0,
+        ).to(tl.float32)  # [BLOCK_V, BLOCK_L]
+        P = _dot3(S, tl.trans(k_op), tl.zeros([S.shape[0], BLOCK_L], dtype=tl.float32), PRECISION)
+        if PRECISION == "bf16x3":
+            P = P * rnorm[None, :]
+            gram = tl.dot(k, tl.trans(k)) * rnorm[:, None] * rnorm[None, :]  # exact products
+        else:
+            gram = tl.dot(k_op, tl.trans(k_op), input_precision=PRECISION)
+        R = beta[None, :] * (v - tl.exp(gam)[None, :] * P)  # [BLOCK_V, BLOCK_L]
+        # A[j, i] = β_j e^{Γ_j − Γ_i} (k̂_i · k̂_j), i < j; Γ_j − Γ_i = Λ_i − Λ_j.
+        below = o_l[None, :] < o_l[:, None]  # no exponent above the diagonal: no overflow
+        A = tl.where(
+            below,
+            beta[:, None] * tl.exp(tl.where(below, lam[None, :] - lam[:, None], 0.0)) * gram,
+            0.0,
+        )  # [BLOCK_L (j), BLOCK_L (i)]
+        # (I + A) D = R by forward substitution, column i of D final at step i: in-register
+        # rank-1 updates without barriers (an inverse first costs more; README, Flush).
+        D = R
+        for i in tl.static_range(BLOCK_L - 1):
+            d_i = tl.sum(tl.where(o_l[None, :] == i, D, 0.0), axis=1)  # [BLOCK_V]
+            a_i = tl.sum(tl.where(o_l[None, :] == i, A, 0.0), axis=1)  # [BLOCK_L (j)]
+            D -= d_i[:, None] * a_i[None, :]
+    else:
+        D = tl.load(
+            p_rd + o_v[:, None] * stride_rd_v + rows[None, :] * stride_rd_row,
+            mask=m_v[:, None] & m_l[None, :],
+            other=0.0,
+        ).to(tl.float32)  # [BLOCK_V, BLOCK_L]
+    w = tl.exp(lam)
+    if PRECISION == "bf16x3":
+        w = w * rnorm
+    return _dot3(D * w[None, :], k_op, S * decay, PRECISION)
