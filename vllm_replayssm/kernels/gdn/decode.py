@@ -186,7 +186,7 @@ def gdn_replay_decode(
             block_v=cfg["flush_block_v"],
             num_warps=cfg["flush_warps"],
             num_programs=cfg["flush_programs"],
-            dot_precision=cfg.get("dot_precision", "tf32x3"),
+            dot_precision=cfg.get("dot_precision"),
             **common,
         )
     gdn_readout(

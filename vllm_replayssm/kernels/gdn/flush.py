@@ -3,8 +3,9 @@
 Runs only over the rows that read HP this step (the plan's HP list): flush rows, and rows
 whose LP is stale (a stock-route step wrote HP alone). A persistent grid walks the list's
 (row, value head, value tile) items. Per item it reads the HP tile once; a flush row folds
-its committed records into it (`_fold`: exact, the delta rule replayed from HP over the
-cached k, v, g, β in the stock order; fold mode, the weighted sum of the cached d), writes
+its committed records into it (`_fold`: exact, the delta rule from HP over the cached k, v,
+g, β, in WY form with tensor-core products at fp32 accuracy (the serial stock order up to
+fp32 reassociation); fold mode, the weighted sum of the cached d), writes
 HP and LP from registers and reads out the current token from the new state (an empty
 history); a stale row reads out from HP and its history exactly as the readout launch would
 from LP. LP never enters HP. It stores d_t (and v_t) at the write row and o_t; the readout
@@ -37,7 +38,7 @@ from vllm_replayssm.kernels.gdn.plan import (
     GDNScratch,
     history_block,
 )
-from vllm_replayssm.kernels.gdn.tiles import advance_tile, readout_tile
+from vllm_replayssm.kernels.gdn.tiles import advance_tile, readout_tile, wy_fold_tile
 
 
 @triton.jit
@@ -68,32 +69,61 @@ def _fold(
     DOT_PRECISION: tl.constexpr,
 ):
     """The one call site of the fold: S ([BLOCK_V, BLOCK_K] fp32 HP tile) advanced over
-    ring entries [fo, fo + fn). Serial today (`tiles.advance_tile`); a WY-form helper with
-    the same arguments plus (BLOCK_L, DOT_PRECISION) drops in here."""
-    return advance_tile(
-        S,
-        p_rg,
-        p_rbeta,
-        p_rk,
-        p_rd,
-        p_rv,
-        fo,
-        fn,
-        num_ring_rows,
-        o_v,
-        o_k,
-        m_v,
-        m_k,
-        stride_rg_row,
-        stride_rbeta_row,
-        stride_rk_row,
-        stride_rk_k,
-        stride_rd_row,
-        stride_rd_v,
-        stride_rv_row,
-        stride_rv_v,
-        EXACT_FLUSH,
-    )
+    ring entries [fo, fo + fn). DOT_PRECISION "bf16x3" / "tf32x3" / "ieee": the WY form with
+    tensor-core products (`tiles.wy_fold_tile`); "serial": record by record
+    (`tiles.advance_tile`, kept for comparison)."""
+    if DOT_PRECISION == "serial":
+        return advance_tile(
+            S,
+            p_rg,
+            p_rbeta,
+            p_rk,
+            p_rd,
+            p_rv,
+            fo,
+            fn,
+            num_ring_rows,
+            o_v,
+            o_k,
+            m_v,
+            m_k,
+            stride_rg_row,
+            stride_rbeta_row,
+            stride_rk_row,
+            stride_rk_k,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_row,
+            stride_rv_v,
+            EXACT_FLUSH,
+        )
+    else:
+        return wy_fold_tile(
+            S,
+            p_rg,
+            p_rbeta,
+            p_rk,
+            p_rd,
+            p_rv,
+            fo,
+            fn,
+            num_ring_rows,
+            o_v,
+            o_k,
+            m_v,
+            m_k,
+            stride_rg_row,
+            stride_rbeta_row,
+            stride_rk_row,
+            stride_rk_k,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_row,
+            stride_rv_v,
+            EXACT_FLUSH,
+            BLOCK_L,
+            DOT_PRECISION,
+        )
 
 
 @triton.jit
@@ -279,13 +309,21 @@ def gdn_flush(
     block_v: int,
     num_warps: int,
     num_programs: int,
-    dot_precision: str = "tf32x3",
+    dot_precision: str | None = None,
 ) -> None:
     """Launch the flush over the plan's HP list (after `gdn_plan`, before or beside
     `gdn_readout`): HP and LP of flush rows written; out [R, Hv, V] and the d (and v)
     records written for the listed rows. v: [R, Hv, V] act; num_programs: the persistent
-    grid (any size >= 1); dot_precision: for a tensor-core fold (unused by the serial one).
-    """
+    grid (any size >= 1). dot_precision of the fold: "bf16x3" (bf16 k records on a GPU;
+    the default there), "tf32x3" (the default otherwise: Triton's interpreter multiplies
+    bf16 dot operands as raw bits), "ieee", or "serial" (the record-by-record fold)."""
+    if dot_precision is None:
+        bf16_records = cache.ring_k.dtype == torch.bfloat16
+        dot_precision = "bf16x3" if bf16_records and v.is_cuda else "tf32x3"
+    if dot_precision not in ("bf16x3", "tf32x3", "ieee", "serial"):
+        raise ValueError(f"unknown dot_precision {dot_precision!r}")
+    if dot_precision == "bf16x3" and cache.ring_k.dtype != torch.bfloat16:
+        raise ValueError("dot_precision bf16x3 needs bf16 k records")
     Hv, V = v.shape[1], v.shape[2]
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
     lp = cache.lp if cache.lp is not None else cache.hp
