@@ -25,7 +25,7 @@ import random
 import pytest
 
 from ..models.compare import check_greedy
-from ..models.runs import BUFFER_LEN, PEAKED, SCHEDULER, nemotron_h_run
+from ..models.runs import BUFFER_LEN, PEAKED, SCHEDULER, UNIT, nemotron_h_run, prompts
 
 pytestmark = pytest.mark.engine
 
@@ -77,6 +77,60 @@ def test_spec_decode_is_lossless(runs, case, capsys):
     _check_partly_accepted(case, metrics, capsys)
     check_greedy(capsys, f"{case} vs non-speculative ReplaySSM", plain, ours)
     check_greedy(capsys, f"{case} vs CPU stock path", stock, ours)
+
+
+# --- NemotronH: one-token prompts in recycled slots ---------------------------------------
+# vLLM's scheduler gives a new one-token request that joins a decode batch 1 + k tokens (k
+# placeholder drafts, for uniform decode batches): its first step is a verify window, of a
+# request with nothing computed, in a slot that another request held before. Three waves of
+# requests (max_num_seqs=3), one-token prompts in each: the later ones land in freed slots.
+
+ONE_TOKEN_PROMPTS = [
+    (UNIT * 10)[:20],
+    [37],
+    *prompts([14]),
+    [101],
+    (UNIT * 10)[:26],
+    [5],
+    [250],
+    *prompts([5, 9])[1:],
+    [77],
+    [411],
+]
+ONE_TOKEN_NEW_TOKENS = 24
+
+
+def _run_one_token(runs, replayssm: dict, **kwargs):
+    return runs.greedy(
+        runs.checkpoint("nemotron_h", **PEAKED),
+        ONE_TOKEN_PROMPTS,
+        ONE_TOKEN_NEW_TOKENS,
+        logprobs=5,
+        additional_config={"replayssm": replayssm},
+        **kwargs,
+        **SCHEDULER,
+    )
+
+
+def test_spec_decode_one_token_prompts_in_recycled_slots(runs, capsys):
+    plain = _run_one_token(runs, {"enabled": True, "buffer_len": BUFFER_LEN})
+    stock = _run_one_token(runs, {"enabled": False})
+    metrics: dict[str, float] = {}
+    ngram = {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
+    ours = _run_one_token(
+        runs,
+        {"enabled": True, "debug_checks": True, "buffer_len": 16, "lp_dtype": "none"},
+        metrics=metrics,
+        speculative_config=ngram,
+    )
+    _check_partly_accepted("one-token prompts k3_L16_hp_only", metrics, capsys)
+    check_greedy(capsys, "one-token prompts vs non-speculative ReplaySSM", plain, ours)
+    check_greedy(capsys, "one-token prompts vs CPU stock path", stock, ours)
 
 
 # --- Qwen3-Next (GDN), ngram drafts -----------------------------------------------------------

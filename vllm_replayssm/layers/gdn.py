@@ -36,6 +36,7 @@ from vllm_replayssm.layers.conv import (
     conv_state_view,
     spec_conv_update,
 )
+from vllm_replayssm.layers.fresh import fresh_rows, start_fresh_rows
 from vllm_replayssm.layers.pages import ReplayPage, gdn_cache_from_kv, gdn_page_specs
 from vllm_replayssm.layers.spec import SpecWindows
 from vllm_replayssm.layout import ring_rows
@@ -356,12 +357,24 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         self, mixed_qkv, b, a, core_attn_out, tokens, slots, qsl, seq_lens
     ) -> None:
         """Rows of up to 1 + k tokens (`tokens` [n] indices into the step's tokens, `qsl`
-        [R + 1] over them, `seq_lens` [R] the requests' lengths after this step)."""
+        [R + 1] over them, `seq_lens` [R] the requests' lengths after this step). A row whose
+        request has nothing computed (a new one-token request: a spec row with placeholder
+        drafts, or a one-token row) starts from a fresh page (`layers/fresh.py`)."""
         cfg = self.replay
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
         slots = slots.long()
+        q = qsl[1:] - qsl[:-1]
+        start_fresh_rows(
+            cache,
+            conv_state_view(self.kv_cache),
+            slots,
+            fresh_rows(slots, q, seq_lens),
+            buffer_len=cfg.buffer_len,
+            window=self.replay_window,
+            stagger=cfg.stagger,
+        )
         start, accepted, pending, committed = self.spec_windows.acceptance(
-            cache.meta, slots, qsl[1:] - qsl[:-1], seq_lens
+            cache.meta, slots, q, seq_lens
         )
         x = spec_conv_update(
             mixed_qkv[tokens],
