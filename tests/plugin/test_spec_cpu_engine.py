@@ -26,6 +26,7 @@ import pytest
 
 from ..models.compare import check_greedy
 from ..models.runs import BUFFER_LEN, PEAKED, SCHEDULER, UNIT, nemotron_h_run, prompts
+from ..models.tiny import transformers_greedy_outputs
 
 pytestmark = pytest.mark.engine
 
@@ -79,7 +80,7 @@ def test_spec_decode_is_lossless(runs, case, capsys):
     check_greedy(capsys, f"{case} vs CPU stock path", stock, ours)
 
 
-# --- NemotronH: one-token prompts in recycled slots ---------------------------------------
+# --- One-token prompts in recycled slots ----------------------------------------------------
 # vLLM's scheduler gives a new one-token request that joins a decode batch 1 + k tokens (k
 # placeholder drafts, for uniform decode batches): its first step is a verify window, of a
 # request with nothing computed, in a slot that another request held before. Three waves of
@@ -194,6 +195,34 @@ def test_gdn_spec_decode_is_lossless(runs, qwen_dir, qwen_prompts, case, capsys)
     ours = _run_gdn(runs, qwen_dir, qwen_prompts, {"enabled": True, **settings}, k, metrics)
     _check_partly_accepted(f"qwen3_next {case}", metrics, capsys)
     check_greedy(capsys, f"qwen3_next {case} vs non-speculative ReplaySSM", plain, ours)
+
+
+def test_gdn_one_token_prompts_in_recycled_slots(runs, qwen_dir, capsys):
+    """ONE_TOKEN_PROMPTS' shape on Qwen3-Next: its GDN metadata makes a new one-token request
+    a spec decode row (placeholder drafts) or, without drafts, a decode row (threshold 1),
+    in plain decoding too. Held to transformers' own model: vLLM's CPU GDN path decodes
+    such a row from whatever its recycled slot held (top-5 apart at the first token)."""
+    prompts_ = [p if len(p) == 1 else prompts([len(p)])[0] for p in ONE_TOKEN_PROMPTS]
+    run = dict(logprobs=5, **SCHEDULER)
+    plain = runs.greedy(
+        qwen_dir,
+        prompts_,
+        ONE_TOKEN_NEW_TOKENS,
+        additional_config={"replayssm": {"enabled": True, "buffer_len": BUFFER_LEN}},
+        **run,
+    )
+    ours = runs.greedy(
+        qwen_dir,
+        prompts_,
+        ONE_TOKEN_NEW_TOKENS,
+        additional_config={"replayssm": {"enabled": True, "buffer_len": 16, "lp_dtype": "none"}},
+        speculative_config={**GDN_NGRAM, "num_speculative_tokens": 3},
+        **run,
+    )
+    oracle = transformers_greedy_outputs(qwen_dir, prompts_, ONE_TOKEN_NEW_TOKENS)
+    check_greedy(capsys, "qwen3_next one-token prompts, plain vs transformers", oracle, plain)
+    check_greedy(capsys, "qwen3_next one-token prompts, k3_L16 vs transformers", oracle, ours)
+    check_greedy(capsys, "qwen3_next one-token prompts, k3_L16 vs plain", plain, ours)
 
 
 # --- Qwen3-Next with its MTP drafter ----------------------------------------------------------

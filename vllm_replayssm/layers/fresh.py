@@ -40,19 +40,15 @@ def start_fresh_rows(
 
     cache: the layer's Mamba2ReplayCache or GDNReplayCache (hp [S, ...] fp32, lp like hp or
     None, meta [S, META_LEN] int32); conv_state: [S, D, M] (the dim-first view); slots: [R]
-    int; fresh: [R] bool (`fresh_rows`). Tensor ops only, no host synchronisation: every
-    row's page is written back, with its own contents where not fresh (NULL rows included,
-    unchanged)."""
-    slots = slots.long()
-
-    def reset(t: torch.Tensor) -> None:
-        rows = t[slots]
-        mask = fresh.view(-1, *([1] * (rows.dim() - 1)))
-        t[slots] = torch.where(mask, torch.zeros_like(rows), rows)
-
-    reset(cache.hp)
+    int; fresh: [R] bool (`fresh_rows`). Selecting the rows reads `fresh` on the host, free
+    on the CPU platform, where the paths that call this run; it costs nothing on steps
+    without fresh rows. A GPU verify path does the same in its plan kernel (a fresh row
+    reads a zero checkpoint and an empty ring), under CUDA graphs."""
+    rows = slots[fresh].long()
+    if rows.numel() == 0:
+        return
+    cache.hp[rows] = 0
     if cache.lp is not None:
-        reset(cache.lp)
-    reset(conv_state)
-    words = reset_words(slots, buffer_len, window, stagger).to(cache.meta.dtype)
-    cache.meta[slots] = torch.where(fresh[:, None], words, cache.meta[slots])
+        cache.lp[rows] = 0
+    conv_state[rows] = 0
+    cache.meta[rows] = reset_words(rows, buffer_len, window, stagger).to(cache.meta.dtype)

@@ -273,7 +273,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         accepted count (from positions: `SpecWindows.acceptance`) to ring records and conv
         columns. Then the window is verified output-only and appended
         (reference.mamba2_replay_decode). Tensor ops only, no host synchronisation
-        (debug_checks aside)."""
+        (debug_checks and the selection of fresh rows aside)."""
         cfg = self.replay
         cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
         nd = state_indices.shape[0]
@@ -348,7 +348,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         (`_prefill_replay` on a view of the metadata with those rows alone). Selecting the
         rows reads the draft counts on the host: the CPU platform's tensors live there."""
         nd, npf = md.num_decodes, md.num_prefills
-        drafts = getattr(md, "replay_num_drafts", None)
+        drafts = md.replay_num_drafts  # backends/mamba2.py
         windowed = (
             torch.zeros(npf, dtype=torch.bool)
             if drafts is None
@@ -368,7 +368,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             """(token indices, query_start_loc) of `rows` ([npf] bool) within the section."""
             tokens = torch.nonzero(rows.to(dev)[row_of_token]).squeeze(1)
             sub_qsl = torch.zeros(int(rows.sum()) + 1, dtype=torch.int32, device=dev)
-            torch.cumsum(q[rows.to(dev)], 0, out=sub_qsl[1:])
+            sub_qsl[1:] = torch.cumsum(q[rows.to(dev)], 0)
             return tokens, sub_qsl
 
         tokens, sub_qsl = rows_view(windowed)
