@@ -55,10 +55,11 @@ def _snapshot(cache, conv) -> dict[str, torch.Tensor]:
 
 
 def test_fresh_rows_are_requests_with_nothing_computed():
-    slots = torch.tensor([2, 3, 0, 1])
-    q = torch.tensor([4, 4, 0, 1])
-    seq_lens = torch.tensor([4, 11, 0, 1])  # a new window, a continuing one, padding, a prompt
-    assert fresh_rows(slots, q, seq_lens).tolist() == [True, False, False, True]
+    slots = torch.tensor([2, 3, 0, 1, 4])
+    q = torch.tensor([4, 4, 1, 1, 0])
+    seq_lens = torch.tensor([4, 11, 1, 1, 0])
+    # A new window, a continuing one, a NULL row, a new one-token row, a row without tokens.
+    assert fresh_rows(slots, q, seq_lens).tolist() == [True, False, False, True, False]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

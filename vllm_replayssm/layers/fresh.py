@@ -21,9 +21,10 @@ from vllm_replayssm.layout import NULL_BLOCK_ID
 
 def fresh_rows(slots: torch.Tensor, q: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
     """[R] bool: rows whose request has no computed tokens before this step (seq_len == q),
-    NULL rows (padding) excluded. slots, q (tokens this step), seq_lens (request lengths
-    after it): [R] int."""
-    return (seq_lens.long() == q.long()) & (slots != NULL_BLOCK_ID)
+    padding excluded (NULL rows, rows without tokens). slots, q (tokens this step), seq_lens
+    (request lengths after it): [R] int."""
+    q = q.long()
+    return (seq_lens.long() == q) & (q > 0) & (slots != NULL_BLOCK_ID)
 
 
 def start_fresh_rows(

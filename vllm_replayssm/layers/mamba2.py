@@ -12,6 +12,9 @@ the batch (decode rows lead, vLLM's order):
 - prefill rows: committed ring entries of rows with an initial state are folded into HP
   (materialise), then vLLM's own prefill runs on a prefill-only view of the metadata (torch
   on CPU) and writes HP; the prefill hook then copies HP to LP and resets the cursors.
+Under speculative decoding (CPU), decode rows are verified as windows, and so are prefill rows
+that carry drafts: a new one-token request joining a decode batch, verified from a fresh page
+(`layers/fresh.py`).
 """
 
 from __future__ import annotations
