@@ -83,20 +83,21 @@ def test_spec_decode_is_lossless(runs, case, capsys):
 # --- One-token prompts in recycled slots ----------------------------------------------------
 # vLLM's scheduler gives a new one-token request that joins a decode batch 1 + k tokens (k
 # placeholder drafts, for uniform decode batches): its first step is a verify window, of a
-# request with nothing computed, in a slot that another request held before. Three waves of
-# requests (max_num_seqs=3), one-token prompts in each: the later ones land in freed slots.
+# request with nothing computed, in a slot that another request held before. NemotronH's
+# metadata makes it a prefill row. Waves of requests (max_num_seqs=3): the first two
+# one-token requests end together, and the next one-token and 12-token requests start
+# together in their slots (a window and a prefill in one step); later a 9-token prefill
+# and a one-token window share a step the other way round.
 
 ONE_TOKEN_PROMPTS = [
+    [7],
+    [8],
     (UNIT * 10)[:20],
-    [37],
-    *prompts([14]),
-    [101],
-    (UNIT * 10)[:26],
-    [5],
-    [250],
+    [9],
+    *prompts([12]),
+    [10],
+    [11],
     *prompts([5, 9])[1:],
-    [77],
-    [411],
 ]
 ONE_TOKEN_NEW_TOKENS = 24
 
@@ -197,29 +198,44 @@ def test_gdn_spec_decode_is_lossless(runs, qwen_dir, qwen_prompts, case, capsys)
     check_greedy(capsys, f"qwen3_next {case} vs non-speculative ReplaySSM", plain, ours)
 
 
+# The GDN case: three waves of requests, one-token prompts in each.
+GDN_ONE_TOKEN_PROMPTS = [
+    *prompts([20]),
+    [37],
+    *prompts([14]),
+    [101],
+    *prompts([26]),
+    [5],
+    [250],
+    *prompts([9]),
+    [77],
+    [411],
+]
+
+
 def test_gdn_one_token_prompts_in_recycled_slots(runs, qwen_dir, capsys):
-    """ONE_TOKEN_PROMPTS' shape on Qwen3-Next: its GDN metadata makes a new one-token request
-    a spec decode row (placeholder drafts) or, without drafts, a decode row (threshold 1),
-    in plain decoding too. Held to transformers' own model: vLLM's CPU GDN path decodes
-    such a row from whatever its recycled slot held (top-5 apart at the first token)."""
-    prompts_ = [p if len(p) == 1 else prompts([len(p)])[0] for p in ONE_TOKEN_PROMPTS]
+    """One-token prompts in recycled slots on Qwen3-Next: its GDN metadata makes a new
+    one-token request a spec decode row (placeholder drafts) or, without drafts, a decode
+    row (threshold 1), in plain decoding too. Held to transformers' own model: vLLM's CPU
+    GDN path decodes such a row from whatever its recycled slot held (top-5 apart at the
+    first token)."""
     run = dict(logprobs=5, **SCHEDULER)
     plain = runs.greedy(
         qwen_dir,
-        prompts_,
+        GDN_ONE_TOKEN_PROMPTS,
         ONE_TOKEN_NEW_TOKENS,
         additional_config={"replayssm": {"enabled": True, "buffer_len": BUFFER_LEN}},
         **run,
     )
     ours = runs.greedy(
         qwen_dir,
-        prompts_,
+        GDN_ONE_TOKEN_PROMPTS,
         ONE_TOKEN_NEW_TOKENS,
         additional_config={"replayssm": {"enabled": True, "buffer_len": 16, "lp_dtype": "none"}},
         speculative_config={**GDN_NGRAM, "num_speculative_tokens": 3},
         **run,
     )
-    oracle = transformers_greedy_outputs(qwen_dir, prompts_, ONE_TOKEN_NEW_TOKENS)
+    oracle = transformers_greedy_outputs(qwen_dir, GDN_ONE_TOKEN_PROMPTS, ONE_TOKEN_NEW_TOKENS)
     check_greedy(capsys, "qwen3_next one-token prompts, plain vs transformers", oracle, plain)
     check_greedy(capsys, "qwen3_next one-token prompts, k3_L16 vs transformers", oracle, ours)
     check_greedy(capsys, "qwen3_next one-token prompts, k3_L16 vs plain", plain, ours)
