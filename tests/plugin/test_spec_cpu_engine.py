@@ -25,7 +25,8 @@ import random
 import pytest
 
 from ..models.compare import check_greedy
-from ..models.runs import BUFFER_LEN, PEAKED, SCHEDULER, nemotron_h_run
+from ..models.runs import BUFFER_LEN, PEAKED, SCHEDULER, UNIT, nemotron_h_run, prompts
+from ..models.tiny import transformers_greedy_outputs
 
 pytestmark = pytest.mark.engine
 
@@ -77,6 +78,61 @@ def test_spec_decode_is_lossless(runs, case, capsys):
     _check_partly_accepted(case, metrics, capsys)
     check_greedy(capsys, f"{case} vs non-speculative ReplaySSM", plain, ours)
     check_greedy(capsys, f"{case} vs CPU stock path", stock, ours)
+
+
+# --- One-token prompts in recycled slots ----------------------------------------------------
+# vLLM's scheduler gives a new one-token request that joins a decode batch 1 + k tokens (k
+# placeholder drafts, for uniform decode batches): its first step is a verify window, of a
+# request with nothing computed, in a slot that another request held before. NemotronH's
+# metadata makes it a prefill row. Waves of requests (max_num_seqs=3): the first two
+# one-token requests end together, and the next one-token and 12-token requests start
+# together in their slots (a window and a prefill in one step); later a 9-token prefill
+# and a one-token window share a step the other way round.
+
+ONE_TOKEN_PROMPTS = [
+    [7],
+    [8],
+    (UNIT * 10)[:20],
+    [9],
+    *prompts([12]),
+    [10],
+    [11],
+    *prompts([5, 9])[1:],
+]
+ONE_TOKEN_NEW_TOKENS = 24
+
+
+def _run_one_token(runs, replayssm: dict, **kwargs):
+    return runs.greedy(
+        runs.checkpoint("nemotron_h", **PEAKED),
+        ONE_TOKEN_PROMPTS,
+        ONE_TOKEN_NEW_TOKENS,
+        logprobs=5,
+        additional_config={"replayssm": replayssm},
+        **kwargs,
+        **SCHEDULER,
+    )
+
+
+def test_spec_decode_one_token_prompts_in_recycled_slots(runs, capsys):
+    plain = _run_one_token(runs, {"enabled": True, "buffer_len": BUFFER_LEN})
+    stock = _run_one_token(runs, {"enabled": False})
+    metrics: dict[str, float] = {}
+    ngram = {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
+    ours = _run_one_token(
+        runs,
+        {"enabled": True, "debug_checks": True, "buffer_len": 16, "lp_dtype": "none"},
+        metrics=metrics,
+        speculative_config=ngram,
+    )
+    _check_partly_accepted("one-token prompts k3_L16_hp_only", metrics, capsys)
+    check_greedy(capsys, "one-token prompts vs non-speculative ReplaySSM", plain, ours)
+    check_greedy(capsys, "one-token prompts vs CPU stock path", stock, ours)
 
 
 # --- Qwen3-Next (GDN), ngram drafts -----------------------------------------------------------
@@ -140,6 +196,49 @@ def test_gdn_spec_decode_is_lossless(runs, qwen_dir, qwen_prompts, case, capsys)
     ours = _run_gdn(runs, qwen_dir, qwen_prompts, {"enabled": True, **settings}, k, metrics)
     _check_partly_accepted(f"qwen3_next {case}", metrics, capsys)
     check_greedy(capsys, f"qwen3_next {case} vs non-speculative ReplaySSM", plain, ours)
+
+
+# The GDN case: three waves of requests, one-token prompts in each.
+GDN_ONE_TOKEN_PROMPTS = [
+    *prompts([20]),
+    [37],
+    *prompts([14]),
+    [101],
+    *prompts([26]),
+    [5],
+    [250],
+    *prompts([9]),
+    [77],
+    [411],
+]
+
+
+def test_gdn_one_token_prompts_in_recycled_slots(runs, qwen_dir, capsys):
+    """One-token prompts in recycled slots on Qwen3-Next: its GDN metadata makes a new
+    one-token request a spec decode row (placeholder drafts) or, without drafts, a decode
+    row (threshold 1), in plain decoding too. Held to transformers' own model: vLLM's CPU
+    GDN path decodes such a row from whatever its recycled slot held (top-5 apart at the
+    first token)."""
+    run = dict(logprobs=5, **SCHEDULER)
+    plain = runs.greedy(
+        qwen_dir,
+        GDN_ONE_TOKEN_PROMPTS,
+        ONE_TOKEN_NEW_TOKENS,
+        additional_config={"replayssm": {"enabled": True, "buffer_len": BUFFER_LEN}},
+        **run,
+    )
+    ours = runs.greedy(
+        qwen_dir,
+        GDN_ONE_TOKEN_PROMPTS,
+        ONE_TOKEN_NEW_TOKENS,
+        additional_config={"replayssm": {"enabled": True, "buffer_len": 16, "lp_dtype": "none"}},
+        speculative_config={**GDN_NGRAM, "num_speculative_tokens": 3},
+        **run,
+    )
+    oracle = transformers_greedy_outputs(qwen_dir, GDN_ONE_TOKEN_PROMPTS, ONE_TOKEN_NEW_TOKENS)
+    check_greedy(capsys, "qwen3_next one-token prompts, plain vs transformers", oracle, plain)
+    check_greedy(capsys, "qwen3_next one-token prompts, k3_L16 vs transformers", oracle, ours)
+    check_greedy(capsys, "qwen3_next one-token prompts, k3_L16 vs plain", plain, ours)
 
 
 # --- Qwen3-Next with its MTP drafter ----------------------------------------------------------

@@ -37,6 +37,7 @@ from vllm_replayssm.layers.conv import (
     conv_state_view,
     spec_conv_update,
 )
+from vllm_replayssm.layers.fresh import fresh_rows, start_fresh_rows
 from vllm_replayssm.layers.pages import ReplayPage, gdn_cache_from_kv, gdn_page_specs
 from vllm_replayssm.layers.spec import SpecWindows
 from vllm_replayssm.layout import ring_rows
@@ -101,10 +102,15 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         self._log_spec_memory("GDN")
 
     def get_attn_backend(self):
-        """Under speculative decoding with replayssm on, vLLM's GDN backend whose metadata
-        also carries the request lengths (backends/gdn.py): the speculative step derives
-        acceptance from them. Otherwise vLLM's own."""
-        if self.replay is not None and self.replay.enabled and self.replay_window > 1:
+        """With replayssm on, under speculative decoding or on the CPU platform, vLLM's GDN
+        backend whose metadata also carries the request lengths (backends/gdn.py): the
+        speculative step derives acceptance from them, and the CPU paths find the decode
+        rows that start a request (`layers/fresh.py`). Otherwise vLLM's own."""
+        if (
+            self.replay is not None
+            and self.replay.enabled
+            and (self.replay_window > 1 or current_platform.is_cpu())
+        ):
             return ReplayGDNAttentionBackend
         return super().get_attn_backend()
 
@@ -226,8 +232,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor
     ) -> None:
         """Decode rows: stock conv update, then one ReplaySSM step (`gdn_decode`: the torch
-        references on CPU; "auto" replays). Prefill rows:
-        vLLM's CPU op on a prefill-only view of the metadata, then the prefill hook."""
+        references on CPU; "auto" replays). vLLM's GDN metadata makes a new one-token request
+        a decode row (decode threshold 1): such a row starts from a fresh page
+        (`layers/fresh.py`). Prefill rows: vLLM's CPU op on a prefill-only view of the
+        metadata, then the prefill hook."""
         attn_metadata = get_forward_context().attn_metadata
         if attn_metadata is None:  # profile run
             return
@@ -246,6 +254,15 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         state_indices = md.non_spec_state_indices_tensor
         qsl = md.non_spec_query_start_loc
         if nd:
+            start_fresh_rows(
+                cache,
+                conv_state_view(self.kv_cache),
+                state_indices[:nd],
+                fresh_rows(state_indices[:nd], qsl[1 : nd + 1] - qsl[:nd], md.replay_seq_lens[:nd]),
+                buffer_len=cfg.buffer_len,
+                window=window,
+                stagger=cfg.stagger,
+            )
             x = self._conv_update_cpu(mixed_qkv[:ndt], state_indices[:nd])
             kd, vd = self.key_dim // self.tp_size, self.value_dim // self.tp_size
             q, k, v = (
@@ -388,12 +405,24 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         self, mixed_qkv, b, a, core_attn_out, tokens, slots, qsl, seq_lens
     ) -> None:
         """Rows of up to 1 + k tokens (`tokens` [n] indices into the step's tokens, `qsl`
-        [R + 1] over them, `seq_lens` [R] the requests' lengths after this step)."""
+        [R + 1] over them, `seq_lens` [R] the requests' lengths after this step). A row whose
+        request has nothing computed (a new one-token request: a spec row with placeholder
+        drafts, or a one-token row) starts from a fresh page (`layers/fresh.py`)."""
         cfg = self.replay
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
         slots = slots.long()
+        q = qsl[1:] - qsl[:-1]
+        start_fresh_rows(
+            cache,
+            conv_state_view(self.kv_cache),
+            slots,
+            fresh_rows(slots, q, seq_lens),
+            buffer_len=cfg.buffer_len,
+            window=self.replay_window,
+            stagger=cfg.stagger,
+        )
         start, accepted, pending, committed = self.spec_windows.acceptance(
-            cache.meta, slots, qsl[1:] - qsl[:-1], seq_lens
+            cache.meta, slots, q, seq_lens
         )
         x = spec_conv_update(
             mixed_qkv[tokens],

@@ -12,6 +12,9 @@ the batch (decode rows lead, vLLM's order):
 - prefill rows: committed ring entries of rows with an initial state are folded into HP
   (materialise), then vLLM's own prefill runs on a prefill-only view of the metadata (torch
   on CPU) and writes HP; the prefill hook then copies HP to LP and resets the cursors.
+Under speculative decoding (CPU), decode rows are verified as windows, and so are prefill rows
+that carry drafts: a new one-token request joining a decode batch, verified from a fresh page
+(`layers/fresh.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.platforms import current_platform
 
+from vllm_replayssm.backends.mamba2 import ReplayMamba2AttentionBackend
 from vllm_replayssm.config import ReplayConfigError
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.mamba2 import reference
@@ -35,6 +39,7 @@ from vllm_replayssm.layers.conv import (
     conv_state_view,
     spec_conv_update,
 )
+from vllm_replayssm.layers.fresh import fresh_rows, start_fresh_rows
 from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2_page_specs
 from vllm_replayssm.layers.spec import SpecWindows
 from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
@@ -103,6 +108,14 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         )
         self._log_spec_memory("Mamba-2")
 
+    def get_attn_backend(self):
+        """Under speculative decoding with replayssm on, vLLM's Mamba-2 backend whose metadata
+        also carries each row's draft count (backends/mamba2.py: `_prefill_spec` needs it).
+        Otherwise vLLM's own."""
+        if self.replay is not None and self.replay.enabled and self.replay_window > 1:
+            return ReplayMamba2AttentionBackend
+        return super().get_attn_backend()
+
     def _warmup_ssd_kernels(self, projected_states: torch.Tensor) -> None:
         if current_platform.is_cpu():  # the torch CPU path has nothing to tune
             self._ssd_kernels_warmed_up = True
@@ -140,12 +153,24 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             # [R, 1 + num_spec] in vLLM's metadata; one page per request here: column 0.
             slots = md.state_indices_tensor_d[:, 0]
             if spec:
-                self._decode_spec(projected_states[:ndt], output[:ndt], slots, md)
+                qsl = md.query_start_loc_d
+                if qsl is None:  # a step without drafts: one token per row
+                    qsl = torch.arange(nd + 1, dtype=torch.int32, device=slots.device)
+                self._decode_spec(
+                    projected_states[:ndt],
+                    output[:ndt],
+                    slots,
+                    qsl,
+                    md.seq_lens[:nd],
+                    md.num_accepted_tokens,
+                )
             else:
                 self._decode(projected_states[:ndt], output[:ndt], slots, cpu)
         if npf:
             tokens = slice(ndt, ndt + npt)
-            if self.replay.enabled:
+            if spec:
+                self._prefill_spec(projected_states[tokens], output[tokens], md, attn_metadata)
+            elif self.replay.enabled:
                 self._prefill_replay(
                     projected_states[tokens], output[tokens], md, attn_metadata, cpu
                 )
@@ -235,30 +260,44 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         )
 
     def _decode_spec(
-        self, projected_states: torch.Tensor, output: torch.Tensor, state_indices: torch.Tensor, md
+        self,
+        projected_states: torch.Tensor,
+        output: torch.Tensor,
+        state_indices: torch.Tensor,
+        qsl: torch.Tensor,
+        seq_lens: torch.Tensor,
+        num_accepted_tokens: torch.Tensor | None,
     ) -> None:
-        """Decode rows of a speculative step: each row holds 1 + its drafts
-        (query_start_loc_d; one token for rows without drafts). The previous window's
-        accepted count (from positions: `SpecWindows.acceptance`) commits ring records and conv
-        columns, then the window is verified output-only and appended
+        """Rows verified as windows in a speculative step: each row holds 1 + its drafts
+        (qsl [R + 1] over the tokens; one token for rows without drafts), seq_lens [R] the
+        requests' lengths after the step, num_accepted_tokens vLLM's counts (checked against
+        ours under debug_checks) or None. A row whose request has nothing computed starts
+        from a fresh page (`layers/fresh.py`); the others commit the previous window's
+        accepted count (from positions: `SpecWindows.acceptance`) to ring records and conv
+        columns. Then the window is verified output-only and appended
         (reference.mamba2_replay_decode). Tensor ops only, no host synchronisation
-        (debug_checks aside)."""
+        (debug_checks and the selection of fresh rows aside)."""
         cfg = self.replay
         cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
         nd = state_indices.shape[0]
         dev = projected_states.device
-        qsl = md.query_start_loc_d
-        if qsl is None:  # a step without drafts: one token per row
-            qsl = torch.arange(nd + 1, dtype=torch.int32, device=dev)
         slots = state_indices.long()
-        start, accepted, pending, committed = self.spec_windows.acceptance(
-            cache.meta, slots, qsl[1:] - qsl[:-1], md.seq_lens[:nd]
+        q = qsl[1:] - qsl[:-1]
+        start_fresh_rows(
+            cache,
+            conv_state_view(self.kv_cache),
+            slots,
+            fresh_rows(slots, q, seq_lens),
+            buffer_len=cfg.buffer_len,
+            window=self.replay_window,
+            stagger=cfg.stagger,
         )
-        if md.num_accepted_tokens is not None and cfg.debug_checks:
+        start, accepted, pending, committed = self.spec_windows.acceptance(
+            cache.meta, slots, q, seq_lens
+        )
+        if num_accepted_tokens is not None and cfg.debug_checks:
             ours = committed[slots != NULL_BLOCK_ID]
-            theirs = torch.minimum(md.num_accepted_tokens[:nd].long(), pending)[
-                slots != NULL_BLOCK_ID
-            ]
+            theirs = torch.minimum(num_accepted_tokens[:nd].long(), pending)[slots != NULL_BLOCK_ID]
             if not torch.equal(ours, theirs):
                 raise RuntimeError(
                     f"replayssm: acceptance from positions {ours.tolist()} "
@@ -301,6 +340,63 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             accepted,
         )
         self.spec_windows.starts(cache.meta.shape[0], dev)[slots] = start
+
+    def _prefill_spec(
+        self, projected_states: torch.Tensor, output: torch.Tensor, md, attn_metadata: dict
+    ) -> None:
+        """The prefill rows of a speculative step (CPU). vLLM makes a new one-token request
+        that joins a decode batch a prefill row of 1 + k tokens, k of them placeholder drafts:
+        rows with drafts are verified as windows (`_decode_spec`: from a fresh page, the
+        window pending until the next step commits what was accepted), the others prefill
+        (`_prefill_replay` on a view of the metadata with those rows alone). Selecting the
+        rows reads the draft counts on the host: the CPU platform's tensors live there."""
+        nd, npf = md.num_decodes, md.num_prefills
+        drafts = md.replay_num_drafts  # backends/mamba2.py
+        windowed = (
+            torch.zeros(npf, dtype=torch.bool)
+            if drafts is None
+            else drafts[nd : nd + npf].cpu() > 0
+        )
+        if not bool(windowed.any()):
+            self._prefill_replay(projected_states, output, md, attn_metadata, cpu=True)
+            return
+        dev = projected_states.device
+        qsl = md.query_start_loc_p.long()
+        q = qsl[1:] - qsl[:-1]
+        row_of_token = torch.repeat_interleave(torch.arange(npf, device=dev), q)
+        slots = md.state_indices_tensor_p
+        seq_lens = md.seq_lens[nd : nd + npf]
+
+        def rows_view(rows: torch.Tensor):
+            """(token indices, query_start_loc) of `rows` ([npf] bool) within the section."""
+            tokens = torch.nonzero(rows.to(dev)[row_of_token]).squeeze(1)
+            sub_qsl = torch.zeros(int(rows.sum()) + 1, dtype=torch.int32, device=dev)
+            sub_qsl[1:] = torch.cumsum(q[rows.to(dev)], 0)
+            return tokens, sub_qsl
+
+        tokens, sub_qsl = rows_view(windowed)
+        out = output[tokens]
+        self._decode_spec(
+            projected_states[tokens], out, slots[windowed], sub_qsl, seq_lens[windowed], None
+        )
+        output.index_copy_(0, tokens, out)
+        rest = ~windowed
+        if not bool(rest.any()):
+            return
+        tokens, sub_qsl = rows_view(rest)
+        has_init = md.has_initial_states_p
+        view = dataclasses.replace(
+            md,
+            num_prefills=int(rest.sum()),
+            num_prefill_tokens=tokens.shape[0],
+            state_indices_tensor_p=slots[rest],
+            has_initial_states_p=None if has_init is None else has_init[rest],
+            query_start_loc_p=sub_qsl,
+            seq_lens=torch.cat([md.seq_lens[:nd], seq_lens[rest]]),
+        )
+        out = output[tokens]
+        self._prefill_replay(projected_states[tokens], out, view, attn_metadata, cpu=True)
+        output.index_copy_(0, tokens, out)
 
     def _prefill_replay(
         self,

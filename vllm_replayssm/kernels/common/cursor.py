@@ -56,13 +56,20 @@ def reset_meta(
 
     meta: [num_slots, META_LEN] int32 (any strides); slots: [R] int, NULL rows excluded.
     """
-    C = ring_rows(buffer_len, window)
     slots = slots.to(device=meta.device, dtype=torch.long)
+    meta[slots] = reset_words(slots, buffer_len, window, stagger, lp_stale).to(meta.dtype)
+
+
+def reset_words(
+    slots: torch.Tensor, buffer_len: int, window: int, stagger: bool, lp_stale: bool = False
+) -> torch.Tensor:
+    """[R, META_LEN] int64: the words `reset_meta` stores for `slots` ([R] int64)."""
+    C = ring_rows(buffer_len, window)
     phi = stagger_phase(slots, buffer_len, window, stagger)
-    words = torch.zeros(slots.numel(), META_LEN, dtype=torch.int64, device=meta.device)
+    words = torch.zeros(slots.numel(), META_LEN, dtype=torch.int64, device=slots.device)
     words[:, CAPACITY] = C - phi
     words[:, MAGIC] = META_MAGIC_LP_STALE if lp_stale else META_MAGIC
-    meta[slots] = words.to(meta.dtype)
+    return words
 
 
 def meta_is_valid(meta_rows: torch.Tensor, buffer_len: int, window: int) -> torch.Tensor:
