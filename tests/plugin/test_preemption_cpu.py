@@ -9,13 +9,14 @@ logprobs (rule: tests/models/compare.py).
 How the budget forces preemption: without prefix caching a request holds one block per SSM
 layer from admission on, plus one attention block per `block_size` tokens; vLLM raises the
 attention block size until the attention page holds the SSM page (with replayssm on, bf16 LP
-and buffer_len 8: 80 tokens of 256 B for the tiny NemotronH, 224 tokens of 512 B for the tiny
-Qwen3-Next; `block_size=16` asks for the smallest such block). A request is admitted only when
-its whole prompt fits (vLLM's scheduler_reserve_full_isl), so with 17 blocks (the null block
-and 4 requests of 3 SSM + 1 attention blocks) the running requests fill the pool, and when one
-of them crosses an attention block boundary in decode no block is free: the last running
-request is preempted. Every prompt starts below one attention block and ends above it. If the
-page layout changes, the block size changes with it and the budget below must follow (the test
+and buffer_len 8: 80 tokens of 256 B for the tiny NemotronH, 240 tokens of 512 B for the tiny
+Qwen3-Next, whose page with fp32 corrected values is 118,144 B; `block_size=16` asks for the
+smallest such block). A request is admitted only when its whole prompt fits (vLLM's
+scheduler_reserve_full_isl), so with 17 blocks (the null block and 4 requests of 3 SSM + 1
+attention blocks) the running requests fill the pool, and when one of them crosses an
+attention block boundary in decode no block is free: the last running request is preempted.
+Every prompt starts below one attention block and ends above it. If the page layout changes,
+the block size changes with it and the budget below must follow (the test
 asserts that preemption happened)."""
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ REPLAY = {"enabled": True, "buffer_len": BUFFER_LEN}  # bf16 LP copy (the defaul
 # kind: (attention block size in tokens, bytes of K and V per token, max_model_len)
 CASES = {
     "nemotron_h": (80, 2 * 2 * 32 * 2, 160),
-    "qwen3_next": (224, 2 * 2 * 64 * 2, 288),
+    "qwen3_next": (240, 2 * 2 * 64 * 2, 304),
 }
 BLOCKS = 17
 
