@@ -175,28 +175,39 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                 1,
             )
         )
-    out.append(
-        (
-            f"flush 64 x {K} serial",
-            flush._gdn_flush_kernel,
-            kernel_args(flush._gdn_flush_kernel, torch.bfloat16),
-            dict(
-                NUM_V_HEADS=Hv,
-                V_PER_K=Hv // Hk,
-                TILES_PER_HEAD=V // 64,
-                head_k_dim=K,
-                head_v_dim=V,
-                BLOCK_V=64,
-                BLOCK_K=K,
-                BLOCK_L=BL,
-                HAS_LP=True,
-                LP_IS_FP16=False,
-                EXACT_FLUSH=True,
-                DOT_PRECISION="tf32x3",
-            ),
-            4,
+    # The flush shapes and fold precisions the H200 sweep compares (decode.launch_config's
+    # flush_block_v / flush_warps; bf16x3 is the GPU default with bf16 k records).
+    for rows, warps, precision in (
+        (64, 4, "bf16x3"),
+        (64, 4, "tf32x3"),
+        (64, 8, "bf16x3"),
+        (32, 4, "bf16x3"),
+        (32, 4, "tf32x3"),
+        (32, 2, "bf16x3"),
+        (16, 1, "bf16x3"),
+    ):
+        out.append(
+            (
+                f"flush {rows} x {K} {precision}",
+                flush._gdn_flush_kernel,
+                kernel_args(flush._gdn_flush_kernel, torch.bfloat16),
+                dict(
+                    NUM_V_HEADS=Hv,
+                    V_PER_K=Hv // Hk,
+                    TILES_PER_HEAD=V // rows,
+                    head_k_dim=K,
+                    head_v_dim=V,
+                    BLOCK_V=rows,
+                    BLOCK_K=K,
+                    BLOCK_L=BL,
+                    HAS_LP=True,
+                    LP_IS_FP16=False,
+                    EXACT_FLUSH=True,
+                    DOT_PRECISION=precision,
+                ),
+                warps,
+            )
         )
-    )
     return out
 
 
