@@ -177,20 +177,25 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
         )
     # The flush shapes and fold precisions the H200 sweep compares (decode.launch_config's
     # flush_block_v / flush_warps; bf16x3 is the GPU default with bf16 k records).
-    for rows, warps, precision in (
-        (64, 4, "bf16x3"),
-        (64, 4, "tf32x3"),
-        (64, 8, "bf16x3"),
-        (32, 4, "bf16x3"),
-        (32, 4, "tf32x3"),
-        (32, 2, "bf16x3"),
-        (16, 1, "bf16x3"),
+    # The exact flush recomputes d from HP with an LP copy, and sums the cached d without one
+    # (`flush.gdn_flush`'s recompute).
+    for rows, warps, precision, lp in (
+        (64, 4, "bf16x3", torch.bfloat16),
+        (64, 4, "tf32x3", torch.bfloat16),
+        (64, 8, "bf16x3", torch.bfloat16),
+        (32, 4, "bf16x3", torch.bfloat16),
+        (32, 4, "tf32x3", torch.bfloat16),
+        (32, 2, "bf16x3", torch.bfloat16),
+        (16, 1, "bf16x3", torch.bfloat16),
+        (64, 4, "bf16x3", None),
+        (32, 2, "bf16x3", None),
     ):
+        kind = "recompute" if lp is not None else "sum d, HP only"
         out.append(
             (
-                f"flush {rows} x {K} {precision}",
+                f"flush {rows} x {K} {precision} {kind}",
                 flush._gdn_flush_kernel,
-                kernel_args(flush._gdn_flush_kernel, torch.bfloat16),
+                kernel_args(flush._gdn_flush_kernel, lp),
                 dict(
                     NUM_V_HEADS=Hv,
                     V_PER_K=Hv // Hk,
@@ -200,9 +205,10 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     BLOCK_V=rows,
                     BLOCK_K=K,
                     BLOCK_L=BL,
-                    HAS_LP=True,
+                    HAS_LP=lp is not None,
                     LP_IS_FP16=False,
                     EXACT_FLUSH=True,
+                    RECOMPUTE_D=lp is not None,
                     DOT_PRECISION=precision,
                 ),
                 warps,
@@ -229,7 +235,7 @@ def main() -> None:
             tag=name.split()[0],
             out_dir=args.out_dir,
         )
-        print(f"{name:26s} warps={warps}", json.dumps({k: row.get(k) for k in KEYS}))
+        print(f"{name:42s} warps={warps}", json.dumps({k: row.get(k) for k in KEYS}))
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ def launch_config(
         flush_programs=min(programs, flush_items),
         plan_warps=1,
         overlap=device.type == "cuda",
+        flush_recompute=1,
     )
 
 
@@ -111,7 +112,7 @@ def gdn_replay_decode(
     scratch: `GDNScratch` for at least R rows (plain decode); None allocates one per call
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
     readout_block_v, readout_warps, flush_block_v, flush_warps, flush_programs, plan_warps,
-    overlap, dot_precision) or set the window step's (speculative: route, block_v,
+    overlap, flush_recompute, dot_precision) or set the window step's (speculative: route, block_v,
     num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
@@ -187,6 +188,7 @@ def gdn_replay_decode(
             num_warps=cfg["flush_warps"],
             num_programs=cfg["flush_programs"],
             dot_precision=cfg.get("dot_precision"),
+            recompute=None if cfg["flush_recompute"] is None else bool(cfg["flush_recompute"]),
             **common,
         )
     gdn_readout(

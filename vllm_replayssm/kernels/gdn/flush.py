@@ -191,6 +191,7 @@ def _gdn_flush_kernel(
     HAS_LP: tl.constexpr,
     LP_IS_FP16: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
+    RECOMPUTE_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -262,7 +263,7 @@ def _gdn_flush_kernel(
                 stride_rd_v,
                 stride_rv_row,
                 stride_rv_v,
-                EXACT_FLUSH,
+                RECOMPUTE_D,
                 BLOCK_L,
                 DOT_PRECISION,
             )
@@ -310,13 +311,22 @@ def gdn_flush(
     num_warps: int,
     num_programs: int,
     dot_precision: str | None = None,
+    recompute: bool | None = None,
 ) -> None:
     """Launch the flush over the plan's HP list (after `gdn_plan`, before or beside
     `gdn_readout`): HP and LP of flush rows written; out [R, Hv, V] and the d (and v)
     records written for the listed rows. v: [R, Hv, V] act; num_programs: the persistent
     grid (any size >= 1). dot_precision of the fold: "bf16x3" (bf16 k records on a GPU;
     the default there), "tf32x3" (the default otherwise: Triton's interpreter multiplies
-    bf16 dot operands as raw bits), "ieee", or "serial" (the record-by-record fold)."""
+    bf16 dot operands as raw bits), "ieee", or "serial" (the record-by-record fold).
+
+    recompute (exact flush only): True recomputes the corrected values from HP over the
+    cached k, v, g, β (the WY form); False sums the cached d. None (the default) recomputes
+    where an LP copy exists and sums the cached d without one: every d was then computed
+    from HP and its own history (the readout, the flush and the window step all read HP),
+    so the sum is the delta rule from HP up to fp32 reassociation, with one tensor-core
+    product instead of three and a substitution. With an LP copy the cached d follow the
+    LP read and only the recomputation keeps LP out of HP."""
     if dot_precision is None:
         bf16_records = cache.ring_k.dtype == torch.bfloat16
         dot_precision = "bf16x3" if bf16_records and v.is_cuda else "tf32x3"
@@ -324,6 +334,8 @@ def gdn_flush(
         raise ValueError(f"unknown dot_precision {dot_precision!r}")
     if dot_precision == "bf16x3" and cache.ring_k.dtype != torch.bfloat16:
         raise ValueError("dot_precision bf16x3 needs bf16 k records")
+    if recompute is None:
+        recompute = cache.lp is not None
     Hv, V = v.shape[1], v.shape[2]
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
     lp = cache.lp if cache.lp is not None else cache.hp
@@ -369,6 +381,7 @@ def gdn_flush(
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
         EXACT_FLUSH=cache.exact_flush,
+        RECOMPUTE_D=cache.exact_flush and bool(recompute),
         DOT_PRECISION=dot_precision,
         num_warps=num_warps,
     )
