@@ -38,3 +38,20 @@ def test_counters_match_the_cursor_plan(spec):
         pending = q
     assert dict(zip(FIELDS, counters.totals.tolist(), strict=True)) == want
     assert want["flushes"] > 0 and (not spec or want["spec_rejected"] > 0)
+
+
+def test_step_counts_the_route_it_took():
+    """`step` counts the active rows of a stock-route step in stock_route_rows (the rest of
+    decode_rows replayed) and refuses a step that names no route."""
+    L, S = 4, 6
+    meta = torch.zeros(S, 8, dtype=torch.int32)
+    slots = torch.tensor([1, 3, 0])  # slot 0: the NULL block
+    reset_meta(meta, slots[:2], L, 1, stagger=True)
+    counters = StepCounters("gdn", L + 1)
+    counters.step(meta, slots, lambda: "replay")
+    counters.step(meta, slots, lambda: "stock")
+    counters.step(meta, slots, lambda: "stock")
+    got = dict(zip(FIELDS, counters.totals.tolist(), strict=True))
+    assert got["decode_rows"] == 6 and got["stock_route_rows"] == 4, got
+    with pytest.raises(ValueError, match="returned route None"):
+        counters.step(meta, slots, lambda: None)

@@ -17,6 +17,9 @@ layers and tensor-parallel ranks of the server:
     replayssm_spec_committed_total        speculative steps: window records committed by
                                           the next step's acceptance
     replayssm_spec_rejected_total         ... and rolled back (overwritten later)
+    replayssm_stock_route_rows_total      of the decode rows, those the stock route stepped
+                                          (HP read and written, no records); the rest
+                                          replayed. `route: auto` picks by batch size
     replayssm_ring_occupancy              gauge: mean fraction of the ring in use over the
                                           last export interval
 
@@ -52,7 +55,14 @@ EXPORT_INTERVAL_S = 1.0
 # GPU yet, so they stay off there unless REPLAYSSM_GPU_COUNTERS=1.
 GPU_COUNTERS = os.environ.get("REPLAYSSM_GPU_COUNTERS", "0") == "1"
 # Columns of a layer's counter tensor; the metric name is replayssm_<field>_total.
-FIELDS = ("decode_rows", "flushes", "ring_records", "spec_committed", "spec_rejected")
+FIELDS = (
+    "decode_rows",
+    "flushes",
+    "ring_records",
+    "spec_committed",
+    "spec_rejected",
+    "stock_route_rows",
+)
 _gauge: Any = None
 _counters: weakref.WeakSet = weakref.WeakSet()
 _exporter: threading.Thread | None = None
@@ -84,18 +94,22 @@ class StepCounters:
         self,
         meta: torch.Tensor,
         slots: torch.Tensor,
-        run: Callable[[], None],
+        run: Callable[[], str],
         accepted: torch.Tensor | None = None,
     ) -> None:
-        """Run one decode step `run()` and count its events from the cursor words of `slots`
-        before and after (meta: [S, META_LEN]; slots: [R], NULL rows not counted; accepted:
-        as in `count`). Graph-safe; on GPUs the step only runs unless GPU_COUNTERS."""
+        """Run one decode step `run()` (it returns the route it took, "replay" or "stock")
+        and count its events from the cursor words of `slots` before and after (meta:
+        [S, META_LEN]; slots: [R], NULL rows not counted; accepted: as in `count`).
+        Graph-safe (the route of a captured step is fixed by its batch size); on GPUs the
+        step only runs unless GPU_COUNTERS."""
         if meta.is_cuda and not GPU_COUNTERS:
             run()
             return
         before = meta[slots]
-        run()
-        self.count(before, meta[slots], slots != NULL_BLOCK_ID, accepted)
+        route = run()
+        if route not in ("replay", "stock"):
+            raise ValueError(f"a decode step returned route {route!r}")
+        self.count(before, meta[slots], slots != NULL_BLOCK_ID, accepted, stock=route == "stock")
 
     def count(
         self,
@@ -103,10 +117,13 @@ class StepCounters:
         after: torch.Tensor,
         active: torch.Tensor,
         accepted: torch.Tensor | None = None,
+        *,
+        stock: bool = False,
     ) -> None:
         """before/after: [R, META_LEN] int32 cursor words of the step's rows; active: [R]
         bool (False for NULL / padding rows); accepted: [R] the previous step's acceptance
-        (drafts + 1) on speculative steps, None on plain decode (all pending commit)."""
+        (drafts + 1) on speculative steps, None on plain decode (all pending commit); stock:
+        the stock route stepped these rows."""
         if self.totals is None or self.totals.device != after.device:
             self.totals = torch.zeros(len(FIELDS), dtype=torch.int64, device=after.device)
             # On GPUs the step copies the totals into pinned host memory (a memcpy node in
@@ -138,6 +155,7 @@ class StepCounters:
                 records.sum(),
                 (committed * act).sum() * spec,
                 ((pending - committed) * act).sum() * spec,
+                act.sum() * int(stock),
             ]
         )
         if self.host is not self.totals:
@@ -207,6 +225,8 @@ _HELP = {
     "replayssm_decode_rows_total for the mean occupancy in records)",
     "spec_committed": "speculative window records committed by acceptance",
     "spec_rejected": "speculative window records rolled back (rejected drafts)",
+    "stock_route_rows": "decode rows stepped by the stock route (HP read and written, no "
+    "records); the other decode rows replayed",
 }
 
 

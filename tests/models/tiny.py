@@ -377,8 +377,9 @@ def check_ssm_layers(
 ) -> None:
     """The plugin is in the engine: every SSM layer is ours (Replay*) with replayssm
     `enabled` as configured. Enabled layers decoded rows through ReplaySSM (their counters
-    moved), by replay (ring records held) if `replayed`, by the stock route alone (which
-    keeps no records) if `replayed` is False; disabled layers never counted a step. (On GPUs
+    moved), by replay (ring records held, no stock-route row counted) if `replayed`, by the
+    stock route alone (which keeps no records; every row counted as stock-route) if
+    `replayed` is False; disabled layers never counted a step. (On GPUs
     the layers count only with REPLAYSSM_GPU_COUNTERS=1; without it, only classes and
     settings are checked.)"""
     from vllm_replayssm.metrics import FIELDS, GPU_COUNTERS
@@ -399,6 +400,12 @@ def check_ssm_layers(
         assert replayed is None or (held > 0) is replayed, (
             f"{name}: {held} ring records held; expected the "
             f"{'replay' if replayed else 'stock'} route {counts}"
+        )
+        # the route counter agrees: every row by the stock route, or none
+        stock_rows = counts["stock_route_rows"]
+        assert replayed is None or stock_rows == (0 if replayed else counts["decode_rows"]), (
+            f"{name}: {stock_rows} stock-route rows of {counts['decode_rows']}; expected the "
+            f"{'replay' if replayed else 'stock'} route"
         )
 
 

@@ -359,6 +359,8 @@ def _check_counters(values: dict[str, float]) -> None:
     assert values["replayssm_ring_records_total"] > rows, values  # rings hold records
     assert 0 < values["replayssm_ring_occupancy"] <= 1, values
     assert values["replayssm_spec_committed_total"] == 0, values  # no speculative decoding
+    # route auto replays on CPU: the route counter is served and counted no stock-route row
+    assert values["replayssm_stock_route_rows_total"] == 0, values
 
 
 def test_replayssm_counters_on_metrics(setup):

@@ -234,20 +234,15 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
         common = dict(buffer_len=cfg.buffer_len, window=self.replay_window)
         if cpu:  # torch paths: "auto" replays
-            if cfg.route == "stock":
-                self.step_counters.step(
-                    cache.meta,
-                    state_indices,
-                    lambda: reference.mamba2_stock_route_decode(
-                        cache, *args, stagger=cfg.stagger, **common
-                    ),
-                )
-            else:
-                self.step_counters.step(
-                    cache.meta,
-                    state_indices,
-                    lambda: reference.mamba2_replay_decode(cache, *args, **common),
-                )
+
+            def run() -> str:
+                if cfg.route == "stock":
+                    reference.mamba2_stock_route_decode(cache, *args, stagger=cfg.stagger, **common)
+                    return "stock"
+                reference.mamba2_replay_decode(cache, *args, **common)
+                return "replay"
+
+            self.step_counters.step(cache.meta, state_indices, run)
             return
         from vllm_replayssm.kernels.mamba2.dispatch import mamba2_decode
 
@@ -318,10 +313,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         )
         x, dt, B, C = self._ssm_inputs(xBC, dt)
         out = output.view(output.shape[0], -1, self.head_dim)
-        self.step_counters.step(
-            cache.meta,
-            state_indices,
-            lambda: reference.mamba2_replay_decode(
+
+        def run() -> str:  # a speculative step always replays
+            reference.mamba2_replay_decode(
                 cache,
                 x,
                 dt,
@@ -336,7 +330,13 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 window=self.replay_window,
                 query_start_loc=qsl,
                 num_accepted_tokens=accepted,
-            ),
+            )
+            return "replay"
+
+        self.step_counters.step(
+            cache.meta,
+            state_indices,
+            run,
             accepted,
         )
         self.spec_windows.starts(cache.meta.shape[0], dev)[slots] = start

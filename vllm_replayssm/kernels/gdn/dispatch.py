@@ -119,8 +119,9 @@ def gdn_decode(
     null_block_id: int = NULL_BLOCK_ID,
     launch: dict | None = None,
     scratch: GDNScratch | None = None,
-) -> None:
-    """One GDN decode step of a layer, on the route `route` picks (module docstring).
+) -> str:
+    """One GDN decode step of a layer, on the route `route` picks (module docstring);
+    returns the route it took, "replay" (the window step included) or "stock".
 
     Arguments and effects as in `reference.gdn_replay_decode` (cache: the layer's paged
     tensors, updated in place; q, k: [num_tokens, Hk, K]; v: [num_tokens, Hv, V]; a, b:
@@ -141,14 +142,14 @@ def gdn_decode(
             raise ValueError("launch overrides configure the Triton kernels (CUDA tensors)")
         if route == "stock" and plain:
             reference.gdn_stock_route_decode(*args, stagger=stagger, **common)
-        else:
-            reference.gdn_replay_decode(
-                *args,
-                query_start_loc=query_start_loc,
-                num_accepted_tokens=num_accepted_tokens,
-                **common,
-            )
-        return
+            return "stock"
+        reference.gdn_replay_decode(
+            *args,
+            query_start_loc=query_start_loc,
+            num_accepted_tokens=num_accepted_tokens,
+            **common,
+        )
+        return "replay"
     # Triton only on GPUs: importing the kernels defines their JIT functions.
     from vllm_replayssm.kernels.gdn.decode import gdn_replay_decode
     from vllm_replayssm.kernels.gdn.stock_route import gdn_stock_route_decode
@@ -158,7 +159,8 @@ def gdn_decode(
     kernel_route = cfg.pop("route")
     if kernel_route == "stock":
         gdn_stock_route_decode(*args, stagger=stagger, **common, **cfg)
-    elif kernel_route == "replay":
+        return "stock"
+    if kernel_route == "replay":
         gdn_replay_decode(*args, scratch=scratch, **common, **cfg)
     else:
         gdn_window_decode(
@@ -169,3 +171,4 @@ def gdn_decode(
             **common,
             **cfg,
         )
+    return "replay"

@@ -54,8 +54,9 @@ def mamba2_decode(
     num_accepted_tokens: torch.Tensor | None = None,
     scratch: Mamba2Scratch | None = None,
     null_block_id: int = NULL_BLOCK_ID,
-) -> None:
-    """One decode step of a Mamba-2 layer on its ReplaySSM page.
+) -> str:
+    """One decode step of a Mamba-2 layer on its ReplaySSM page; returns the route it took
+    ("replay" or "stock").
 
     Arguments as `reference.mamba2_replay_decode` (x: [num_tokens, H, P] act; dt:
     [num_tokens, H]; B, C: [num_tokens, G, N]; A, D, dt_bias: [H]; state_indices: [R];
@@ -81,7 +82,7 @@ def mamba2_decode(
             stagger=stagger,
             null_block_id=null_block_id,
         )
-        return
+        return "stock"
     mamba2_replay_decode(
         cache,
         x,
@@ -100,3 +101,4 @@ def mamba2_decode(
         null_block_id=null_block_id,
         scratch=scratch,
     )
+    return "replay"
