@@ -99,15 +99,21 @@ def test_kernel_matches_naive(case, device):
     )
 
 
-@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fold"])
-def test_hp_only_replay_is_fp32_accurate(exact, device):
+@pytest.mark.parametrize(
+    "exact, knobs",
+    [(True, {}), (False, {}), (True, dict(flush_recompute=0))],
+    ids=["exact", "fold", "exact_sum_d"],
+)
+def test_hp_only_replay_is_fp32_accurate(exact, knobs, device):
     """The point of fp32 corrected values: HP-only replay with bf16 activations stays within
-    1e-5 of the float64 oracle in every step (bf16 d records were ~1e-3 off)."""
+    1e-5 of the float64 oracle in every step (bf16 d records were ~1e-3 off). exact_sum_d:
+    the exact flush without an LP copy summing the cached d instead of recomputing them
+    (`flush.gdn_flush`'s recompute), which is the delta rule from HP up to reassociation."""
     fam = GDNFamily(
         GEOMS["qwen3_next"],
         act_dtype=torch.bfloat16,
         exact_flush=exact,
-        decode_op=_op(),
+        decode_op=_op(**knobs),
         device=device,
         seed=12,
     )
