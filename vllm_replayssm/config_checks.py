@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm.logger import init_logger
+
 from vllm_replayssm.config import ReplayConfig, ReplayConfigError
+
+logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
 # Architectures whose page sizing and layers ReplaySSM implements today.
 SUPPORTED_ARCHS = (
@@ -54,10 +58,7 @@ def verify_replay_config(vllm_config: Any) -> None:
     problems = []
     cache = vllm_config.cache_config
     if cache.enable_prefix_caching:
-        problems.append(
-            "prefix caching (stock state copies know only conv/ssm state): "
-            "pass --no-enable-prefix-caching"
-        )
+        problems += _prefix_caching_problems(cache, spec)
     kv = vllm_config.kv_transfer_config
     if kv is not None and kv.kv_connector is not None:
         problems.append(
@@ -93,6 +94,36 @@ def verify_replay_config(vllm_config: Any) -> None:
         problems += _spec_problems(arch, spec)
     if problems:
         raise ReplayConfigError("replayssm cannot run with " + "; ".join(problems))
+
+
+def _prefix_caching_problems(cache: Any, spec: Any) -> list[str]:
+    """Prefix caching runs in vLLM's "align" mamba cache mode (docs/prefix-caching.md): the
+    running state stays in one block per request, vLLM copies it into the next block when a
+    step crosses a block boundary (through the model's `get_mamba_state_copy_func`, ours
+    copying the whole ReplaySSM page), and the block left behind is cached. Set here, before
+    vLLM derives the mode (it would pick "all" for NemotronH)."""
+    problems = []
+    if cache.mamba_cache_mode == "none":
+        cache.mamba_cache_mode = "align"
+        logger.info("replayssm: prefix caching runs in mamba_cache_mode 'align'")
+    elif cache.mamba_cache_mode != "align":
+        problems.append(
+            f"mamba_cache_mode '{cache.mamba_cache_mode}' (ReplaySSM keeps its page in "
+            "one block and runs prefix caching in 'align' mode only): pass "
+            "--mamba-cache-mode align or leave it unset"
+        )
+    if cache.prefix_match_unit is not None:
+        problems.append(
+            "prefix_match_unit (partial-block hits with ReplaySSM are untested): leave "
+            "--prefix-match-unit unset"
+        )
+    if spec is not None:
+        problems.append(
+            "prefix caching with speculative decoding (not implemented for ReplaySSM "
+            "yet: a cached block must hold committed records only): pass "
+            "--no-enable-prefix-caching or drop --speculative-config"
+        )
+    return problems
 
 
 def _on_cpu() -> bool:

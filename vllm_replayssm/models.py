@@ -25,8 +25,13 @@ from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
 from vllm_replayssm.config import ReplayConfig
 from vllm_replayssm.layers.gdn import ReplayQwenGatedDeltaNetAttention
 from vllm_replayssm.layers.mamba2 import ReplayMambaMixer2
-from vllm_replayssm.layers.pages import gdn_page_specs, mamba2_page_specs, shapes_and_dtypes
-from vllm_replayssm.layout import StateTensorSpec
+from vllm_replayssm.layers.pages import (
+    gdn_page_specs,
+    mamba2_page_specs,
+    page_copy_func,
+    shapes_and_dtypes,
+)
+from vllm_replayssm.layout import StateTensorSpec, page_size_bytes
 
 QwenGatedDeltaNetAttention.register_oot(ReplayQwenGatedDeltaNetAttention)
 MambaMixer2.register_oot(ReplayMambaMixer2)
@@ -39,11 +44,14 @@ class _ReplayPages:
     _stock_layer: type[torch.nn.Module]
     _replay_layer: type[torch.nn.Module]
 
+    _replay_page_bytes: int | None = None
+
     # vLLM's loader passes `prefix` explicitly, and only to classes whose __init__ names it.
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         if not ReplayConfig.from_vllm_config(vllm_config).enabled:
             return
+        self._replay_page_bytes = page_size_bytes(self._replay_specs(vllm_config))
         stock = [
             name
             for name, m in self.named_modules()  # type: ignore[attr-defined]
@@ -58,6 +66,15 @@ class _ReplayPages:
     @classmethod
     def _replay_specs(cls, vllm_config: Any) -> list[StateTensorSpec]:
         raise NotImplementedError
+
+    def get_mamba_state_copy_func(self):
+        """How vLLM's prefix caching ("align" mode) copies a request's state between blocks:
+        with replayssm enabled, the whole ReplaySSM page in one copy (`page_copy_func`);
+        vLLM's conv and SSM copies otherwise. An instance method over vLLM's classmethod:
+        the runner calls it on the model, and the page size is known per instance."""
+        if self._replay_page_bytes is None:
+            return super().get_mamba_state_copy_func()
+        return (page_copy_func(self._replay_page_bytes),)
 
     @classmethod
     def _replay_page(cls, vllm_config: Any) -> tuple[tuple, tuple] | None:

@@ -246,11 +246,17 @@ def greedy_outputs(
     metrics: dict[str, float] | None = None,
     in_process: bool | None = None,
     layers: list | None = None,
+    waves: list[int] | None = None,
+    follow_ups: list[tuple[int, list[int]]] | None = None,
     **llm_kwargs: Any,
 ) -> list[list[int]] | list[tuple[list[int], list[dict[int, float]]]]:
     """Greedy token ids from `vllm.LLM` on `model_dir` for token-id `prompts`, `max_tokens`
     new tokens each (EOS ignored). With logprobs=k, each prompt gives (token ids, per
-    position {token id: logprob} of the top k). Defaults are design §7.1's CPU settings;
+    position {token id: logprob} of the top k). The prompts are issued together, or, with
+    `waves` (group sizes summing to len(prompts)), group after group, each group issued
+    when the previous one has finished. `follow_ups` [(i, extra)] then issue, together, one
+    prompt each made of prompt i, its output and `extra` (a second turn of a conversation);
+    their outputs follow the prompts' in the result. Defaults are design §7.1's CPU settings;
     `llm_kwargs` overrides them. With a `metrics` dict, stats logging is on and the engine's
     counters and gauges (`LLM.get_metrics()`, e.g. "vllm:num_preemptions") are put into it;
     with a `layers` list, the model's SSM layers (`ssm_layers`) are put into it (a
@@ -292,7 +298,19 @@ def greedy_outputs(
         params = SamplingParams(
             temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs or None
         )
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        sizes = waves or [len(prompts)]
+        assert sum(sizes) == len(prompts), (sizes, len(prompts))
+        outs, start = [], 0
+        for size in sizes:
+            wave = [{"prompt_token_ids": p} for p in prompts[start : start + size]]
+            outs += llm.generate(wave, params, use_tqdm=False)
+            start += size
+        if follow_ups:
+            turns = [
+                {"prompt_token_ids": [*prompts[i], *outs[i].outputs[0].token_ids, *extra]}
+                for i, extra in follow_ups
+            ]
+            outs += llm.generate(turns, params, use_tqdm=False)
         found = llm.apply_model(ssm_layers)[0] if in_process or layers is not None else []
         if layers is not None:
             layers.extend(found)

@@ -40,9 +40,21 @@ def test_valid_configuration_passes(qwen3_next):
     "replayssm, kw, match",
     [
         (
+            {"enabled": True, "buffer_len": 8},
+            {
+                "enable_prefix_caching": True,
+                "speculative_config": {
+                    "method": "ngram",
+                    "num_speculative_tokens": 3,
+                    "prompt_lookup_max": 3,
+                },
+            },
+            "replayssm cannot run with prefix caching with speculative decoding",
+        ),
+        (
             {"enabled": True},
-            {"enable_prefix_caching": True},
-            "replayssm cannot run with prefix caching",
+            {"enable_prefix_caching": True, "prefix_match_unit": 16},
+            "replayssm cannot run with prefix_match_unit",
         ),
         ({"enabled": True, "buffer_len": 0}, {}, "buffer_len must be an integer"),
         ({"enabled": True, "lp_dtype": "int8"}, {}, "lp_dtype must be one of"),
@@ -59,11 +71,32 @@ def test_valid_configuration_passes(qwen3_next):
             "buffer_len=2 is smaller than the verify window T = 1 \\+ num_speculative_tokens = 4",
         ),
     ],
-    ids=["prefix_caching", "buffer_len", "lp_dtype", "unknown_key", "window"],
+    ids=[
+        "prefix_caching_spec",
+        "prefix_match_unit",
+        "buffer_len",
+        "lp_dtype",
+        "unknown_key",
+        "window",
+    ],
 )
 def test_bad_configuration_is_refused(qwen3_next, replayssm, kw, match):
     with pytest.raises(Exception, match=match):
         _config(qwen3_next, replayssm, **kw)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_next", "nemotron_h"])
+def test_prefix_caching_runs_in_align_mode(kind, request):
+    """vLLM would pick "all" for NemotronH (SupportsMambaPrefixCaching); ReplaySSM runs
+    "align" for both families (docs/prefix-caching.md)."""
+    cfg = _config(request.getfixturevalue(kind), {"enabled": True}, enable_prefix_caching=True)
+    assert cfg.cache_config.enable_prefix_caching
+    assert cfg.cache_config.mamba_cache_mode == "align"
+
+
+def test_prefix_caching_all_mode_is_refused(nemotron_h):
+    with pytest.raises(Exception, match="mamba_cache_mode 'all'"):
+        _config(nemotron_h, {"enabled": True}, enable_prefix_caching=True, mamba_cache_mode="all")
 
 
 def test_unsupported_architecture_is_refused(nemotron_h):
@@ -107,9 +140,10 @@ def test_speculative_stock_cpu_mamba2_is_refused(nemotron_h):
         _config(nemotron_h, {"enabled": False}, speculative_config=NGRAM)
 
 
-def test_disabled_replayssm_checks_nothing_else(qwen3_next):
-    cfg = _config(qwen3_next, {"enabled": False}, enable_prefix_caching=True)
+def test_disabled_replayssm_checks_nothing_else(nemotron_h):
+    cfg = _config(nemotron_h, {"enabled": False}, enable_prefix_caching=True)
     assert cfg.cache_config.enable_prefix_caching
+    assert cfg.cache_config.mamba_cache_mode == "all"  # vLLM's choice, untouched
 
 
 def test_failed_registration_fails_closed(qwen3_next, monkeypatch):

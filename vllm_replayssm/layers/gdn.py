@@ -145,6 +145,9 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         rows = state_indices[: md.num_decodes + md.num_prefills]
         if md.num_decodes:
             gdn_replay_materialise(cache, state_indices[: md.num_decodes], **common)
+        resumed = _prefill_rows_with_state(md, state_indices)
+        if resumed is not None:
+            gdn_replay_materialise(cache, resumed, **common)
         super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
         apply_prefill_hook(cache.hp, cache.lp, cache.meta, rows, **common)
         return None
@@ -296,6 +299,11 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 ),
             )
         if npf:
+            resumed = _prefill_rows_with_state(md, state_indices)
+            if resumed is not None:
+                gdn_replay_materialise(
+                    cache, resumed, buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger
+                )
             prefill_md = dataclasses.replace(
                 md,
                 num_decodes=0,
@@ -573,6 +581,18 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         )
         conv_state[state_indices] = rows
         return out.squeeze(-1)
+
+
+def _prefill_rows_with_state(md, state_indices: torch.Tensor) -> torch.Tensor | None:
+    """Slots of the plain (non-speculative) prefill rows that start from a stored state, or
+    None. vLLM's prefill reads their HP, so their rings must be folded first: a chunk
+    continuation's ring is empty (a no-op fold), but a prefix-cache hit starts from a copy
+    of the cached block's page (`layers/pages.page_copy_func`), whose ring holds the records
+    since that page's last flush (docs/prefix-caching.md)."""
+    nd, npf = md.num_decodes, md.num_prefills
+    if not npf or md.has_initial_state is None:
+        return None
+    return state_indices[nd : nd + npf][md.has_initial_state[nd : nd + npf]]
 
 
 def _replayssm_cpu_gdn_core(

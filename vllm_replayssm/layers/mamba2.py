@@ -78,8 +78,14 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             spec_missing="on GPUs yet (the CPU platform runs it)",
         ):
             return
-        if self.cache_config is not None and self.cache_config.mamba_cache_mode != "none":
-            raise ReplayConfigError("replayssm needs mamba_cache_mode 'none' (no prefix caching)")
+        if self.cache_config is not None and self.cache_config.mamba_cache_mode not in (
+            "none",
+            "align",
+        ):
+            raise ReplayConfigError(
+                "replayssm runs prefix caching in mamba_cache_mode 'align' only "
+                f"(got '{self.cache_config.mamba_cache_mode}')"
+            )
         self._scratch = None
         if not current_platform.is_cpu():
             self._scratch = _shared_scratch(
@@ -135,10 +141,12 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 return None
             return super().conv_ssm_forward(projected_states=projected_states, output=output)
         md = attn_metadata[self.prefix]
-        if self.cache_config.mamba_cache_mode != "none":
+        if self.cache_config.mamba_cache_mode == "all":
+            # "align" keeps each request's state in one block, as "none" does (vLLM copies
+            # it between blocks); "all" would need per-block states inside a prefill chunk.
             raise NotImplementedError(
-                "vllm-replayssm's Mamba-2 CPU path does not support "
-                "prefix caching; pass --no-enable-prefix-caching"
+                "vllm-replayssm's Mamba-2 CPU path runs prefix caching in "
+                "mamba_cache_mode 'align' only; pass --mamba-cache-mode align"
             )
         spec = self.replay.enabled and self.replay_window > 1
         if md.num_accepted_tokens is not None and not spec:

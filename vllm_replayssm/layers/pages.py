@@ -163,6 +163,32 @@ def gdn_cache_from_kv(
     return GDNReplayCache.from_views(views)
 
 
+def page_copy_func(page_bytes: int):
+    """vLLM's prefix caching in "align" mode moves a request's state to its next block with
+    one `MambaStateCopyFunc` per state tensor of the model's `get_mamba_state_copy_func`
+    (`vllm.v1.worker.mamba_utils.preprocess_mamba`, through `collect_mamba_copy_meta`,
+    which pairs the functions with the layer's tensors and stops at the shorter). A
+    ReplaySSM page is contiguous per block (vLLM carves it from one page-sized run, tensor 0
+    at its start: `layout.carve`), so one copy of `page_bytes` from tensor 0's block start
+    moves all of it: conv, HP, LP, ring and cursor words. Returns that function, for tensor
+    0 only; it copies the source block whole (plain decode: vLLM asks for one accepted
+    token; speculative decoding with prefix caching is refused at start-up)."""
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaCopySpec
+
+    def copy_page(state: torch.Tensor, block_ids: list[int], cur_block_idx: int, accepted: int):
+        if accepted != 1:
+            raise RuntimeError(
+                f"replayssm: a page copy asked for {accepted} accepted tokens (plain decode "
+                "copies whole pages only)"
+            )
+        if page_bytes % state.element_size():
+            raise RuntimeError(f"page of {page_bytes} B is not a multiple of tensor 0's dtype")
+        start = state[block_ids[cur_block_idx]].data_ptr()
+        return MambaCopySpec(start_addr=start, num_elements=page_bytes // state.element_size())
+
+    return copy_page
+
+
 class ReplayPage:
     """Mixin of our SSM layers (before vLLM's class in the bases): `get_state_shape` /
     `get_state_dtype` answer the ReplaySSM page (`self.replay_specs`) when replayssm is

@@ -1,0 +1,127 @@
+"""The page copy of prefix caching ("align" mode, docs/prefix-caching.md) at the layer
+level: vLLM's copy machinery with our copy function moves every tensor of a ReplaySSM page,
+and a page copied at a block boundary, materialised in its new slot, holds the state at that
+boundary (against the float64 oracle) with an empty ring, while the cached page stays as
+it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_replayssm.kernels.common.checkpoint import to_lp
+from vllm_replayssm.kernels.common.cursor import COMMITTED, PENDING, reset_words
+from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
+from vllm_replayssm.layers.pages import page_copy_func
+from vllm_replayssm.layout import (
+    GDNGeometry,
+    GDNReplayCache,
+    Mamba2Geometry,
+    Mamba2ReplayCache,
+    carve,
+    page_size_bytes,
+)
+
+from ..kernels.families import GDNFamily, Mamba2Family, cat_tokens
+from ..kernels.tolerances import tol_for
+
+FAMILIES = {
+    "mamba2": lambda: Mamba2Family(Mamba2Geometry(nheads=4, headdim=8, dstate=16, ngroups=2)),
+    "gdn": lambda: GDNFamily(
+        GDNGeometry(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8)
+    ),
+}
+CACHE = {"mamba2": Mamba2ReplayCache, "gdn": GDNReplayCache}
+NUM_SLOTS = 8
+
+
+def _pages(fam, L: int, T: int, lp, pad: int, seed: int = 0):
+    """(raw uint8 buffer, {name: view}, page bytes as vLLM lays them out): garbage bytes,
+    pages padded by `pad` bytes as vLLM pads them to the attention page size."""
+    specs = fam.specs(L, T, lp)
+    page = page_size_bytes(specs) + pad
+    gen = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (NUM_SLOTS * page,), dtype=torch.uint8, generator=gen)
+    return raw, carve(raw, specs, page), page_size_bytes(specs), page
+
+
+def _vllm_copy(raw: torch.Tensor, views: dict, copy_funcs, block_ids, src_idx, dst_idx):
+    """What vLLM's `collect_mamba_copy_meta` + `batch_memcpy` do for one layer: pair the
+    layer's tensors with the copy functions (zip), copy num_elements * element size bytes
+    from each spec's start to the same tensor's destination block."""
+    base = raw.data_ptr()
+    for state, func in zip(list(views.values()), copy_funcs):  # noqa: B905 (vLLM's zip)
+        spec = func(state, block_ids, src_idx, 1)
+        nbytes = spec.num_elements * state.element_size()
+        src = spec.start_addr - base
+        dst = state[block_ids[dst_idx]].data_ptr() - base
+        raw[dst : dst + nbytes] = raw[src : src + nbytes].clone()
+
+
+@pytest.mark.parametrize("pad", [0, 384], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_page_copy_moves_every_tensor(family, pad):
+    fam = FAMILIES[family]()
+    raw, views, nbytes, page = _pages(fam, 4, 1, torch.bfloat16, pad)
+    before = raw.clone()
+    block_ids = [0, 3, 6]  # the request's blocks; the state moves from index 1 to 2
+    _vllm_copy(raw, views, (page_copy_func(nbytes),), block_ids, 1, 2)
+    for name, view in views.items():
+        assert torch.equal(view[6].view(torch.uint8), view[3].view(torch.uint8)), name
+    changed = (raw != before).nonzero().flatten()
+    assert changed.numel() > 0
+    assert changed.min() >= 6 * page and changed.max() < 6 * page + nbytes
+
+
+def test_page_copy_refuses_accepted_drafts():
+    fam = FAMILIES["mamba2"]()
+    _, views, nbytes, _ = _pages(fam, 4, 1, None, 0)
+    with pytest.raises(RuntimeError, match="2 accepted tokens"):
+        page_copy_func(nbytes)(views["conv"], [0, 1], 0, 2)
+
+
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp_only", "lp_bf16"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_copied_boundary_page_materialises_to_the_boundary_state(family, lp):
+    """Slot 3 prefills, then decodes 7 tokens with L = 4 (flushes; its ring holds the
+    records since, the last one pending): the page a block-completing step leaves. Copied to
+    slot 6 and materialised there (what a prefix-cache hit does before vLLM's prefill reads
+    HP), slot 6 holds the float64 state after all those tokens, LP = HP, an empty ring;
+    slot 3 is untouched, and both then decode the same token alike."""
+    L, T, steps = 4, 1, 7
+    fam = FAMILIES[family]()
+    raw, views, nbytes, _ = _pages(fam, L, T, lp, 0, seed=1)
+    cache = CACHE[family].from_views(views)
+    gen = torch.Generator().manual_seed(2)
+    S0 = fam.initial_state(gen).double()
+    src, dst = torch.tensor([3]), torch.tensor([6])
+    cache.hp[src] = S0.float()[None]
+    apply_prefill_hook(cache.hp, cache.lp, cache.meta, src, buffer_len=L, window=T, stagger=True)
+    toks = []
+    for _ in range(steps):
+        tok = fam.tokens(1, gen)
+        out = torch.full(fam.out_shape(1), float("nan"))
+        fam.decode(cache, tok, src.int(), out, L, T)
+        toks.append(tok)
+    words = cache.meta[3].tolist()
+    assert words[COMMITTED] > 0 and words[PENDING] == 1, words  # a ring left to fold
+    _, S_ref = fam.naive(S0, cat_tokens(toks))
+    _vllm_copy(raw, views, (page_copy_func(nbytes),), [0, 3, 6], 1, 2)
+    cached = raw.clone()
+    fam.materialise(cache, dst.int(), L, T, True)
+    page = raw.numel() // NUM_SLOTS
+    assert torch.equal(raw[3 * page : 3 * page + nbytes], cached[3 * page : 3 * page + nbytes])
+    err = (cache.hp[6].double() - S_ref).norm() / S_ref.norm()
+    assert err < tol_for(), err
+    if cache.lp is not None:
+        assert torch.equal(cache.lp[6], to_lp(cache.hp[6], cache.lp.dtype))
+    assert torch.equal(cache.meta[6].long(), reset_words(dst, L, T, True)[0])
+    tok = fam.tokens(1, gen)
+    outs = []
+    for slot in (src, dst):
+        out = torch.full(fam.out_shape(1), float("nan"))
+        fam.decode(cache, tok, slot.int(), out, L, T)
+        outs.append(out)
+    y_ref, _ = fam.naive(S_ref, tok)
+    for out in outs:
+        assert (out.double() - y_ref).norm() / y_ref.norm() < tol_for(lp)

