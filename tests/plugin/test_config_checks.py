@@ -135,6 +135,14 @@ def test_speculative_decoding_on_gpus_is_refused(nemotron_h, monkeypatch):
         _config(nemotron_h, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
 
 
+def test_prefix_caching_on_gpus_is_refused(qwen3_next, monkeypatch):
+    from vllm_replayssm import config_checks
+
+    monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
+    with pytest.raises(Exception, match="prefix caching on GPUs"):
+        _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True)
+
+
 def test_speculative_stock_cpu_mamba2_is_refused(nemotron_h):
     with pytest.raises(Exception, match="runs only with replayssm"):
         _config(nemotron_h, {"enabled": False}, speculative_config=NGRAM)
