@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from vllm_replayssm.demo import demo_path, served_name
-from vllm_replayssm.demo.tokenizer import CORPUS
+from vllm_replayssm.demo.tokenizer import PROMPT_TEXT
 
 from ..models.compare import NEAR_TIE, compare_greedy, distinct_tokens
 from ..models.tiny import greedy_outputs
@@ -35,7 +35,7 @@ SEQUENTIAL = 12
 LOAD_REQUESTS = 220
 ABORT_FRACTION = 0.15
 CHAT_FRACTION = 0.1
-WORDS = CORPUS.split()[:150]
+WORDS = PROMPT_TEXT.split()[:150]
 COMPLETION_EXTRA = {
     "return_token_ids": True,
     "return_tokens_as_token_ids": True,
