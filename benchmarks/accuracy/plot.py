@@ -32,7 +32,7 @@ def _panel(draw: ImageDraw.ImageDraw, x0: int, family: str, results: dict[str, A
     step = next(iter(variants.values()))["curve"]["bin"]
     n_points = max(len(c) for c in curves.values())
     lo, hi = _decades([v for c in curves.values() for v in c])
-    hi = max(hi, lo + 1)
+    hi = max(hi, lo + 1) + 1  # a decade of headroom for the legend
     left, top = x0 + MARGIN_L, MARGIN_T
     width, height = PANEL_W - MARGIN_L - MARGIN_R, PANEL_H - MARGIN_T - MARGIN_B
 
@@ -54,9 +54,14 @@ def _panel(draw: ImageDraw.ImageDraw, x0: int, family: str, results: dict[str, A
         )
     draw.text((left + width / 2 - 60, top + height + 26), "generated position", fill=(0, 0, 0))
     draw.text((left, 12), f"{family}: KL(stock fp32 || variant), nats/token", fill=(0, 0, 0))
-    for row, (name, curve) in enumerate(curves.items()):
+    for name, curve in curves.items():
+        draw.line(
+            [xy(i, v) for i, v in enumerate(curve)], fill=COLOURS.get(name, (0, 0, 0)), width=2
+        )
+    box = [left + 4, top + 4, left + 190, top + 10 + 14 * len(curves)]
+    draw.rectangle(box, fill=(255, 255, 255), outline=(160, 160, 160))
+    for row, name in enumerate(curves):
         colour = COLOURS.get(name, (0, 0, 0))
-        draw.line([xy(i, v) for i, v in enumerate(curve)], fill=colour, width=2)
         ly = top + 8 + 14 * row
         draw.line([left + 8, ly + 6, left + 28, ly + 6], fill=colour, width=2)
         draw.text((left + 32, ly), name, fill=(0, 0, 0), font=font)

