@@ -89,7 +89,10 @@ def setup(servers):
         logprobs=5,
         additional_config={"replayssm": {"enabled": False}},
     )
-    assert distinct_tokens(reference) > 100, "reference outputs are not diverse"
+    # Not a collapsed reference: the trained demo's greedy outputs settle into loops ("the
+    # same as the same as"), 87 distinct ids over these 24 x 32 tokens (the random-weight
+    # demo gave over 100); a collapsed one gives a handful.
+    assert distinct_tokens(reference) > 60, "reference outputs are not diverse"
     server.wait_ready()
     return server, prompt_ids, reference
 
