@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from vllm_replayssm.demo import demo_path, served_name
-from vllm_replayssm.demo.tokenizer import CORPUS
+from vllm_replayssm.demo.tokenizer import PROMPT_TEXT
 
 from ..models.compare import NEAR_TIE, compare_greedy, distinct_tokens
 from ..models.tiny import greedy_outputs
@@ -35,7 +35,7 @@ SEQUENTIAL = 12
 LOAD_REQUESTS = 220
 ABORT_FRACTION = 0.15
 CHAT_FRACTION = 0.1
-WORDS = CORPUS.split()[:150]
+WORDS = PROMPT_TEXT.split()[:150]
 COMPLETION_EXTRA = {
     "return_token_ids": True,
     "return_tokens_as_token_ids": True,
@@ -89,7 +89,10 @@ def setup(servers):
         logprobs=5,
         additional_config={"replayssm": {"enabled": False}},
     )
-    assert distinct_tokens(reference) > 100, "reference outputs are not diverse"
+    # Not a collapsed reference: the trained demo's greedy outputs settle into loops ("the
+    # same as the same as"), 87 distinct ids over these 24 x 32 tokens (the random-weight
+    # demo gave over 100); a collapsed one gives a handful.
+    assert distinct_tokens(reference) > 60, "reference outputs are not diverse"
     server.wait_ready()
     return server, prompt_ids, reference
 

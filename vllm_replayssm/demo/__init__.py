@@ -1,12 +1,14 @@
-"""Embedded demo models: tiny seeded hybrids shipped with the package, so `vllm-replayssm
+"""Embedded demo models: tiny trained hybrids shipped with the package, so `vllm-replayssm
 serve` runs on a machine with no network and no model download.
 
 - `nemotron_h`: NemotronHForCausalLM (Mamba-2 + attention + MLP layers), the default;
 - `qwen3_next`: Qwen3NextForCausalLM (Gated DeltaNet + attention, MoE).
 
-The weights are random (seeded, realistic scale): the text they produce is random words. They
-exist to exercise the whole serving path, not to answer questions. `demo/build.py` rebuilds
-them byte for byte.
+Both are trained from scratch on CPU on the prose of the Python standard library (its
+docstrings and the language reference topics; `demo/corpus.py`, `demo/train.py`): they write
+documentation-like English, recognisable words and phrases at a 0.2-0.3M-parameter model's
+level, not answers. `python -m vllm_replayssm.demo.build` retrains them, `--check` verifies the
+shipped files.
 """
 
 from __future__ import annotations
