@@ -189,6 +189,7 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
         (16, 1, "bf16x3", torch.bfloat16),
         (64, 4, "bf16x3", None),
         (32, 2, "bf16x3", None),
+        (16, 1, "bf16x3", None),
     ):
         kind = "recompute" if lp is not None else "sum d, HP only"
         out.append(

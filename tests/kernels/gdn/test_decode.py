@@ -101,14 +101,15 @@ def test_kernel_matches_naive(case, device):
 
 @pytest.mark.parametrize(
     "exact, knobs",
-    [(True, {}), (False, {}), (True, dict(flush_recompute=0))],
-    ids=["exact", "fold", "exact_sum_d"],
+    [(True, {}), (False, {}), (True, dict(flush_recompute=1))],
+    ids=["exact", "fold", "exact_recompute"],
 )
 def test_hp_only_replay_is_fp32_accurate(exact, knobs, device):
     """The point of fp32 corrected values: HP-only replay with bf16 activations stays within
-    1e-5 of the float64 oracle in every step (bf16 d records were ~1e-3 off). exact_sum_d:
-    the exact flush without an LP copy summing the cached d instead of recomputing them
-    (`flush.gdn_flush`'s recompute), which is the delta rule from HP up to reassociation."""
+    1e-5 of the float64 oracle in every step (bf16 d records were ~1e-3 off). exact: the
+    default exact flush without an LP copy, which sums the cached d (the delta rule from HP
+    up to reassociation); exact_recompute: the same flush recomputing them from HP over the
+    cached k, v, g, β (`flush.gdn_flush`'s recompute, what an LP copy needs)."""
     fam = GDNFamily(
         GEOMS["qwen3_next"],
         act_dtype=torch.bfloat16,
@@ -174,10 +175,15 @@ def test_stock_route_interleaved(lp, device):
 
 def test_hp_independent_of_lp(device):
     """The exact flush reads HP only: HP after every flush is bitwise the same with LP off,
-    bf16 and fp16."""
+    bf16 and fp16. The flush recomputes d from HP in all three (LP off sums the cached d by
+    default: the same HP up to reassociation, test_hp_only_replay_is_fp32_accurate)."""
     check_hp_independent_of_lp(
         lambda: GDNFamily(
-            GEOMS["tiny"], act_dtype=torch.bfloat16, device=device, seed=5, decode_op=_op()
+            GEOMS["tiny"],
+            act_dtype=torch.bfloat16,
+            device=device,
+            seed=5,
+            decode_op=_op(flush_recompute=1),
         ),
         L=4,
         T=1,

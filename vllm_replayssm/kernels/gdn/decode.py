@@ -59,18 +59,23 @@ def launch_config(
     ckpt_itemsize: int,
     device: torch.device,
 ) -> dict:
-    """Launch knobs of the plain-decode launches (defaults, to be tuned on the H200).
+    """Launch knobs of the plain-decode launches (measured on the H200, Qwen3.5-122B bs 256:
+    `benchmarks/results/kernels-h200-20261201-5721ade-gdn-*.json`).
 
     readout: block_v rows of the checkpoint per program (TILE_BYTES of them: 16 x 128 fp32,
-    32 x 128 bf16/fp16), one warp (no cross-warp reductions); flush: one value head's tile
-    of up to 64 rows per item, four warps, a persistent grid of two programs per SM (8 in
-    the interpreter), on a side stream beside the readout (GPU). The Mamba-2 sweeps on the
-    H200 chose the same shapes (`kernels/mamba2/decode.launch_config`)."""
+    32 x 128 bf16/fp16), one warp (no cross-warp reductions). flush: 16-row value tiles,
+    one warp per program, a persistent grid of four programs per SM (8 in the interpreter),
+    on a side stream beside the readout (GPU): the flush is a chain of dependent steps per
+    tile (HP load, three products, a substitution, stores), so many small programs hide its
+    latency better than 64-row tiles on four warps, two per SM (bf16 LP 260 vs 281 µs per
+    step and layer; 2 or 8 per SM: 296, 269). flush_recompute None: the corrected values
+    are recomputed from HP where an LP copy exists and summed from the cached d without one
+    (`flush.gdn_flush`'s recompute; HP only 332 µs against 350 recomputing)."""
     block_v = TILE_BYTES // (pow2_block(head_k_dim) * ckpt_itemsize)
     block_v = max(8, min(block_v, triton.next_power_of_2(head_v_dim)))
-    flush_v = max(16, min(64, triton.next_power_of_2(head_v_dim)))
+    flush_v = 16  # the dot products' smallest tile
     if device.type == "cuda":
-        programs = 2 * _num_sms(device.index if device.index is not None else 0)
+        programs = 4 * _num_sms(device.index if device.index is not None else 0)
     else:
         programs = 8
     flush_items = num_rows * num_v_heads * triton.cdiv(head_v_dim, flush_v)
@@ -78,11 +83,11 @@ def launch_config(
         readout_block_v=block_v,
         readout_warps=1,
         flush_block_v=flush_v,
-        flush_warps=4,
+        flush_warps=1,
         flush_programs=min(programs, flush_items),
         plan_warps=1,
         overlap=device.type == "cuda",
-        flush_recompute=1,
+        flush_recompute=None,
     )
 
 
