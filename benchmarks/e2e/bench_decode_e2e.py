@@ -354,7 +354,9 @@ def route_ran(spec: dict, bs: int) -> str:
         return route
     from vllm_replayssm.kernels.gdn.dispatch import launch_config
 
-    return launch_config(bs, 2)["route"]  # Qwen3.5-4B geometry: 2 value heads per key head
+    has_lp = spec["replay"].get("lp_dtype", "bfloat16") not in (None, "none")
+    # Qwen3.5-4B geometry: 2 value heads per key head
+    return launch_config(bs, 2, has_lp=has_lp)["route"]
 
 
 def engine_kwargs(spec: dict, on_gpu: bool) -> dict:

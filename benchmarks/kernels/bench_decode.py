@@ -302,13 +302,13 @@ GDN_ROUTE_KNOBS = {
 }
 
 
-def gdn_launch(geom, bs: int, config: dict) -> dict:
+def gdn_launch(geom, bs: int, config: dict, has_lp: bool) -> dict:
     """The `launch` overrides of gdn_decode for a configuration: its route ("auto": none, as
     the layer runs it) and the knobs that route's launcher takes."""
     knobs = dict(config)
     route = knobs.pop("route", "auto")
     launch = {} if route == "auto" else {"route": route}
-    kernel_route = route_ran(geom, bs, config)
+    kernel_route = route_ran(geom, bs, config, has_lp)
     allowed = GDN_ROUTE_KNOBS.get(kernel_route)
     launch.update({k: v for k, v in knobs.items() if allowed is None or k in allowed})
     if kernel_route == "replay":  # only decode.launch_config's knobs (--knob)
@@ -339,7 +339,7 @@ def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
         from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
         from vllm_replayssm.kernels.gdn.plan import GDNScratch
 
-        launch = gdn_launch(geom, len(slots), config)
+        launch = gdn_launch(geom, len(slots), config, layers[0][0].lp is not None)
         scratch = GDNScratch.allocate(
             len(slots), geom.num_v_heads, geom.num_k_heads, geom.head_k_dim, BUFFER_LEN, DEV
         )
@@ -418,8 +418,9 @@ def launch_configs(geom, args) -> list[dict]:
     return configs or [{}]
 
 
-def route_ran(geom, bs: int, config: dict) -> str:
-    """Which of our routes a configuration runs (README and notes credit only what ran)."""
+def route_ran(geom, bs: int, config: dict, has_lp: bool) -> str:
+    """Which of our routes a configuration runs (README and notes credit only what ran);
+    has_lp: the layers keep an LP copy."""
     if family(geom) == "mamba2":
         from vllm_replayssm.kernels.mamba2.dispatch import choose_route
 
@@ -428,7 +429,8 @@ def route_ran(geom, bs: int, config: dict) -> str:
 
     route = config.get("route", "auto")
     launch = {} if route == "auto" else {"route": route}
-    return plan_launch("auto", bs, geom.num_v_heads // geom.num_k_heads, True, launch)["route"]
+    v_per_k = geom.num_v_heads // geom.num_k_heads
+    return plan_launch("auto", bs, v_per_k, True, launch, has_lp=has_lp)["route"]
 
 
 def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) -> dict:
@@ -446,7 +448,8 @@ def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) ->
             f"ours {label}",
             lambda c=config: measure(our_calls(geom, layers, slots, c), outs, nl, args),
         )
-        tried.append({"config": config, "route": route_ran(geom, bs, config), **res})
+        route = route_ran(geom, bs, config, LP_DTYPES[lp_name] is not None)
+        tried.append({"config": config, "route": route, **res})
     ok = [t for t in tried if "error" not in t]
     if not ok:
         return {"error": tried[-1]["error"], "configs": tried}

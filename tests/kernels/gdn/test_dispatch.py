@@ -10,6 +10,7 @@ from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.gdn import reference
 from vllm_replayssm.kernels.gdn.dispatch import (
     STOCK_ROUTE_MAX_ROWS,
+    STOCK_ROUTE_MAX_ROWS_HP_ONLY,
     chosen_route,
     gdn_decode,
     launch_config,
@@ -25,29 +26,38 @@ L = 4
 V_PER_K = 4
 
 
-# (num_rows, plain) -> route, heads_per_program (None: no head loop)
+# (num_rows, plain, has_lp) -> route, heads_per_program (None: no head loop)
 POLICY = {
-    "plain_bs1": (1, True, "stock", None),
-    "plain_at_threshold": (STOCK_ROUTE_MAX_ROWS, True, "stock", None),
-    "plain_above_threshold": (STOCK_ROUTE_MAX_ROWS + 1, True, "replay", None),
-    "plain_bs256": (256, True, "replay", None),
-    "spec_bs16": (16, False, "fused", 1),
-    "spec_bs17": (17, False, "split", 1),
-    "spec_bs64": (64, False, "split", V_PER_K),
+    "plain_bs1": (1, True, True, "stock", None),
+    "plain_at_threshold": (STOCK_ROUTE_MAX_ROWS, True, True, "stock", None),
+    "plain_above_threshold": (STOCK_ROUTE_MAX_ROWS + 1, True, True, "replay", None),
+    # HP only replay reads twice the checkpoint bytes: the crossover is later
+    "hp_only_at_threshold": (STOCK_ROUTE_MAX_ROWS_HP_ONLY, True, False, "stock", None),
+    "hp_only_above_threshold": (STOCK_ROUTE_MAX_ROWS_HP_ONLY + 1, True, False, "replay", None),
+    "plain_bs256": (256, True, True, "replay", None),
+    "hp_only_bs256": (256, True, False, "replay", None),
+    "spec_bs16": (16, False, True, "fused", 1),
+    "spec_bs17": (17, False, True, "split", 1),
+    "spec_bs64": (64, False, False, "split", V_PER_K),
 }
+
+
+def test_hp_only_threshold_is_later():
+    assert STOCK_ROUTE_MAX_ROWS < STOCK_ROUTE_MAX_ROWS_HP_ONLY
 
 
 @pytest.mark.parametrize("case", list(POLICY))
 def test_launch_config(case):
-    rows, plain, route, hpp = POLICY[case]
-    cfg = launch_config(rows, V_PER_K, plain=plain)
+    rows, plain, has_lp, route, hpp = POLICY[case]
+    cfg = launch_config(rows, V_PER_K, plain=plain, has_lp=has_lp)
     assert cfg["route"] == route
     assert cfg.get("heads_per_program") == hpp
     if route == "replay":  # the replay launches take decode.launch_config's knobs
         assert cfg == {"route": "replay"}
     else:
         assert cfg["block_v"] == 16 and cfg["num_warps"] == 1
-    assert chosen_route("auto", rows, V_PER_K, plain) == ("stock" if route == "stock" else "replay")
+    want = "stock" if route == "stock" else "replay"
+    assert chosen_route("auto", rows, V_PER_K, plain, has_lp=has_lp) == want
 
 
 # (replayssm.route, num_rows, plain, launch overrides) -> the kernel route that runs

@@ -29,17 +29,22 @@ if TYPE_CHECKING:  # Triton modules are imported only where kernels run (GPUs)
 
 
 # Plain decode of up to this many rows takes the stock route, above it the plan / flush /
-# readout replay launches. A starting value (Mamba-2's measured crossover, where the two
-# kernels have the same structure); to be tuned with the v2 GDN kernels on the H200.
-STOCK_ROUTE_MAX_ROWS = 8
+# readout replay launches: the crossover measured on the H200 at the Qwen3.5-122B geometry
+# (`kernels-h200-20261201-a93cdcf-gdn-route.json`). With an LP copy replay reads half the
+# bytes and wins from 8 rows (18.1 vs 19.9 µs; at 6 rows 16.6 vs 15.5); HP only it wins
+# from 16 (33.8 vs 36.1; at 12 rows 28.6 vs 27.9).
+STOCK_ROUTE_MAX_ROWS = 6
+STOCK_ROUTE_MAX_ROWS_HP_ONLY = 12
 KERNEL_ROUTES = ("replay", "stock", "fused", "split")
 
 
-def launch_config(num_rows: int, v_per_k: int, plain: bool = True) -> dict:
+def launch_config(num_rows: int, v_per_k: int, plain: bool = True, has_lp: bool = True) -> dict:
     """The launch configuration of a step of `num_rows` rows (keys: route, then the chosen
-    launcher's arguments; "replay" takes `decode.launch_config`'s knobs).
+    launcher's arguments; "replay" takes `decode.launch_config`'s knobs). has_lp: the
+    layer keeps an LP copy.
 
-    Plain decode: the stock route up to STOCK_ROUTE_MAX_ROWS rows, the replay launches above.
+    Plain decode: the stock route up to STOCK_ROUTE_MAX_ROWS rows (HP only:
+    STOCK_ROUTE_MAX_ROWS_HP_ONLY), the replay launches above.
     The stock route's 16-row value tile is the one every engine run so far used: 8-row
     tiles were 5% faster at bs 1 and 1% slower at bs 32
     (`kernels-h200-20261129-22b7412-stock-route-bs1-32.json`). Speculative decode (which the
@@ -47,7 +52,8 @@ def launch_config(num_rows: int, v_per_k: int, plain: bool = True) -> dict:
     fused up to 16 rows, else flush + readout with all value heads of a key head per program
     from 64 rows."""
     if plain:
-        return _route_config("stock" if num_rows <= STOCK_ROUTE_MAX_ROWS else "replay", 0, 0)
+        limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
+        return _route_config("stock" if num_rows <= limit else "replay", 0, 0)
     return _route_config("fused" if num_rows <= 16 else "split", num_rows, v_per_k)
 
 
@@ -69,7 +75,13 @@ def _route_config(route: str, num_rows: int, v_per_k: int) -> dict:
 
 
 def plan_launch(
-    route: str, num_rows: int, v_per_k: int, plain: bool, launch: dict | None = None
+    route: str,
+    num_rows: int,
+    v_per_k: int,
+    plain: bool,
+    launch: dict | None = None,
+    *,
+    has_lp: bool = True,
 ) -> dict:
     """The launch configuration of a Triton step: `launch_config` for `route` ("auto",
     "replay" or "stock"; a step that is not plain replays whatever the route), then the
@@ -78,7 +90,7 @@ def plan_launch(
     route's configuration."""
     if route not in ROUTES:
         raise ValueError(f"route must be one of {list(ROUTES)}, got {route!r}")
-    cfg = launch_config(num_rows, v_per_k, plain=plain)
+    cfg = launch_config(num_rows, v_per_k, plain=plain, has_lp=has_lp)
     if plain and route != "auto":
         cfg = _route_config(route, num_rows, v_per_k)
     forced = (launch or {}).get("route", cfg["route"])
@@ -90,10 +102,12 @@ def plan_launch(
     return cfg
 
 
-def chosen_route(route: str, num_rows: int, v_per_k: int, plain: bool) -> str:
+def chosen_route(
+    route: str, num_rows: int, v_per_k: int, plain: bool, *, has_lp: bool = True
+) -> str:
     """The route a step takes on GPUs: "stock" or "replay" (the window step counts as
     replay). Benchmarks and the layer's counters report it."""
-    kernel_route = plan_launch(route, num_rows, v_per_k, plain)["route"]
+    kernel_route = plan_launch(route, num_rows, v_per_k, plain, has_lp=has_lp)["route"]
     return "stock" if kernel_route == "stock" else "replay"
 
 
@@ -155,7 +169,14 @@ def gdn_decode(
     from vllm_replayssm.kernels.gdn.stock_route import gdn_stock_route_decode
     from vllm_replayssm.kernels.gdn.window import gdn_window_decode
 
-    cfg = plan_launch(route, state_indices.shape[0], v.shape[1] // k.shape[1], plain, launch)
+    cfg = plan_launch(
+        route,
+        state_indices.shape[0],
+        v.shape[1] // k.shape[1],
+        plain,
+        launch,
+        has_lp=cache.lp is not None,
+    )
     kernel_route = cfg.pop("route")
     if kernel_route == "stock":
         gdn_stock_route_decode(*args, stagger=stagger, **common, **cfg)
