@@ -193,6 +193,8 @@ def engine_kwargs(
     }
     if not torch.cuda.is_available():
         kwargs["kv_cache_memory_bytes"] = 1 << 30
+    else:  # no FlashInfer in the GPU-host bundle: vLLM's Triton GDN prefill (NemotronH: unused)
+        kwargs["additional_config"]["gdn_prefill_backend"] = "triton"
     if replayssm["enabled"]:
         kwargs["additional_config"]["replayssm"].setdefault("route", "replay")
     return kwargs

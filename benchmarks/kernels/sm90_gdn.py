@@ -102,6 +102,7 @@ SCALARS = {
     "coef_ptr": "*fp32",
     "hp_rows_ptr": "*i32",
     "hp_count_ptr": "*i32",
+    "winv_ptr": "*fp32",
 }
 
 
@@ -109,7 +110,11 @@ def kernel_args(kernel, lp: torch.dtype | None) -> dict:
     """Argument values of a kernel's non-constexpr parameters, from the meta tensors: a
     pointer's dtype, a stride_<prefix>_<dim> its stride (dims in the tensor's order)."""
     t, scratch = _tensors(lp)
-    strides = {"coef": scratch.coef.stride()[:2], **{p: x.stride() for p, x in t.items()}}
+    strides = {
+        "coef": scratch.coef.stride()[:2],
+        "winv": scratch.fold_inverse.stride()[:2],
+        **{p: x.stride() for p, x in t.items()},
+    }
     out = {}
     for p in kernel.params:
         if p.is_constexpr:
@@ -140,7 +145,7 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     BL = plan.history_block(L)
     out = [
         (
-            "plan",
+            "plan" + (" with fold inverses" if inverse else ""),
             plan._gdn_plan_kernel,
             kernel_args(plan._gdn_plan_kernel, torch.bfloat16),
             dict(
@@ -151,9 +156,11 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                 BLOCK_L=BL,
                 HAS_LP=True,
                 EXACT_FLUSH=True,
+                FOLD_INVERSE=inverse,
             ),
             1,
         )
+        for inverse in (False, True)
     ]
     for lp, rows in ((None, 16), (torch.bfloat16, 32), (torch.float16, 32)):
         name = "fp32" if lp is None else str(lp).split(".")[1]
@@ -179,19 +186,21 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     # flush_block_v / flush_warps; bf16x3 is the GPU default with bf16 k records).
     # The exact flush recomputes d from HP with an LP copy, and sums the cached d without one
     # (`flush.gdn_flush`'s recompute).
-    for rows, warps, precision, lp in (
-        (64, 4, "bf16x3", torch.bfloat16),
-        (64, 4, "tf32x3", torch.bfloat16),
-        (64, 8, "bf16x3", torch.bfloat16),
-        (32, 4, "bf16x3", torch.bfloat16),
-        (32, 4, "tf32x3", torch.bfloat16),
-        (32, 2, "bf16x3", torch.bfloat16),
-        (16, 1, "bf16x3", torch.bfloat16),
-        (64, 4, "bf16x3", None),
-        (32, 2, "bf16x3", None),
-        (16, 1, "bf16x3", None),
+    for rows, warps, precision, lp, inverse in (
+        (16, 1, "bf16x3", torch.bfloat16, True),
+        (64, 4, "bf16x3", torch.bfloat16, False),
+        (64, 4, "tf32x3", torch.bfloat16, False),
+        (64, 8, "bf16x3", torch.bfloat16, False),
+        (32, 4, "bf16x3", torch.bfloat16, False),
+        (32, 4, "tf32x3", torch.bfloat16, False),
+        (32, 2, "bf16x3", torch.bfloat16, False),
+        (16, 1, "bf16x3", torch.bfloat16, False),
+        (64, 4, "bf16x3", None, False),
+        (32, 2, "bf16x3", None, False),
+        (16, 1, "bf16x3", None, False),
     ):
         kind = "recompute" if lp is not None else "sum d, HP only"
+        kind += ", fold inverse" if inverse else ""
         out.append(
             (
                 f"flush {rows} x {K} {precision} {kind}",
@@ -211,6 +220,7 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     EXACT_FLUSH=True,
                     RECOMPUTE_D=lp is not None,
                     DOT_PRECISION=precision,
+                    GIVEN_INVERSE=inverse,
                 ),
                 warps,
             )

@@ -290,6 +290,11 @@ def greedy_outputs(
     saved_env = os.environ.get(MULTIPROCESSING_ENV)
     set_num_threads = torch.set_num_threads
     llm = None
+    if not in_process and torch.cuda.is_available():
+        # A forked engine process inherits pytest's captured streams (vLLM's log handler
+        # then writes to a closed file) and whatever threads the test process started; vLLM
+        # spawns by itself only once this process has touched CUDA. Spawn always.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     try:
         if in_process:
             os.environ[MULTIPROCESSING_ENV] = "0"

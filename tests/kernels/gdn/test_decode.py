@@ -63,6 +63,9 @@ SCENARIOS = {
     "churn": dict(churn=True),  # rows join and leave: fresh pages, NULL rows, new slots
     "no_stagger": dict(stagger=False),  # every row flushes in the same step
     "one_flush_program": dict(knobs=dict(flush_programs=1)),  # the persistent loop
+    # the plan's fold inverse applied by the recomputing flush (L = 16 : 16 records folded)
+    "lp_bf16_fold_inverse": dict(lp=torch.bfloat16, knobs=dict(flush_inverse=1)),
+    "uneven_fold_inverse": dict(geom="uneven", lp=torch.float16, knobs=dict(flush_inverse=1)),
     # several value tiles per head in both launches (V = 16)
     "tiles_of_8": dict(geom="qwen3_next", knobs=dict(readout_block_v=8, flush_block_v=8)),
 }
@@ -122,13 +125,14 @@ def test_hp_only_replay_is_fp32_accurate(exact, knobs, device):
 
 
 # Lockstep with the torch reference: outputs, cursor words (exact), records, HP and LP.
-LOCKSTEP_BASE = dict(lp=None, exact=True, stock_share=0.0)
+LOCKSTEP_BASE = dict(lp=None, exact=True, stock_share=0.0, knobs={})
 LOCKSTEP = {
     "base": {},
     "lp_fp16": dict(lp=torch.float16),
     "lp_bf16": dict(lp=torch.bfloat16),
     "fold": dict(exact=False),
     "stock_route_steps_lp_bf16": dict(lp=torch.bfloat16, stock_share=0.4),  # stale LP rows
+    "lp_bf16_fold_inverse": dict(lp=torch.bfloat16, knobs=dict(flush_inverse=1)),
 }
 
 
@@ -145,7 +149,7 @@ def test_kernel_matches_reference_buffers(case, device):
             decode_op=op,
             seed=4,
         ),
-        _op(),
+        _op(**c["knobs"]),
         L=4,
         T=1,
         lp=lp,
@@ -173,17 +177,19 @@ def test_stock_route_interleaved(lp, device):
     check_mixed_routes(fam, L=4, lp=lp)
 
 
-def test_hp_independent_of_lp(device):
+@pytest.mark.parametrize("inverse", [0, 1], ids=["substitution", "fold_inverse"])
+def test_hp_independent_of_lp(inverse, device):
     """The exact flush reads HP only: HP after every flush is bitwise the same with LP off,
     bf16 and fp16. The flush recomputes d from HP in all three (LP off sums the cached d by
-    default: the same HP up to reassociation, test_hp_only_replay_is_fp32_accurate)."""
+    default: the same HP up to reassociation, test_hp_only_replay_is_fp32_accurate), by
+    per-tile substitution or with the plan's fold inverse."""
     check_hp_independent_of_lp(
         lambda: GDNFamily(
             GEOMS["tiny"],
             act_dtype=torch.bfloat16,
             device=device,
             seed=5,
-            decode_op=_op(flush_recompute=1),
+            decode_op=_op(flush_recompute=1, flush_inverse=inverse),
         ),
         L=4,
         T=1,
@@ -247,6 +253,31 @@ def test_real_geometry_on_gpu(geom, lp, exact):
     # design, as in the interpreter table's fold_lp_bf16 row)
     rounding = None if exact else lp
     check_scenario(fam, L=16, T=1, lp=lp, spec=False, requests=8, cycles=2, rounding=rounding)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geom", list(REAL))
+def test_real_geometry_fold_inverse_on_gpu(geom):
+    """The recomputing flush with the plan's fold inverses (`flush_inverse`), bf16 LP."""
+    fam = GDNFamily(
+        REAL[geom],
+        act_dtype=torch.bfloat16,
+        device="cuda",
+        seed=11,
+        decode_op=_op(flush_inverse=1),
+    )
+    check_scenario(fam, L=16, T=1, lp=torch.bfloat16, spec=False, requests=8, cycles=2)
+    check_kernel_matches_reference(
+        lambda op: GDNFamily(
+            REAL[geom], act_dtype=torch.bfloat16, device="cuda", decode_op=op, seed=4
+        ),
+        _op(flush_inverse=1),
+        L=16,
+        T=1,
+        lp=torch.bfloat16,
+        out_tol=out_tolerance(torch.bfloat16, "cuda"),
+        requests=6,
+    )
 
 
 @pytest.mark.gpu

@@ -70,7 +70,9 @@ def launch_config(
     latency better than 64-row tiles on four warps, two per SM (bf16 LP 260 vs 281 µs per
     step and layer; 2 or 8 per SM: 296, 269). flush_recompute None: the corrected values
     are recomputed from HP where an LP copy exists and summed from the cached d without one
-    (`flush.gdn_flush`'s recompute; HP only 332 µs against 350 recomputing)."""
+    (`flush.gdn_flush`'s recompute; HP only 332 µs against 350 recomputing). flush_inverse
+    1: a recomputing flush applies the fold inverse the plan stores per (flush row, value
+    head) instead of substituting per value tile (`plan._store_fold_inverse`)."""
     block_v = TILE_BYTES // (pow2_block(head_k_dim) * ckpt_itemsize)
     block_v = max(8, min(block_v, triton.next_power_of_2(head_v_dim)))
     flush_v = 16  # the dot products' smallest tile
@@ -88,6 +90,7 @@ def launch_config(
         plan_warps=1,
         overlap=device.type == "cuda",
         flush_recompute=None,
+        flush_inverse=0,
     )
 
 
@@ -117,8 +120,8 @@ def gdn_replay_decode(
     scratch: `GDNScratch` for at least R rows (plain decode); None allocates one per call
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
     readout_block_v, readout_warps, flush_block_v, flush_warps, flush_programs, plan_warps,
-    overlap, flush_recompute, dot_precision) or set the window step's (speculative: route, block_v,
-    num_warps, heads_per_program, num_stages).
+    overlap, flush_recompute, flush_inverse, dot_precision) or set the window step's
+    (speculative: route, block_v, num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -165,6 +168,9 @@ def gdn_replay_decode(
         raise ValueError(f"unknown plain-decode knobs {sorted(unknown)}")
     cfg.update(knobs)
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
+    recompute = cache.lp is not None if cfg["flush_recompute"] is None else cfg["flush_recompute"]
+    recompute = cache.exact_flush and bool(recompute)
+    inverse = recompute and bool(cfg["flush_inverse"]) and cfg.get("dot_precision") != "serial"
     gdn_plan(
         cache,
         q,
@@ -178,6 +184,7 @@ def gdn_replay_decode(
         scale=scale,
         null_block_id=null_block_id,
         num_warps=cfg["plan_warps"],
+        fold_inverse=inverse,
         **common,
     )
     side = _side_stream(v.device) if cfg["overlap"] and v.is_cuda else None
@@ -193,7 +200,8 @@ def gdn_replay_decode(
             num_warps=cfg["flush_warps"],
             num_programs=cfg["flush_programs"],
             dot_precision=cfg.get("dot_precision"),
-            recompute=None if cfg["flush_recompute"] is None else bool(cfg["flush_recompute"]),
+            recompute=recompute,
+            inverse=inverse,
             **common,
         )
     gdn_readout(

@@ -157,16 +157,20 @@ def wy_fold_tile(
     stride_rd_v,
     stride_rv_row,
     stride_rv_v,
+    p_inv,
     EXACT_FLUSH: tl.constexpr,
     BLOCK_L: tl.constexpr,
     PRECISION: tl.constexpr,
+    GIVEN_INVERSE: tl.constexpr,
 ):
     """`advance_tile` in chunked (WY) form: the same result up to fp32 reassociation, with
     the fn <= BLOCK_L records loaded at once and folded by tensor-core products (README,
     Flush). S: [BLOCK_V, BLOCK_K] fp32, BLOCK_V, BLOCK_K >= 16; BLOCK_L: a power of two
     >= max(fn, 16); fo < num_ring_rows, fn <= num_ring_rows. PRECISION: "bf16x3" (bf16 k
     records: the exact operand of every product) or "tf32x3" (any record dtype); "ieee"
-    runs in the interpreter only."""
+    runs in the interpreter only. GIVEN_INVERSE (exact): p_inv points at the fold's
+    (I + A)⁻¹ ([BLOCK_L, BLOCK_L] row-major fp32, `plan._store_fold_inverse`), applied as
+    one fp32 product instead of the Gram matrix and the substitution here."""
     o_l = tl.arange(0, BLOCK_L)
     m_l = o_l < fn
     rows = fo + o_l
@@ -201,24 +205,29 @@ def wy_fold_tile(
         P = _dot3(S, tl.trans(k_op), tl.zeros([S.shape[0], BLOCK_L], dtype=tl.float32), PRECISION)
         if PRECISION == "bf16x3":
             P = P * rnorm[None, :]
-            gram = tl.dot(k, tl.trans(k)) * rnorm[:, None] * rnorm[None, :]  # exact products
-        else:
-            gram = tl.dot(k_op, tl.trans(k_op), input_precision=PRECISION)
         R = beta[None, :] * (v - tl.exp(gam)[None, :] * P)  # [BLOCK_V, BLOCK_L]
-        # A[j, i] = β_j e^{Γ_j − Γ_i} (k̂_i · k̂_j), i < j; Γ_j − Γ_i = Λ_i − Λ_j.
-        below = o_l[None, :] < o_l[:, None]  # no exponent above the diagonal: no overflow
-        A = tl.where(
-            below,
-            beta[:, None] * tl.exp(tl.where(below, lam[None, :] - lam[:, None], 0.0)) * gram,
-            0.0,
-        )  # [BLOCK_L (j), BLOCK_L (i)]
-        # (I + A) D = R by forward substitution, column i of D final at step i: in-register
-        # rank-1 updates without barriers (an inverse first costs more; README, Flush).
-        D = R
-        for i in tl.static_range(BLOCK_L - 1):
-            d_i = tl.sum(tl.where(o_l[None, :] == i, D, 0.0), axis=1)  # [BLOCK_V]
-            a_i = tl.sum(tl.where(o_l[None, :] == i, A, 0.0), axis=1)  # [BLOCK_L (j)]
-            D -= d_i[:, None] * a_i[None, :]
+        if GIVEN_INVERSE:  # D (I + A)ᵀ = R
+            X = tl.load(p_inv + o_l[:, None] * BLOCK_L + o_l[None, :])
+            D = tl.dot(R, tl.trans(X), input_precision="ieee")
+        else:
+            if PRECISION == "bf16x3":  # exact products
+                gram = tl.dot(k, tl.trans(k)) * rnorm[:, None] * rnorm[None, :]
+            else:
+                gram = tl.dot(k_op, tl.trans(k_op), input_precision=PRECISION)
+            # A[j, i] = β_j e^{Γ_j − Γ_i} (k̂_i · k̂_j), i < j; Γ_j − Γ_i = Λ_i − Λ_j.
+            below = o_l[None, :] < o_l[:, None]  # no exponent above the diagonal
+            A = tl.where(
+                below,
+                beta[:, None] * tl.exp(tl.where(below, lam[None, :] - lam[:, None], 0.0)) * gram,
+                0.0,
+            )  # [BLOCK_L (j), BLOCK_L (i)]
+            # (I + A) D = R by forward substitution, column i of D final at step i:
+            # in-register rank-1 updates without barriers.
+            D = R
+            for i in tl.static_range(BLOCK_L - 1):
+                d_i = tl.sum(tl.where(o_l[None, :] == i, D, 0.0), axis=1)  # [BLOCK_V]
+                a_i = tl.sum(tl.where(o_l[None, :] == i, A, 0.0), axis=1)  # [BLOCK_L (j)]
+                D -= d_i[:, None] * a_i[None, :]
     else:
         D = tl.load(
             p_rd + o_v[:, None] * stride_rd_v + rows[None, :] * stride_rd_row,
