@@ -291,9 +291,10 @@ def greedy_outputs(
     set_num_threads = torch.set_num_threads
     llm = None
     if not in_process and torch.cuda.is_available():
-        # A forked engine process inherits pytest's captured streams (vLLM's log handler
-        # then writes to a closed file) and whatever threads the test process started; vLLM
-        # spawns by itself only once this process has touched CUDA. Spawn always.
+        # vLLM forks its engine process unless this process has touched CUDA. Forked from
+        # pytest on the GPU host (tests/plugin/test_gpu_engine.py run alone), no engine
+        # started ("Engine core initialization failed", its error lost: vLLM's log handler
+        # wrote to a closed stream); spawned, they start.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     try:
         if in_process:
