@@ -112,3 +112,71 @@ def test_replayssm_under_preemption_matches_reference(runs, kind, capsys):
         )
     assert m["vllm:num_preemptions"] > 0, "the budget did not force preemption"
     check_greedy(capsys, f"{kind} ReplaySSM under preemption vs reference", ref, ours)
+
+
+# --- Prefix caching on: preempted requests come back through hits on their own blocks -----
+# vLLM's "align" mode caches a request's state at every block boundary it passes (its
+# prefill chunks end on boundaries); a preempted request gives its blocks back, and when
+# it is re-admitted the rightmost of its boundary blocks still cached is a hit: it resumes
+# from that cached ReplaySSM page (ring folded into HP, docs/prefix-caching.md) and
+# recomputes the rest. vLLM counts hits of re-admitted requests apart from the exported
+# `vllm:prefix_cache_hits` (PrefixCacheStats.record(preempted=True)); the test taps that
+# call (the CPU engines run in this process). Prompts share nothing, so every hit is a
+# re-admission hit. Blocks as above (`block_size=16` asks for the smallest: 80 tokens for
+# NemotronH, 240 for Qwen3-Next); budgets measured to preempt and still hit (kind: block
+# size in tokens, KV bytes per token, prompt tokens, new tokens, step token budget, blocks).
+PC_CASES = {
+    "nemotron_h": (80, 2 * 2 * 32 * 2, 200, 64, 128, 24),
+    "qwen3_next": (240, 2 * 2 * 64 * 2, 400, 96, 256, 16),
+}
+PC_PROMPTS = 6
+
+
+@pytest.mark.parametrize("kind", list(PC_CASES))
+def test_readmission_through_prefix_cache_hits(runs, kind, capsys, monkeypatch):
+    from vllm.v1.metrics.stats import PrefixCacheStats
+
+    block, kv_bytes, prompt_len, new_tokens, step_tokens, blocks = PC_CASES[kind]
+    readmitted = {"queries": 0, "hits": 0}
+    record = PrefixCacheStats.record
+
+    def tap(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:  # every scheduling attempt of a re-admission counts
+            readmitted["queries"] += num_tokens
+            readmitted["hits"] += num_hits
+        record(self, num_tokens, num_hits, preempted)
+
+    monkeypatch.setattr(PrefixCacheStats, "record", tap)
+    lens = [prompt_len + 7 * i for i in range(PC_PROMPTS)]
+    common = dict(
+        logprobs=5,
+        max_model_len=1024,
+        max_num_seqs=PC_PROMPTS,
+        max_num_batched_tokens=step_tokens,
+        enable_chunked_prefill=True,
+        block_size=16,
+        additional_config={"replayssm": {**REPLAY, "route": "replay"}},
+    )
+    model = runs.checkpoint(kind, **CHECKPOINT[kind])
+    m_ref: dict[str, float] = {}
+    ref = runs.greedy(model, prompts(lens), new_tokens, metrics=m_ref, **common)
+    assert distinct_tokens(ref) > 100, "reference outputs are not diverse"
+    assert m_ref["vllm:num_preemptions"] == 0
+    m: dict[str, float] = {}
+    ours = runs.greedy(
+        model,
+        prompts(lens),
+        new_tokens,
+        metrics=m,
+        enable_prefix_caching=True,
+        kv_cache_memory_bytes=blocks * block * kv_bytes,
+        **common,
+    )
+    with capsys.disabled():
+        print(
+            f"\n{kind}: {m['vllm:num_preemptions']} preemptions; re-admissions queried "
+            f"{readmitted['queries']} tokens and hit {readmitted['hits']}"
+        )
+    assert m["vllm:num_preemptions"] > 0, "the budget did not force preemption"
+    assert readmitted["hits"] > 0, "no re-admitted request hit its cached blocks"
+    check_greedy(capsys, f"{kind} ReplaySSM re-admitted through hits vs reference", ref, ours)

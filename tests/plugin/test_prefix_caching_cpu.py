@@ -13,7 +13,8 @@ as a decode row. ReplaySSM with prefix caching is compared with ReplaySSM withou
 the plugin's CPU stock path in "align" mode, held to the near-tie rule; Qwen3-Next: vLLM's
 CPU GDN kernel, less precise than fp32 maths, held to the top-5 rule as in
 test_gdn_cpu_engine.py); the prefix cache hit counter must count every hit the workload
-offers. Preempted requests re-admitted through a hit: test_preemption_cpu.py."""
+offers. Preempted requests re-admitted through hits on their own blocks:
+test_preemption_cpu.py::test_readmission_through_prefix_cache_hits."""
 
 from __future__ import annotations
 
