@@ -341,7 +341,13 @@ def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
 
         launch = gdn_launch(geom, len(slots), config, layers[0][0].lp is not None)
         scratch = GDNScratch.allocate(
-            len(slots), geom.num_v_heads, geom.num_k_heads, geom.head_k_dim, BUFFER_LEN, DEV
+            len(slots),
+            geom.num_v_heads,
+            geom.num_k_heads,
+            geom.head_k_dim,
+            BUFFER_LEN,
+            DEV,
+            fold_inverse=True,  # --knob flush_inverse=1 may ask for them
         )
         kwargs = dict(
             buffer_len=BUFFER_LEN,

@@ -46,7 +46,7 @@ def _tensors(lp: torch.dtype | None) -> dict[str, torch.Tensor]:
     raw = torch.empty(4 * page_size_bytes(specs), dtype=torch.uint8, device="meta")
     cache = GDNReplayCache.from_views(carve(raw, specs))
     scratch = plan.GDNScratch.allocate(
-        R, GEOM.num_v_heads, GEOM.num_k_heads, GEOM.head_k_dim, L, "meta"
+        R, GEOM.num_v_heads, GEOM.num_k_heads, GEOM.head_k_dim, L, "meta", fold_inverse=True
     )
     Hk, Hv, K, V = GEOM.num_k_heads, GEOM.num_v_heads, GEOM.head_k_dim, GEOM.head_v_dim
     qkv = torch.empty(R, 2 * Hk * K + Hv * V, dtype=torch.bfloat16, device="meta")

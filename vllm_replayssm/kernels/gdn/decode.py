@@ -157,13 +157,6 @@ def gdn_replay_decode(
     )
     if R == 0:
         return
-    if scratch is None:
-        scratch = GDNScratch.allocate(R, Hv, Hk, K, buffer_len, v.device)
-    elif not scratch.fits(R, Hv, Hk, K, buffer_len):
-        raise ValueError(
-            f"scratch {tuple(scratch.coef.shape)} / {tuple(scratch.kq.shape)} does not fit "
-            f"{R} rows, {Hv} value and {Hk} key heads of dim {K}, buffer_len {buffer_len}"
-        )
     ckpt = cache.lp if cache.lp is not None else cache.hp
     cfg = launch_config(R, Hv, V, K, ckpt.element_size(), v.device)
     unknown = set(knobs) - set(cfg) - {"dot_precision"}
@@ -174,6 +167,13 @@ def gdn_replay_decode(
     recompute = cache.lp is not None if cfg["flush_recompute"] is None else cfg["flush_recompute"]
     recompute = cache.exact_flush and bool(recompute)
     inverse = recompute and bool(cfg["flush_inverse"]) and cfg.get("dot_precision") != "serial"
+    if scratch is None:
+        scratch = GDNScratch.allocate(R, Hv, Hk, K, buffer_len, v.device, fold_inverse=inverse)
+    elif not scratch.fits(R, Hv, Hk, K, buffer_len):
+        raise ValueError(
+            f"scratch {tuple(scratch.coef.shape)} / {tuple(scratch.kq.shape)} does not fit "
+            f"{R} rows, {Hv} value and {Hk} key heads of dim {K}, buffer_len {buffer_len}"
+        )
     gdn_plan(
         cache,
         q,

@@ -93,9 +93,10 @@ class GDNScratch:
     [max_rows, Hk, 2, K] fp32 (normalised k_t, then scaled normalised q_t); hp_rows:
     [max_rows] int32 (rows that read HP this step, in any order); hp_count: [1] int32, the
     length of hp_rows (`gdn_plan` zeroes it first); fold_inverse: [max_rows, Hv, BLOCK_L,
-    BLOCK_L] fp32, per flush row and value head (I + A)⁻¹ of its fold (`fold_inverse`;
-    written by the plan for flush rows when the flush recomputes d; 1 KiB per row and value
-    head at L = 16: 16 MiB for 256 rows of 64 value heads).
+    BLOCK_L] fp32, per flush row and value head (I + A)⁻¹ of its fold (written by the plan
+    for flush rows with `gdn_plan(fold_inverse=True)`; 1 KiB per row and value head at
+    L = 16, 16 MiB for 256 rows of 64 value heads, so only `allocate(fold_inverse=True)`
+    sizes it for max_rows; otherwise it has one row, a placeholder the kernels never touch).
     """
 
     plan: torch.Tensor
@@ -114,17 +115,17 @@ class GDNScratch:
         head_k_dim: int,
         buffer_len: int,
         device: torch.device | str,
+        fold_inverse: bool = False,
     ) -> GDNScratch:
         f32 = dict(dtype=torch.float32, device=device)
+        bl = history_block(buffer_len)
         return cls(
             plan=torch.zeros(max_rows, PLAN_LEN, dtype=torch.int32, device=device),
             coef=torch.zeros(max_rows, num_v_heads, coef_len(buffer_len), **f32),
             kq=torch.zeros(max_rows, num_k_heads, 2, head_k_dim, **f32),
             hp_rows=torch.zeros(max_rows, dtype=torch.int32, device=device),
             hp_count=torch.zeros(1, dtype=torch.int32, device=device),
-            fold_inverse=torch.zeros(
-                max_rows, num_v_heads, history_block(buffer_len), history_block(buffer_len), **f32
-            ),
+            fold_inverse=torch.zeros(max_rows if fold_inverse else 1, num_v_heads, bl, bl, **f32),
         )
 
     def fits(
@@ -455,6 +456,11 @@ def gdn_plan(
         raise ValueError("fold_inverse is the exact flush's (it recomputes d)")
     R, Hk, K = k.shape
     Hv = a.shape[1]
+    if fold_inverse and scratch.fold_inverse.shape[0] < R:
+        raise ValueError(
+            f"scratch holds fold inverses for {scratch.fold_inverse.shape[0]} rows, not {R}: "
+            "allocate it with GDNScratch.allocate(..., fold_inverse=True)"
+        )
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     scratch.hp_count.zero_()
     _gdn_plan_kernel[(Hk, R)](
