@@ -204,60 +204,33 @@ def test_speculative_step_runs_the_window_kernel(device):
     check_scenario(fam, L=5, T=3, lp=None, spec=True, requests=2, cycles=2)
 
 
+def _decode_three_rows(device, lp, scratch_rows: int, **knobs):
+    """One plain step of 3 rows (tiny geometry, L = 4) through `decode.gdn_replay_decode`
+    with a caller-made scratch of `scratch_rows` rows."""
+    g = GEOMS["tiny"]
+    scratch = GDNScratch.allocate(
+        scratch_rows, g.num_v_heads, g.num_k_heads, g.head_k_dim, 4, device
+    )
+    fam = GDNFamily(g, device=device, seed=1, decode_op=_op(scratch=scratch, **knobs))
+    cache = fam.cache(fam.specs(4, 1, lp), 4)
+    tok = fam.tokens(3, torch.Generator().manual_seed(0))
+    out = torch.empty(fam.out_shape(3), device=device)
+    fam.decode(cache, tok, torch.tensor([1, 2, 3], device=device), out, L=4, T=1)
+
+
 def test_scratch_without_fold_inverses_is_refused(device):
     """flush_inverse needs a scratch sized for fold inverses (`allocate(fold_inverse=True)`;
     the layers' shared scratch has none, as the knob is off by default)."""
-    fam = GDNFamily(GEOMS["tiny"], device=device, seed=1)
-    g = fam.geom
-    cache = fam.cache(fam.specs(4, 1, torch.bfloat16), 4)
-    tok = fam.tokens(3, torch.Generator().manual_seed(0))
-    out = torch.empty(fam.out_shape(3), device=device)
+    g = GEOMS["tiny"]
     plain = GDNScratch.allocate(3, g.num_v_heads, g.num_k_heads, g.head_k_dim, 4, device)
     assert plain.fold_inverse.shape[0] == 1
     with pytest.raises(ValueError, match="fold inverses for 1 rows"):
-        decode.gdn_replay_decode(
-            cache,
-            tok["q"],
-            tok["k"],
-            tok["v"],
-            tok["a"],
-            tok["b"],
-            fam.params["A_log"],
-            fam.params["dt_bias"],
-            torch.tensor([1, 2, 3], device=device),
-            out,
-            scale=fam.scale,
-            buffer_len=4,
-            window=1,
-            scratch=plain,
-            flush_inverse=1,
-        )
+        _decode_three_rows(device, torch.bfloat16, 3, flush_inverse=1)
 
 
 def test_scratch_too_small_is_refused(device):
-    fam = GDNFamily(GEOMS["tiny"], device=device, seed=1)
-    g = fam.geom
-    cache = fam.cache(fam.specs(4, 1, None), 4)
-    tok = fam.tokens(3, torch.Generator().manual_seed(0))
-    out = torch.empty(fam.out_shape(3), device=device)
-    small = GDNScratch.allocate(2, g.num_v_heads, g.num_k_heads, g.head_k_dim, 4, device)
     with pytest.raises(ValueError, match="does not fit"):
-        decode.gdn_replay_decode(
-            cache,
-            tok["q"],
-            tok["k"],
-            tok["v"],
-            tok["a"],
-            tok["b"],
-            fam.params["A_log"],
-            fam.params["dt_bias"],
-            torch.tensor([1, 2, 3], device=device),
-            out,
-            scale=fam.scale,
-            buffer_len=4,
-            window=1,
-            scratch=small,
-        )
+        _decode_three_rows(device, None, 2)
 
 
 REAL = {

@@ -25,7 +25,7 @@ import torch
 import triton
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
-from vllm_replayssm.kernels.gdn.flush import gdn_flush
+from vllm_replayssm.kernels.gdn.flush import gdn_flush, recomputes_d
 from vllm_replayssm.kernels.gdn.plan import GDNScratch, gdn_plan
 from vllm_replayssm.kernels.gdn.readout import gdn_readout
 from vllm_replayssm.kernels.gdn.window import check_args, gdn_window_decode
@@ -164,8 +164,7 @@ def gdn_replay_decode(
         raise ValueError(f"unknown plain-decode knobs {sorted(unknown)}")
     cfg.update(knobs)
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
-    recompute = cache.lp is not None if cfg["flush_recompute"] is None else cfg["flush_recompute"]
-    recompute = cache.exact_flush and bool(recompute)
+    recompute = recomputes_d(cache, cfg["flush_recompute"])
     inverse = recompute and bool(cfg["flush_inverse"]) and cfg.get("dot_precision") != "serial"
     if scratch is None:
         scratch = GDNScratch.allocate(R, Hv, Hk, K, buffer_len, v.device, fold_inverse=inverse)

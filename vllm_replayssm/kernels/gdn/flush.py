@@ -309,6 +309,14 @@ def _gdn_flush_kernel(
             tl.store(p_rv + (write_row * stride_rv_row + o_v * stride_rv_v), v_raw, mask=m_v)
 
 
+def recomputes_d(cache, recompute: bool | int | None) -> bool:
+    """Whether the flush recomputes the corrected values from HP (`gdn_flush`'s recompute:
+    None recomputes where an LP copy exists); only the exact flush ever does."""
+    if recompute is None:
+        recompute = cache.lp is not None
+    return cache.exact_flush and bool(recompute)
+
+
 def gdn_flush(
     cache,
     v: torch.Tensor,
@@ -349,9 +357,7 @@ def gdn_flush(
         raise ValueError(f"unknown dot_precision {dot_precision!r}")
     if dot_precision == "bf16x3" and cache.ring_k.dtype != torch.bfloat16:
         raise ValueError("dot_precision bf16x3 needs bf16 k records")
-    if recompute is None:
-        recompute = cache.lp is not None
-    recompute = cache.exact_flush and bool(recompute)
+    recompute = recomputes_d(cache, recompute)
     if inverse and (not recompute or dot_precision == "serial"):
         raise ValueError("inverse needs a recomputing WY fold (exact flush, not serial)")
     Hv, V = v.shape[1], v.shape[2]
