@@ -191,9 +191,12 @@ def engine_kwargs(
         "seed": 0,
         "enforce_eager": True,
     }
-    if not torch.cuda.is_available():
-        kwargs["kv_cache_memory_bytes"] = 1 << 30
-    else:  # no FlashInfer in the GPU-host bundle: vLLM's Triton GDN prefill (NemotronH: unused)
+    # A fixed KV cache (no memory profiling); on a GPU a low utilisation then only lowers the
+    # free memory vLLM demands at start-up, so families can run side by side (--merge).
+    kwargs["kv_cache_memory_bytes"] = 1 << 30
+    if torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = 0.2
+        # No FlashInfer in the GPU-host bundle: vLLM's Triton GDN prefill (NemotronH: unused).
         kwargs["additional_config"]["gdn_prefill_backend"] = "triton"
     if replayssm["enabled"]:
         kwargs["additional_config"]["replayssm"].setdefault("route", "replay")
