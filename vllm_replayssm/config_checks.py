@@ -117,11 +117,6 @@ def _prefix_caching_problems(cache: Any, spec: Any) -> list[str]:
             "prefix_match_unit (partial-block hits with ReplaySSM are untested): leave "
             "--prefix-match-unit unset"
         )
-    if not _on_cpu():
-        problems.append(
-            "prefix caching on GPUs (ReplaySSM's prefix caching has run on the CPU "
-            "platform only so far): pass --no-enable-prefix-caching"
-        )
     if spec is not None:
         problems.append(
             "prefix caching with speculative decoding (not implemented for ReplaySSM "

@@ -135,12 +135,16 @@ def test_speculative_decoding_on_gpus_is_refused(nemotron_h, monkeypatch):
         _config(nemotron_h, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
 
 
-def test_prefix_caching_on_gpus_is_refused(qwen3_next, monkeypatch):
+def test_prefix_caching_on_gpus_runs_align(qwen3_next, monkeypatch):
+    """Plain decode with prefix caching passes on GPUs too (tests/plugin/
+    test_prefix_caching_gpu.py), in "align" mode; with speculative decoding it is refused."""
     from vllm_replayssm import config_checks
 
     monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
-    with pytest.raises(Exception, match="prefix caching on GPUs"):
-        _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True)
+    cfg = _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True)
+    assert cfg.cache_config.mamba_cache_mode == "align"
+    with pytest.raises(Exception, match="prefix caching with speculative decoding"):
+        _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True, speculative_config=NGRAM)
 
 
 def test_speculative_stock_cpu_mamba2_is_refused(nemotron_h):

@@ -1,0 +1,75 @@
+"""Prefix caching with ReplaySSM on a CUDA GPU (`gpu` marker; run on the GPU host): the CPU
+test's workload (test_prefix_caching_cpu.py: a prefix of 2.5 blocks shared one request
+after another and concurrently, a hit with one token left, a second turn hitting a block
+that decode steps completed) with FULL CUDA graphs for pure decode batches, vLLM's GPU
+kernels for prefill chunks and vLLM's Triton page copies. ReplaySSM with prefix caching
+against ReplaySSM without it and against stock vLLM with prefix caching (the GPU engine
+test's rule: every divergence a near-tie); the hit counter must count every hit the
+workload offers."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..models.compare import check_greedy, distinct_tokens
+from ..models.runs import BUFFER_LEN, GPU_ENGINE, PEAKED
+from .test_prefix_caching_cpu import CASES, NEW_TOKENS, _same_turns, workload
+
+pytestmark = pytest.mark.engine
+
+# The GPU engine test's graph settings; the CPU test's scheduler (two requests at a time,
+# one block per step, as vLLM's "align" mode asks).
+ENGINE = {
+    k: v for k, v in GPU_ENGINE.items() if k not in ("max_num_seqs", "max_num_batched_tokens")
+}
+
+
+def _run(runs, kind: str, replayssm: dict, metrics: dict, **kw):
+    block = CASES[kind][0]
+    prompts, waves, follow_ups, _ = workload(block)
+    extra = {"gdn_prefill_backend": "triton"} if kind == "qwen3_next" else {}
+    return runs.greedy(
+        runs.checkpoint(kind, **PEAKED),
+        prompts,
+        NEW_TOKENS,
+        logprobs=5,
+        metrics=metrics,
+        waves=waves,
+        follow_ups=follow_ups,
+        max_model_len=1024,
+        block_size=block,
+        max_num_seqs=2,
+        max_num_batched_tokens=block,
+        additional_config={"replayssm": replayssm, **extra},
+        **ENGINE,
+        **kw,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(CASES))
+def test_prefix_caching_on_gpu(runs, kind, capsys):
+    block, stock_kw = CASES[kind]
+    hits = workload(block)[3]
+    # route "replay": the replay kernels at this batch size too (auto would pick the stock
+    # route for two rows), so a hit's copied ring meets the plan / readout / flush launches.
+    replay = {"enabled": True, "buffer_len": BUFFER_LEN, "lp_dtype": "bfloat16", "route": "replay"}
+    m_off: dict[str, float] = {}
+    off = _run(runs, kind, replay, m_off)
+    assert distinct_tokens(off) > 50, "reference outputs are not diverse"
+    m_on: dict[str, float] = {}
+    on = _run(runs, kind, replay, m_on, enable_prefix_caching=True)
+    m_stock: dict[str, float] = {}
+    stock = _run(runs, kind, {"enabled": False}, m_stock, enable_prefix_caching=True, **stock_kw)
+    with capsys.disabled():
+        print(
+            f"\n{kind} (GPU): prefix cache hits {m_on['vllm:prefix_cache_hits']:.0f} tokens "
+            f"(stock {m_stock['vllm:prefix_cache_hits']:.0f}; the workload offers {hits})"
+        )
+    assert m_off["vllm:prefix_cache_hits"] == 0
+    assert m_on["vllm:prefix_cache_hits"] >= hits
+    assert m_stock["vllm:prefix_cache_hits"] >= hits
+    check_greedy(capsys, f"{kind} (GPU) prefix caching vs none", *_same_turns(off, on))
+    check_greedy(
+        capsys, f"{kind} (GPU) prefix caching vs stock prefix caching", *_same_turns(stock, on)
+    )
