@@ -4,8 +4,8 @@ after another and concurrently, a hit with one token left, a second turn hitting
 that decode steps completed) with FULL CUDA graphs for pure decode batches, vLLM's GPU
 kernels for prefill chunks and vLLM's Triton page copies. ReplaySSM with prefix caching
 against ReplaySSM without it and against stock vLLM with prefix caching (the GPU engine
-test's rule: every divergence a near-tie); the hit counter must count every hit the
-workload offers."""
+test's rule: every divergence a near-tie); the requests' cached-token counts must cover
+every hit the workload offers, and vLLM's hit counter must have counted hits."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from ..models.compare import check_greedy, distinct_tokens
 from ..models.runs import BUFFER_LEN, GPU_ENGINE, PEAKED
+from ..models.tiny import CACHED_TOKENS
 from .test_prefix_caching_cpu import CASES, NEW_TOKENS, _same_turns, workload
 
 pytestmark = pytest.mark.engine
@@ -63,12 +64,15 @@ def test_prefix_caching_on_gpu(runs, kind, capsys):
     stock = _run(runs, kind, {"enabled": False}, m_stock, enable_prefix_caching=True, **stock_kw)
     with capsys.disabled():
         print(
-            f"\n{kind} (GPU): prefix cache hits {m_on['vllm:prefix_cache_hits']:.0f} tokens "
-            f"(stock {m_stock['vllm:prefix_cache_hits']:.0f}; the workload offers {hits})"
+            f"\n{kind} (GPU): prefix cache hits per request {m_on[CACHED_TOKENS]:.0f} tokens, "
+            f"counter {m_on['vllm:prefix_cache_hits']:.0f} (stock {m_stock[CACHED_TOKENS]:.0f}, "
+            f"counter {m_stock['vllm:prefix_cache_hits']:.0f}; the workload offers {hits})"
         )
-    assert m_off["vllm:prefix_cache_hits"] == 0
-    assert m_on["vllm:prefix_cache_hits"] >= hits
-    assert m_stock["vllm:prefix_cache_hits"] >= hits
+    # The requests' own counts: the counter misses some steps' stats on GPUs (tiny.py).
+    assert m_off[CACHED_TOKENS] == 0
+    assert m_on[CACHED_TOKENS] >= hits
+    assert m_stock[CACHED_TOKENS] >= hits
+    assert m_on["vllm:prefix_cache_hits"] > 0
     check_greedy(capsys, f"{kind} (GPU) prefix caching vs none", *_same_turns(off, on))
     check_greedy(
         capsys, f"{kind} (GPU) prefix caching vs stock prefix caching", *_same_turns(stock, on)
