@@ -62,16 +62,23 @@ def test_fresh_rows_are_requests_with_nothing_computed():
     assert fresh_rows(slots, q, seq_lens).tolist() == [True, False, False, True, False]
 
 
+@pytest.mark.parametrize("graph_safe", [False, True], ids=["host", "graph_safe"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_fresh_row_starts_from_zero_state(family):
+def test_fresh_row_starts_from_zero_state(family, graph_safe):
+    """Both implementations: rows selected on the host (CPU platform), and the one launch
+    over every row that CUDA graphs need (kernels/common/triton_fresh.py, interpreted)."""
     fam = FAMILIES[family]()
     gen = torch.Generator().manual_seed(0)
     cache, conv = _used_pages(fam, gen)
+    if graph_safe:  # the conv state as vLLM's GPU layout stores it: dim-first only as a view
+        conv = conv.transpose(1, 2).contiguous().transpose(1, 2)
     stale = _snapshot(cache, conv)
     # A new request's window in recycled slot 2, the request of slot 3 continuing, a NULL row.
     slots = torch.tensor([2, 3, 0])
     fresh = fresh_rows(slots, torch.tensor([T, T, 0]), torch.tensor([T, 11, 0]))
-    start_fresh_rows(cache, conv, slots, fresh, buffer_len=L, window=T, stagger=True)
+    start_fresh_rows(
+        cache, conv, slots, fresh, buffer_len=L, window=T, stagger=True, graph_safe=graph_safe
+    )
 
     after = _snapshot(cache, conv)
     for name in ("hp", "lp", "conv"):

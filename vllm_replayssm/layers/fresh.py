@@ -36,15 +36,29 @@ def start_fresh_rows(
     buffer_len: int,
     window: int,
     stagger: bool,
+    graph_safe: bool | None = None,
 ) -> None:
     """Reset the pages of the `fresh` rows before their step reads them.
 
     cache: the layer's Mamba2ReplayCache or GDNReplayCache (hp [S, ...] fp32, lp like hp or
     None, meta [S, META_LEN] int32); conv_state: [S, D, M] (the dim-first view); slots: [R]
-    int; fresh: [R] bool (`fresh_rows`). Selecting the rows reads `fresh` on the host, free
-    on the CPU platform, where the paths that call this run; it costs nothing on steps
-    without fresh rows. A GPU verify path does the same in its plan kernel (a fresh row
-    reads a zero checkpoint and an empty ring), under CUDA graphs."""
+    int; fresh: [R] bool (`fresh_rows`). On the CPU platform the rows are selected on the
+    host (free there; nothing to do on steps without fresh rows). On GPUs the step may be a
+    CUDA graph: one launch zeroes the fresh rows' HP, LP and conv state
+    (`kernels/common/triton_fresh.py`; the other rows' programs exit at once) and the cursor
+    words of every row are rewritten, fresh ones reset, the others as they were.
+    `graph_safe` picks the latter on any device (None: on CUDA tensors)."""
+    if graph_safe is None:
+        graph_safe = cache.hp.is_cuda
+    if graph_safe:
+        from vllm_replayssm.kernels.common.triton_fresh import zero_fresh_slots
+
+        lp = [] if cache.lp is None else [cache.lp]
+        zero_fresh_slots([cache.hp, *lp, conv_state], slots, fresh)
+        slots = slots.long()
+        words = reset_words(slots, buffer_len, window, stagger).to(cache.meta.dtype)
+        cache.meta[slots] = torch.where(fresh[:, None], words, cache.meta[slots])
+        return
     rows = slots[fresh].long()
     if rows.numel() == 0:
         return
