@@ -59,3 +59,24 @@ def test_starts_follow_the_slot_count_and_device():
     a[2] = 7
     assert spec.starts(4, torch.device("cpu"))[2] == 7
     assert spec.starts(6, torch.device("cpu")).tolist() == [0] * 6  # a new cache: fresh
+
+
+def test_kv_cache_binding_sizes_the_starts():
+    """vLLM binds a layer's KV cache (`layer.kv_cache = [...]`) before it captures CUDA
+    graphs; the layer sizes its window starts then, so that a captured step never allocates
+    (and zero-fills) them. The tensor then stays the same object across steps."""
+    from vllm_replayssm.layers.pages import ReplayPage
+
+    class Layer(ReplayPage, torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kv_cache = (torch.tensor([]),)  # vLLM's placeholder before binding
+            self.spec_windows = SpecWindows(L, T)
+
+    layer = Layer()
+    assert layer.spec_windows._starts is None
+    layer.kv_cache = [torch.zeros(5, 3), torch.zeros(5, 2)]  # bind_kv_cache
+    reserved = layer.spec_windows._starts
+    assert reserved is not None and reserved.shape == (5,) and not reserved.any()
+    assert layer.spec_windows.starts(5, torch.device("cpu")) is reserved
+    assert layer.kv_cache[0].shape == (5, 3)

@@ -199,6 +199,25 @@ class ReplayPage:
     replay_window: int
     _stock_page = False
 
+    @property
+    def kv_cache(self):
+        """The layer's bound page tensors (vLLM assigns them: `bind_kv_cache`)."""
+        try:
+            return self.__dict__["_replay_kv_cache"]
+        except KeyError:
+            raise AttributeError("kv_cache") from None
+
+    @kv_cache.setter
+    def kv_cache(self, value) -> None:
+        # vLLM binds the KV cache once, before it captures CUDA graphs. Per-slot tensors of
+        # the speculative step (`layers/spec.SpecWindows`) are sized here, outside capture:
+        # allocated at the first captured step, their zero-fill would be captured too and
+        # replayed at every step.
+        self.__dict__["_replay_kv_cache"] = value
+        windows = self.__dict__.get("spec_windows")
+        if windows is not None and value and value[0].numel():
+            windows.reserve(value[0].shape[0], value[0].device)
+
     def _start_replay(
         self,
         vllm_config: Any,

@@ -22,15 +22,26 @@ class SpecWindows:
         self.window = window
         self._starts: torch.Tensor | None = None
 
+    def reserve(self, num_slots: int, device: torch.device) -> None:
+        """Allocate `starts` for num_slots slots (zeros) unless it has that size already;
+        the layer calls this when vLLM binds its KV cache (`layers/pages.ReplayPage`)."""
+        starts = self._starts
+        if starts is None or starts.shape[0] != num_slots or starts.device != device:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "replayssm: speculative window starts allocated inside CUDA-graph capture "
+                    "(their zero-fill would replay at every step); the KV-cache binding "
+                    "should have sized them"
+                )
+            self._starts = torch.zeros(num_slots, dtype=torch.long, device=device)
+
     def starts(self, num_slots: int, device: torch.device) -> torch.Tensor:
         """[num_slots] int64: per slot, the tokens before its pending window. Every prefill
         chunk and decode step that writes a slot sets its entry (`starts(...)[slots] = ...`);
-        a fresh tensor (zeros) when the slot count or device changes."""
-        starts = self._starts
-        if starts is None or starts.shape[0] != num_slots or starts.device != device:
-            starts = torch.zeros(num_slots, dtype=torch.long, device=device)
-            self._starts = starts
-        return starts
+        `reserve`d at KV-cache binding, or here (zeros) when the slot count or device
+        changes."""
+        self.reserve(num_slots, device)
+        return self._starts
 
     def acceptance(
         self, meta: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, seq_lens: torch.Tensor
