@@ -27,13 +27,10 @@ SCHEDULER: dict[str, Any] = dict(
 
 # The GPU engine checks (tests/plugin/test_gpu_engine.py, tests/gpu_smoke.py): the same
 # scheduler, FULL CUDA graphs for pure decode batches without torch.compile (fast start-up;
-# batches with prefill rows run eagerly), five flush cycles of BUFFER_LEN per request. The KV
-# cache is sized by greedy_outputs (kv_cache_memory_bytes), so a low utilisation only lowers
-# the free memory vLLM demands at start-up: engines of several test processes share the GPU.
+# batches with prefill rows run eagerly), five flush cycles of BUFFER_LEN per request.
 GPU_ENGINE: dict[str, Any] = dict(
     **SCHEDULER,
     enforce_eager=False,
-    gpu_memory_utilization=0.2,
     compilation_config={
         "mode": 0,
         "cudagraph_mode": "FULL_DECODE_ONLY",

@@ -286,6 +286,10 @@ def greedy_outputs(
     }
     if metrics is not None:
         kwargs["disable_log_stats"] = False
+    if torch.cuda.is_available():
+        # The KV cache is fixed above: a low utilisation only lowers the free memory vLLM
+        # demands at start-up, so engines of test processes side by side fit on one GPU.
+        kwargs.setdefault("gpu_memory_utilization", 0.2)
     if in_process is None:
         in_process = kwargs.get("tensor_parallel_size", 1) == 1 and not torch.cuda.is_available()
     saved_env = os.environ.get(MULTIPROCESSING_ENV)

@@ -135,6 +135,17 @@ def test_speculative_decoding_on_gpus_is_refused(nemotron_h, monkeypatch):
         _config(nemotron_h, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
 
 
+def test_speculative_decoding_on_gpus_with_the_switch(nemotron_h, monkeypatch):
+    """REPLAYSSM_GPU_SPEC=1 lets the untested GPU speculative path start (for its GPU test)."""
+    from vllm_replayssm import config_checks
+    from vllm_replayssm.config import GPU_SPEC_ENV
+
+    monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
+    monkeypatch.setenv(GPU_SPEC_ENV, "1")
+    cfg = _config(nemotron_h, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
+    assert cfg.speculative_config.num_speculative_tokens == 3
+
+
 def test_prefix_caching_on_gpus_runs_align(qwen3_next, monkeypatch):
     """Plain decode with prefix caching passes on GPUs too (tests/plugin/
     test_prefix_caching_gpu.py), in "align" mode; with speculative decoding it is refused."""

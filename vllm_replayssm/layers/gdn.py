@@ -4,7 +4,9 @@
 (every override defers to it). On, its page holds the ReplaySSM tensors (`layers/pages.py`)
 and decode rows go through `kernels/gdn/dispatch.gdn_decode`, which picks the route (Triton
 on GPUs, the torch references on CPU); prefill rows go to vLLM's own op, then the prefill
-hook resets their cursors and LP.
+hook resets their cursors and LP. Under speculative decoding both platforms take
+`_replay_core_spec`: window verify of spec rows and one-token continuation rows, vLLM's
+prefill on a prefill-only view for the rest.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from vllm.utils.torch_utils import (
 )
 
 from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend
+from vllm_replayssm.config import GPU_SPEC_ENV, gpu_spec_allowed
 from vllm_replayssm.cpu_amx import vllm_uses_amx
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
@@ -74,8 +77,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         if not self._start_replay(
             vllm_config,
             "GDN",
-            spec_supported=current_platform.is_cpu(),
-            spec_missing="on GPUs yet (the CPU platform runs it)",
+            spec_supported=current_platform.is_cpu() or gpu_spec_allowed(),
+            spec_missing=f"on GPUs yet (the CPU platform runs it; {GPU_SPEC_ENV}=1: untested)",
         ):
             return
         self.replay_specs = gdn_page_specs(vllm_config, config)
@@ -133,6 +136,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         if attn_metadata is None:  # profile run: vLLM's warm-up
             return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
         md = attn_metadata[self.prefix]
+        if self.replay_window > 1:
+            if md.num_actual_tokens:
+                self._replay_core_spec(mixed_qkv, b, a, core_attn_out, md, attn_metadata)
+            return None
         if md.spec_sequence_masks is not None or md.num_accepted_tokens is not None:
             raise RuntimeError("replayssm: speculative GDN metadata reached a plain-decode layer")
         cfg, window = self.replay, self.replay_window
@@ -246,7 +253,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         if md.num_actual_tokens == 0:
             return
         if self.replay_window > 1:
-            self._replay_core_cpu_spec(mixed_qkv, b, a, core_attn_out, md, attn_metadata)
+            self._replay_core_spec(mixed_qkv, b, a, core_attn_out, md, attn_metadata)
             return
         if md.spec_sequence_masks is not None or md.num_accepted_tokens is not None:
             raise RuntimeError("replayssm: speculative GDN metadata reached a plain-decode layer")
@@ -337,24 +344,28 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 stagger=cfg.stagger,
             )
 
-    # --- CPU forward, speculative decoding configured ---------------------------------------
+    # --- speculative decoding configured (CPU and GPU) --------------------------------------
 
-    def _replay_core_cpu_spec(self, mixed_qkv, b, a, core_attn_out, md, attn_metadata) -> None:
+    def _replay_core_spec(self, mixed_qkv, b, a, core_attn_out, md, attn_metadata) -> None:
         """A step with speculative decoding configured. Decode rows: rows with drafts (vLLM's
         spec rows, 1 + drafts tokens each) and one-token rows that continue a request (vLLM
         runs those through its prefill kernel when spec rows exist; here they decode); each
         commits the previous window's accepted tokens, derived from positions, then is
         verified output-only (`_decode_rows_spec`). The other rows are prefill chunks: vLLM's
-        CPU op on a prefill-only view of the metadata, then the prefill hook."""
+        op on a prefill-only view of the metadata, then the prefill hook. A batch of spec rows
+        alone (on GPUs, the uniform batches that run as CUDA graphs; padding rows last, with
+        NULL slots and no tokens) takes only shape-derived decisions and tensor ops; batches
+        with other rows select them on the host."""
         dev = mixed_qkv.device
         seq_lens = md.replay_seq_lens.long()
+        spec_only = md.num_decodes == 0 and md.num_prefills == 0
         if md.spec_sequence_masks is not None:
-            spec_mask = md.spec_sequence_masks.bool()
             ns = int(md.num_spec_decodes)
             if md.spec_token_indx is not None:
                 spec_tok = md.spec_token_indx.long()
             else:  # spec rows only: their tokens lead
                 spec_tok = torch.arange(int(md.num_spec_decode_tokens), device=dev)
+            spec_mask = md.spec_sequence_masks.bool()
             self._decode_rows_spec(
                 mixed_qkv,
                 b,
@@ -363,8 +374,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 spec_tok,
                 md.spec_state_indices_tensor[:ns, 0],
                 md.spec_query_start_loc[: ns + 1],
-                seq_lens[spec_mask][:ns],
+                seq_lens[:ns] if spec_only else seq_lens[spec_mask][:ns],
             )
+            if spec_only:
+                return
             ns_seq = seq_lens[~spec_mask]
             ns_tok = (
                 md.non_spec_token_indx.long()
@@ -417,7 +430,9 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         request has nothing computed (a new one-token request: a spec row with placeholder
         drafts, or a one-token row) starts from a fresh page (`layers/fresh.py`)."""
         cfg = self.replay
-        cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
+        cache = gdn_cache_from_kv(
+            self.kv_cache, self.replay_specs, state_k_major=current_platform.is_cpu()
+        )
         slots = slots.long()
         q = qsl[1:] - qsl[:-1]
         start_fresh_rows(
@@ -498,10 +513,12 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         has_init,
         seq_lens,
     ) -> None:
-        """Prefill chunks: vLLM's CPU op on a prefill-only view (its conv keeps the context
-        in the first K - 1 columns; ours keeps it last), then the prefill hook."""
+        """Prefill chunks: vLLM's op (CPU) or its prefill path (GPU, `_prefill_view_gpu`) on a
+        prefill-only view (its conv keeps the context in the first K - 1 columns; ours keeps
+        it last), then the prefill hook."""
         cfg = self.replay
-        cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
+        cpu = current_platform.is_cpu()
+        cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=cpu)
         K = self._conv_weight_2d().shape[-1]
         conv = conv_state_view(self.kv_cache)
         conv_context_to_front(conv, slots[has_init].long(), K)
@@ -528,15 +545,25 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         out = torch.zeros(
             (npt, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype, device=core_attn_out.device
         )
+        if not cpu:
+            view = _prefill_view_gpu(view, qsl, has_init, slots)
         attn_metadata[self.prefix] = view
         try:
-            torch.ops.vllm.cpu_gdn_attention_core(
-                mixed_qkv[tokens].contiguous(),
-                b[tokens].contiguous(),
-                a[tokens].contiguous(),
-                out,
-                _encode_layer_name(self.prefix),
-            )
+            if cpu:
+                torch.ops.vllm.cpu_gdn_attention_core(
+                    mixed_qkv[tokens].contiguous(),
+                    b[tokens].contiguous(),
+                    a[tokens].contiguous(),
+                    out,
+                    _encode_layer_name(self.prefix),
+                )
+            else:
+                super()._forward_core(
+                    mixed_qkv=mixed_qkv[tokens].contiguous(),
+                    b=b[tokens].contiguous(),
+                    a=a[tokens].contiguous(),
+                    core_attn_out=out,
+                )
         finally:
             attn_metadata[self.prefix] = md
         core_attn_out.index_copy_(0, tokens, out)
@@ -555,7 +582,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         )
 
     def _conv_weight_2d(self) -> torch.Tensor:
-        if vllm_uses_amx():
+        if current_platform.is_cpu() and vllm_uses_amx():
             raise NotImplementedError(
                 "replayssm's CPU path does not handle vLLM's AMX conv "
                 "layout; unset REPLAYSSM_CPU_AMX (see cpu_amx)"
@@ -581,6 +608,39 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         )
         conv_state[state_indices] = rows
         return out.squeeze(-1)
+
+
+def _prefill_view_gpu(view, qsl: torch.Tensor, has_init: torch.Tensor, slots: torch.Tensor):
+    """`view` (prefill rows only) with the prefill inputs vLLM's GPU path reads from its
+    metadata, rebuilt for these rows as its builder builds them for all non-spec rows: the
+    FLA chunk indices and offsets, the Triton conv's chunk metadata, and the prefill
+    tensors. qsl: [npf + 1] over the view's tokens; has_init, slots: [npf]. Reads qsl on the
+    host (batches with prefill rows run eagerly)."""
+    from vllm.third_party.flash_linear_attention.ops.index import (
+        prepare_chunk_indices,
+        prepare_chunk_offsets,
+    )
+    from vllm.third_party.flash_linear_attention.ops.utils import FLA_CHUNK_SIZE
+    from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
+
+    dev = slots.device
+    qsl_cpu = qsl.to("cpu", torch.int32)
+    qsl_dev = qsl.to(dev, torch.int32)
+    nums_dict, batch_ptr, token_chunk_offset_ptr = compute_causal_conv1d_metadata(
+        qsl_cpu, device=dev
+    )
+    return dataclasses.replace(
+        view,
+        non_spec_query_start_loc=qsl_dev,
+        chunk_indices=prepare_chunk_indices(qsl_cpu, FLA_CHUNK_SIZE).to(dev),
+        chunk_offsets=prepare_chunk_offsets(qsl_cpu, FLA_CHUNK_SIZE).to(dev),
+        prefill_query_start_loc=qsl_dev,
+        prefill_state_indices=slots,
+        prefill_has_initial_state=has_init,
+        nums_dict=nums_dict,
+        batch_ptr=batch_ptr,
+        token_chunk_offset_ptr=token_chunk_offset_ptr,
+    )
 
 
 def _prefill_rows_with_state(md, state_indices: torch.Tensor) -> torch.Tensor | None:

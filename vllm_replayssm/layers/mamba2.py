@@ -12,9 +12,9 @@ the batch (decode rows lead, vLLM's order):
 - prefill rows: committed ring entries of rows with an initial state are folded into HP
   (materialise), then vLLM's own prefill runs on a prefill-only view of the metadata (torch
   on CPU) and writes HP; the prefill hook then copies HP to LP and resets the cursors.
-Under speculative decoding (CPU), decode rows are verified as windows, and so are prefill rows
-that carry drafts: a new one-token request joining a decode batch, verified from a fresh page
-(`layers/fresh.py`).
+Under speculative decoding, decode rows are verified as windows (the torch reference on CPU,
+the Triton window step on GPUs, graph-safe), and so are prefill rows that carry drafts: a new
+one-token request joining a decode batch, verified from a fresh page (`layers/fresh.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.platforms import current_platform
 
 from vllm_replayssm.backends.mamba2 import ReplayMamba2AttentionBackend
-from vllm_replayssm.config import ReplayConfigError
+from vllm_replayssm.config import GPU_SPEC_ENV, ReplayConfigError, gpu_spec_allowed
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.mamba2 import reference
 from vllm_replayssm.layers.conv import (
@@ -49,6 +49,10 @@ logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only t
 
 
 _SCRATCH: dict[tuple, Any] = {}
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _shared_scratch(max_rows: int, nheads: int, buffer_len: int, device: torch.device):
@@ -74,8 +78,8 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         if not self._start_replay(
             vllm_config,
             "Mamba-2",
-            spec_supported=current_platform.is_cpu(),
-            spec_missing="on GPUs yet (the CPU platform runs it)",
+            spec_supported=current_platform.is_cpu() or gpu_spec_allowed(),
+            spec_missing=f"on GPUs yet (the CPU platform runs it; {GPU_SPEC_ENV}=1: untested)",
         ):
             return
         if self.cache_config is not None and self.cache_config.mamba_cache_mode not in (
@@ -171,13 +175,14 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                     qsl,
                     md.seq_lens[:nd],
                     md.num_accepted_tokens,
+                    cpu,
                 )
             else:
                 self._decode(projected_states[:ndt], output[:ndt], slots, cpu)
         if npf:
             tokens = slice(ndt, ndt + npt)
             if spec:
-                self._prefill_spec(projected_states[tokens], output[tokens], md, attn_metadata)
+                self._prefill_spec(projected_states[tokens], output[tokens], md, attn_metadata, cpu)
             elif self.replay.enabled:
                 self._prefill_replay(
                     projected_states[tokens], output[tokens], md, attn_metadata, cpu
@@ -270,6 +275,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         qsl: torch.Tensor,
         seq_lens: torch.Tensor,
         num_accepted_tokens: torch.Tensor | None,
+        cpu: bool,
     ) -> None:
         """Rows verified as windows in a speculative step: each row holds 1 + its drafts
         (qsl [R + 1] over the tokens; one token for rows without drafts), seq_lens [R] the
@@ -277,9 +283,10 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         ours under debug_checks) or None. A row whose request has nothing computed starts
         from a fresh page (`layers/fresh.py`); the others commit the previous window's
         accepted count (from positions: `SpecWindows.acceptance`) to ring records and conv
-        columns. Then the window is verified output-only and appended
-        (reference.mamba2_replay_decode). Tensor ops only, no host synchronisation
-        (debug_checks and the selection of fresh rows aside)."""
+        columns. Then the window is verified output-only and appended (the torch reference
+        on CPU, the Triton window step on GPUs: `dispatch.mamba2_decode`). No host
+        synchronisation on GPUs (debug_checks aside, which are skipped while a CUDA graph is
+        captured): a uniform speculative batch runs as a CUDA graph."""
         cfg = self.replay
         cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
         nd = state_indices.shape[0]
@@ -298,7 +305,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         start, accepted, pending, committed = self.spec_windows.acceptance(
             cache.meta, slots, q, seq_lens
         )
-        if num_accepted_tokens is not None and cfg.debug_checks:
+        if num_accepted_tokens is not None and cfg.debug_checks and not _capturing(dev):
             ours = committed[slots != NULL_BLOCK_ID]
             theirs = torch.minimum(num_accepted_tokens[:nd].long(), pending)[slots != NULL_BLOCK_ID]
             if not torch.equal(ours, theirs):
@@ -322,24 +329,21 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         x, dt, B, C = self._ssm_inputs(xBC, dt)
         out = output.view(output.shape[0], -1, self.head_dim)
 
+        args = (x, dt, self.A, B, C, self.D, self.dt_bias, state_indices, out)
+        common = dict(
+            buffer_len=cfg.buffer_len,
+            window=self.replay_window,
+            query_start_loc=qsl,
+            num_accepted_tokens=accepted,
+        )
+
         def run() -> str:  # a speculative step always replays
-            reference.mamba2_replay_decode(
-                cache,
-                x,
-                dt,
-                self.A,
-                B,
-                C,
-                self.D,
-                self.dt_bias,
-                state_indices,
-                out,
-                buffer_len=cfg.buffer_len,
-                window=self.replay_window,
-                query_start_loc=qsl,
-                num_accepted_tokens=accepted,
-            )
-            return "replay"
+            if cpu:
+                reference.mamba2_replay_decode(cache, *args, **common)
+                return "replay"
+            from vllm_replayssm.kernels.mamba2.dispatch import mamba2_decode
+
+            return mamba2_decode(cache, *args, route="replay", scratch=self._scratch, **common)
 
         self.step_counters.step(
             cache.meta,
@@ -350,60 +354,48 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         self.spec_windows.starts(cache.meta.shape[0], dev)[slots] = start
 
     def _prefill_spec(
-        self, projected_states: torch.Tensor, output: torch.Tensor, md, attn_metadata: dict
+        self,
+        projected_states: torch.Tensor,
+        output: torch.Tensor,
+        md,
+        attn_metadata: dict,
+        cpu: bool,
     ) -> None:
-        """The prefill rows of a speculative step (CPU). vLLM makes a new one-token request
-        that joins a decode batch a prefill row of 1 + k tokens, k of them placeholder drafts:
-        rows with drafts are verified as windows (`_decode_spec`: from a fresh page, the
-        window pending until the next step commits what was accepted), the others prefill
-        (`_prefill_replay` on a view of the metadata with those rows alone). Selecting the
-        rows reads the draft counts on the host: the CPU platform's tensors live there."""
+        """The prefill rows of a speculative step. vLLM makes a new one-token request that
+        joins a decode batch a prefill row of 1 + k tokens, k of them placeholder drafts. Every
+        row is prefilled as vLLM's metadata describes it (`_prefill_replay`: the prefill
+        kernels' chunk metadata covers all prefill rows, so no subset is cut out of it); then
+        the rows with drafts are verified as windows (`_decode_spec`: their pages reset, since
+        nothing of them is computed, the window pending until the next step commits what was
+        accepted), replacing what the prefill wrote for them: outputs, state, cursor words.
+        The draft counts are host tensors (the runner's); selecting the rows synchronises on
+        GPUs, where batches with prefill rows run eagerly (FULL_DECODE_ONLY graphs)."""
+        self._prefill_replay(projected_states, output, md, attn_metadata, cpu)
         nd, npf = md.num_decodes, md.num_prefills
         drafts = md.replay_num_drafts  # backends/mamba2.py
-        windowed = (
-            torch.zeros(npf, dtype=torch.bool)
-            if drafts is None
-            else drafts[nd : nd + npf].cpu() > 0
-        )
+        if drafts is None:
+            return
+        windowed = drafts[nd : nd + npf].cpu() > 0
         if not bool(windowed.any()):
-            self._prefill_replay(projected_states, output, md, attn_metadata, cpu=True)
             return
         dev = projected_states.device
+        rows = windowed.to(dev)
         qsl = md.query_start_loc_p.long()
         q = qsl[1:] - qsl[:-1]
         row_of_token = torch.repeat_interleave(torch.arange(npf, device=dev), q)
-        slots = md.state_indices_tensor_p
-        seq_lens = md.seq_lens[nd : nd + npf]
-
-        def rows_view(rows: torch.Tensor):
-            """(token indices, query_start_loc) of `rows` ([npf] bool) within the section."""
-            tokens = torch.nonzero(rows.to(dev)[row_of_token]).squeeze(1)
-            sub_qsl = torch.zeros(int(rows.sum()) + 1, dtype=torch.int32, device=dev)
-            sub_qsl[1:] = torch.cumsum(q[rows.to(dev)], 0)
-            return tokens, sub_qsl
-
-        tokens, sub_qsl = rows_view(windowed)
+        tokens = torch.nonzero(rows[row_of_token]).squeeze(1)
+        sub_qsl = torch.zeros(int(windowed.sum()) + 1, dtype=torch.int32, device=dev)
+        sub_qsl[1:] = torch.cumsum(q[rows], 0)
         out = output[tokens]
         self._decode_spec(
-            projected_states[tokens], out, slots[windowed], sub_qsl, seq_lens[windowed], None
+            projected_states[tokens],
+            out,
+            md.state_indices_tensor_p[rows],
+            sub_qsl,
+            md.seq_lens[nd : nd + npf][rows],
+            None,
+            cpu,
         )
-        output.index_copy_(0, tokens, out)
-        rest = ~windowed
-        if not bool(rest.any()):
-            return
-        tokens, sub_qsl = rows_view(rest)
-        has_init = md.has_initial_states_p
-        view = dataclasses.replace(
-            md,
-            num_prefills=int(rest.sum()),
-            num_prefill_tokens=tokens.shape[0],
-            state_indices_tensor_p=slots[rest],
-            has_initial_states_p=None if has_init is None else has_init[rest],
-            query_start_loc_p=sub_qsl,
-            seq_lens=torch.cat([md.seq_lens[:nd], seq_lens[rest]]),
-        )
-        out = output[tokens]
-        self._prefill_replay(projected_states[tokens], out, view, attn_metadata, cpu=True)
         output.index_copy_(0, tokens, out)
 
     def _prefill_replay(
@@ -423,21 +415,17 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             reference.mamba2_replay_materialise(
                 cache, self.A, slots[md.has_initial_states_p], **common
             )
+        # Under speculative decoding our conv state keeps its context last (layers/conv.py);
+        # vLLM's prefill conv (CPU and Triton alike) reads and writes the first K - 1 columns.
+        spec = self.replay_window > 1
+        if spec and md.has_initial_states_p is not None and md.prep_initial_states:
+            conv_context_to_front(
+                conv_state_view(self.kv_cache),
+                slots[md.has_initial_states_p],
+                self.conv_kernel_size,
+            )
         if cpu:
-            spec = self.replay_window > 1
-            if spec and md.has_initial_states_p is not None and md.prep_initial_states:
-                conv_context_to_front(
-                    conv_state_view(self.kv_cache),
-                    slots[md.has_initial_states_p],
-                    self.conv_kernel_size,
-                )
             self._prefill_cpu(projected_states, output, md, cache.hp)
-            if spec:
-                conv_context_to_back(conv_state_view(self.kv_cache), slots, self.conv_kernel_size)
-                nd, npf = md.num_decodes, md.num_prefills
-                self.spec_windows.starts(cache.meta.shape[0], slots.device)[slots.long()] = (
-                    md.seq_lens[nd : nd + npf].long()
-                )
         else:
             prefill_md = dataclasses.replace(
                 md,
@@ -452,6 +440,12 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 super().conv_ssm_forward(projected_states=projected_states, output=output)
             finally:
                 attn_metadata[self.prefix] = md
+        if spec:
+            conv_context_to_back(conv_state_view(self.kv_cache), slots, self.conv_kernel_size)
+            nd, npf = md.num_decodes, md.num_prefills
+            self.spec_windows.starts(cache.meta.shape[0], slots.device)[slots.long()] = md.seq_lens[
+                nd : nd + npf
+            ].long()
         apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, **common)
 
     def _prefill_cpu(

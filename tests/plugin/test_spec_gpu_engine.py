@@ -1,0 +1,136 @@
+"""Speculative decoding with ReplaySSM on a CUDA GPU (`gpu` marker; run on the GPU host). The
+start-up check refuses it there until this test has passed; the test sets REPLAYSSM_GPU_SPEC=1
+(`config.GPU_SPEC_ENV`), which lets it through.
+
+The CPU test's workloads (test_spec_cpu_engine.py): NemotronH with ngram drafts on prompts
+that repeat a pattern, Qwen3-Next on P + G + P prompts (G its own greedy continuation of P),
+and Qwen3-Next one-token prompts in recycled slots (vLLM's GDN metadata makes each a spec
+decode row with placeholder drafts, which starts from a fresh page: on the GPU the reset runs
+inside the step, `kernels/common/triton_fresh.py`). The engines capture FULL CUDA graphs for
+uniform speculative batches (1 + k tokens per row); batches with prefill rows or rows
+without drafts run eagerly. Lossless against non-speculative ReplaySSM on the GPU (route
+replay; the near-tie rule of tests/models/compare.py), drafts partly accepted and partly
+rejected."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_replayssm.config import GPU_SPEC_ENV
+
+from ..models.compare import check_greedy
+from ..models.runs import (
+    BUFFER_LEN,
+    GPU_ENGINE,
+    NEMOTRON_H_PROMPTS,
+    NEMOTRON_H_TOKENS,
+    PEAKED,
+)
+from .test_spec_cpu_engine import (
+    GDN_NGRAM,
+    GDN_ONE_TOKEN_PROMPTS,
+    NEW_TOKENS,
+    ONE_TOKEN_NEW_TOKENS,
+    _check_partly_accepted,
+    qwen_dir,  # noqa: F401  (module fixture: the tiny Qwen3-Next with one MoE layer)
+    qwen_prompts,  # noqa: F401
+)
+
+pytestmark = [pytest.mark.engine, pytest.mark.gpu]
+
+NGRAM = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+PLAIN = {"enabled": True, "buffer_len": BUFFER_LEN, "route": "replay"}
+
+
+@pytest.fixture(autouse=True)
+def _gpu_spec(monkeypatch):
+    monkeypatch.setenv(GPU_SPEC_ENV, "1")  # inherited by the spawned engine processes
+
+
+def _engine(k: int) -> dict:
+    """GPU_ENGINE with capture sizes that hold uniform batches of 1 + k tokens per row."""
+    graphs = {**GPU_ENGINE["compilation_config"]}
+    if k:
+        graphs["cudagraph_capture_sizes"] = [(1 + k) * n for n in (1, 2, 3)]
+    return {**GPU_ENGINE, "compilation_config": graphs}
+
+
+def _run(runs, model_dir, prompts, tokens, replayssm, k=0, drafter=NGRAM, metrics=None):
+    """Greedy run on the GPU; vLLM's Triton GDN prefill (the GPU host has no FlashInfer),
+    a setting NemotronH ignores."""
+    spec = {"speculative_config": {**drafter, "num_speculative_tokens": k}} if k else {}
+    extra = {"gdn_prefill_backend": "triton"}
+    return runs.greedy(
+        model_dir,
+        prompts,
+        tokens,
+        logprobs=5,
+        metrics=metrics,
+        additional_config={"replayssm": replayssm, **extra},
+        **spec,
+        **_engine(k),
+    )
+
+
+NEMOTRON_H_CASES = {
+    "k3_L16": (3, {"buffer_len": 16}),
+    "k5_L6_hp_only": (5, {"buffer_len": 6, "lp_dtype": "none"}),
+}
+
+
+@pytest.mark.parametrize("case", list(NEMOTRON_H_CASES))
+def test_spec_decode_on_gpu_is_lossless(runs, case, capsys):
+    k, settings = NEMOTRON_H_CASES[case]
+    model = runs.checkpoint("nemotron_h", **PEAKED)
+    plain = _run(runs, model, NEMOTRON_H_PROMPTS, NEMOTRON_H_TOKENS, PLAIN)
+    metrics: dict[str, float] = {}
+    ours = _run(
+        runs,
+        model,
+        NEMOTRON_H_PROMPTS,
+        NEMOTRON_H_TOKENS,
+        {"enabled": True, "debug_checks": True, **settings},
+        k,
+        metrics=metrics,
+    )
+    _check_partly_accepted(f"nemotron_h (GPU) {case}", metrics, capsys)
+    check_greedy(capsys, f"nemotron_h (GPU) {case} vs non-speculative ReplaySSM", plain, ours)
+
+
+GDN_CASES = {
+    "k3_L4": (3, {"buffer_len": 4}),
+    "k2_L16_hp_only": (2, {"buffer_len": 16, "lp_dtype": "none"}),
+}
+
+
+@pytest.mark.parametrize("case", list(GDN_CASES))
+def test_gdn_spec_decode_on_gpu_is_lossless(runs, qwen_dir, qwen_prompts, case, capsys):  # noqa: F811
+    k, settings = GDN_CASES[case]
+    plain = _run(runs, qwen_dir, qwen_prompts, NEW_TOKENS, PLAIN)
+    metrics: dict[str, float] = {}
+    ours = _run(
+        runs,
+        qwen_dir,
+        qwen_prompts,
+        NEW_TOKENS,
+        {"enabled": True, **settings},
+        k,
+        drafter=GDN_NGRAM,
+        metrics=metrics,
+    )
+    _check_partly_accepted(f"qwen3_next (GPU) {case}", metrics, capsys)
+    check_greedy(capsys, f"qwen3_next (GPU) {case} vs non-speculative ReplaySSM", plain, ours)
+
+
+def test_gdn_one_token_prompts_on_gpu(runs, qwen_dir, capsys):  # noqa: F811
+    plain = _run(runs, qwen_dir, GDN_ONE_TOKEN_PROMPTS, ONE_TOKEN_NEW_TOKENS, PLAIN)
+    ours = _run(
+        runs,
+        qwen_dir,
+        GDN_ONE_TOKEN_PROMPTS,
+        ONE_TOKEN_NEW_TOKENS,
+        {"enabled": True, "buffer_len": 16, "lp_dtype": "none"},
+        3,
+        drafter=GDN_NGRAM,
+    )
+    check_greedy(capsys, "qwen3_next (GPU) one-token prompts, k3_L16 vs plain", plain, ours)
