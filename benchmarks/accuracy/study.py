@@ -36,8 +36,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -129,6 +131,9 @@ def summarise(
             {
                 "range": [lo, hi],
                 "kl_mean": float(kl[:, lo:hi].mean()),
+                # A mean over positions can be one token's (an expert-routing flip in a MoE
+                # layer gives a spike at one position); the median shows the bulk.
+                "kl_median": float(np.median(kl[:, lo:hi])),
                 "kl_max": float(kl[:, lo:hi].max()),
                 "kl_mean_per_prompt": [float(v) for v in kl[:, lo:hi].mean(axis=1)],
                 "top1_agreement": float(top1[:, lo:hi].mean()),
@@ -301,8 +306,6 @@ def run_family(
     family: str, model: Path, variants: list[str], args: argparse.Namespace, log
 ) -> dict[str, Any]:
     """The reference and each variant on one checkpoint; figures per variant."""
-    import json
-
     import torch
 
     config = json.loads((model / "config.json").read_text())
@@ -397,6 +400,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=",".join(DEFAULT_VARIANTS),
         help=f"comma list of {[v for v in VARIANTS if v != REFERENCE]}",
     )
+    p.add_argument(
+        "--config-override",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="config.json keys replaced in a temporary copy of the checkpoint (weights "
+        "linked), e.g. '{\"num_experts_per_tok\": 4}': every expert active, so no expert-"
+        "routing flips (single family)",
+    )
     p.add_argument("--prompts", type=int, default=4, help="prompts (batched together)")
     p.add_argument("--new-tokens", type=int, default=2048)
     p.add_argument("--buffer-len", type=int, default=16)
@@ -433,6 +445,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown {unknown}")
     if args.model and len(args.families) != 1:
         p.error("--model needs exactly one --families entry")
+    if args.config_override is not None and len(args.families) != 1:
+        p.error("--config-override needs exactly one --families entry")
     return args
 
 
@@ -462,6 +476,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             "cpu_threads": args.cpu_threads,
             "greedy": args.greedy,
             "reference": REFERENCE,
+            "config_override": args.config_override,
             "variants": {v: VARIANTS[v] for v in [REFERENCE, *args.variants]},
         },
         "families": {},
@@ -469,11 +484,31 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     }
     with cpu_threads(args.cpu_threads):
         for family in args.families:
-            model = args.model or demo_path(family)
-            results = run_family(family, Path(model), args.variants, args, log)
+            model = Path(args.model or demo_path(family))
+            with overridden(model, args.config_override) as model:
+                results = run_family(family, model, args.variants, args, log)
             payload["families"][family] = results
             payload["claims"][family] = check_claims(family, results["variants"])
     return payload
+
+
+@contextlib.contextmanager
+def overridden(model: Path, override: dict[str, Any] | None):
+    """`model`, or a temporary copy whose config.json has `override`'s keys (every other
+    file linked, not copied)."""
+    if not override:
+        yield model
+        return
+    with tempfile.TemporaryDirectory(prefix="accuracy-model-") as tmp:
+        copy = Path(tmp) / model.name
+        copy.mkdir()
+        for item in model.iterdir():
+            if item.name != "config.json":
+                (copy / item.name).symlink_to(item.resolve())
+        config = json.loads((model / "config.json").read_text())
+        config.update(override)
+        (copy / "config.json").write_text(json.dumps(config, indent=2))
+        yield copy
 
 
 @contextlib.contextmanager
@@ -502,8 +537,6 @@ def cpu_threads(count: int):
 def merge(paths: list[Path]) -> dict[str, Any]:
     """One payload from runs of single families with the same settings (families run side
     by side as separate processes)."""
-    import json
-
     parts = [json.loads(Path(p).read_text()) for p in paths]
     first = parts[0]
     for part in parts[1:]:

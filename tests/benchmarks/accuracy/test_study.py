@@ -104,6 +104,7 @@ def test_small_study_ordering(family, dtype):
     args = argparse.Namespace(
         families=[family],
         model=None,
+        config_override=None,
         variants=VARIANTS,
         json=None,
         png=None,
