@@ -42,7 +42,9 @@ ignore_eos=True)`, timed with `time.perf_counter` around the call: once with max
                 near-ties, so this is reported, not asserted ("distinct" counts the distinct
                 token ids in all outputs, to show how collapsed they are)
 The JSON holds the command, commit, GPU name, vLLM/torch versions, model configs, engine
-settings, every timing and the comparisons (not the token ids).
+settings, every timing and the comparisons (not the token ids), and per run the KV-cache
+capacity vLLM logs at start-up (tokens, maximum concurrency at max_model_len): how many
+requests each configuration fits in the same memory.
 
 A run with `on` fails loudly (exit 1, FAILED lines) when vllm_replayssm is not importable,
 its `vllm.general_plugins` entry point is not installed, or VLLM_PLUGINS excludes
@@ -84,6 +86,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -598,19 +601,50 @@ def run_worker(spec_path: Path) -> int:
 # --- driver ---------------------------------------------------------------------------------
 
 
+# vLLM's start-up lines on the KV cache (engine-core process, vLLM 0.26's wording): the
+# tokens it holds and the concurrency it allows at max_model_len, i.e. how many requests
+# each configuration fits in the same memory (ReplaySSM's page vs 1 + k stock pages under
+# speculative decoding).
+KV_CACHE_LINES = {
+    "kv_cache_tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
+    "max_concurrency": re.compile(r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"),
+}
+
+
+def kv_cache_capacity(line: str, found: dict[str, float]) -> None:
+    """Record the KV_CACHE_LINES figures in one log line into `found`."""
+    for key, pattern in KV_CACHE_LINES.items():
+        m = pattern.search(line)
+        if m:
+            found[key] = float(m.group(1).replace(",", ""))
+
+
 def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
-    """Run one (model, mode) in a child python; its stdout (vLLM's logs) goes to stderr."""
+    """Run one (model, mode) in a child python; its stdout (vLLM's logs) goes to stderr,
+    read on the way for vLLM's KV-cache capacity lines."""
     name = f"{spec['model']}-{spec['mode']}"
     spec_path, result_path = tmp / f"{name}.spec.json", tmp / f"{name}.result.json"
     spec_path.write_text(json.dumps({**spec, "result_path": str(result_path)}))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
+    capacity: dict[str, float] = {}
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, errors="replace"
+    )
+
+    def forward() -> None:
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            kv_cache_capacity(line, capacity)
+
+    reader = threading.Thread(target=forward, daemon=True)
+    reader.start()
     try:
-        done = subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr, timeout=timeout, check=False
-        )
-        rc = done.returncode
+        rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
         rc = "timeout"
+    reader.join(timeout=10)
     if not result_path.is_file():
         return {
             "model": spec["model"],
@@ -620,6 +654,7 @@ def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
         }
     result = json.loads(result_path.read_text())
     result["worker_rc"] = rc
+    result["kv_cache_capacity"] = capacity
     if rc != 0 and not result["error"] and not any("error" in r for r in result["results"]):
         result["error"] = f"worker exited ({rc})"
     return result
@@ -1015,6 +1050,14 @@ def main(argv: list[str] | None = None) -> int:
         "prefix / out"
     )
     print(common.format_table(HEADER, table_rows(payload["runs"], payload["comparisons"])))
+    for run in payload["runs"]:
+        cap = run.get("kv_cache_capacity") or {}
+        if cap:
+            print(
+                f"# KV cache {run['model']}/{run['mode']}: {cap.get('kv_cache_tokens', 0):,.0f} "
+                f"tokens, max concurrency {cap.get('max_concurrency', 0):.2f}x at "
+                f"max_model_len {args.max_model_len}"
+            )
     if path is not None:
         print(f"# wrote {path}")
     failed = [r for r in payload["runs"] if r["error"] or any("error" in x for x in r["results"])]
