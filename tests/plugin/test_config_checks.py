@@ -195,3 +195,28 @@ def test_failed_registration_fails_closed(qwen3_next, monkeypatch):
         _config(qwen3_next, {"enabled": True})
     cfg = _config(qwen3_next, {"enabled": False})
     assert cfg.model_config.architecture == "Qwen3NextForCausalLM"
+
+
+@pytest.mark.parametrize(
+    "method, refused",
+    [("ngram", None), ("mtp", None), ("eagle3", "drafter"), ("draft_model", "drafter")],
+)
+def test_untested_drafters_are_refused(method, refused):
+    """Only drafters that ran lossless in the engine tests pass; a hybrid draft model is
+    refused for its own reason."""
+    from types import SimpleNamespace
+
+    from vllm_replayssm.config_checks import _spec_problems
+
+    spec = SimpleNamespace(method=method, draft_model_config=SimpleNamespace(is_hybrid=False))
+    problems = _spec_problems("NemotronHForCausalLM", spec)
+    problems = [p for p in problems if "on GPUs" not in p]  # the platform's own refusal
+    if refused is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and refused in problems[0] and method in problems[0]
+    hybrid = SimpleNamespace(
+        method="draft_model",
+        draft_model_config=SimpleNamespace(is_hybrid=True, architecture="NemotronHForCausalLM"),
+    )
+    assert any("hybrid draft model" in p for p in _spec_problems("NemotronHForCausalLM", hybrid))
