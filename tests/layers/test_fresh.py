@@ -73,11 +73,12 @@ def test_fresh_row_starts_from_zero_state(family, graph_safe):
     if graph_safe:  # the conv state as vLLM's GPU layout stores it: dim-first only as a view
         conv = conv.transpose(1, 2).contiguous().transpose(1, 2)
     stale = _snapshot(cache, conv)
-    # A new request's window in recycled slot 2, the request of slot 3 continuing, a NULL row.
-    slots = torch.tensor([2, 3, 0])
-    fresh = fresh_rows(slots, torch.tensor([T, T, 0]), torch.tensor([T, 11, 0]))
+    # A new request's window in recycled slot 2, the request of slot 3 continuing, a NULL
+    # row (padding that looks new: it must stay untouched) and a row without tokens.
+    slots = torch.tensor([2, 3, 0, 1])
+    q, seq_lens = torch.tensor([T, T, T, 0]), torch.tensor([T, 11, T, 0])
     start_fresh_rows(
-        cache, conv, slots, fresh, buffer_len=L, window=T, stagger=True, graph_safe=graph_safe
+        cache, conv, slots, q, seq_lens, buffer_len=L, window=T, stagger=True, graph_safe=graph_safe
     )
 
     after = _snapshot(cache, conv)
@@ -101,3 +102,32 @@ def test_fresh_row_starts_from_zero_state(family, graph_safe):
     stale_cache = type(cache)(**{k: stale.get(k) for k in cache._fields})
     fam.decode(stale_cache, tok, torch.tensor([2]), out, L, T, qsl=qsl, acc=acc)
     assert _rel(out, ref) > 10 * tol_for(LP)
+
+
+@pytest.mark.parametrize("graph_safe", [False, True], ids=["host", "graph_safe"])
+def test_plain_decode_rows_without_q(graph_safe):
+    """Plain decode (q None: one token per row; vLLM's GDN metadata makes a new one-token
+    request such a row): the row whose request is one token long is reset, a continuing
+    row and a NULL row are not."""
+    fam = FAMILIES["gdn"]()
+    gen = torch.Generator().manual_seed(1)
+    cache, conv = _used_pages(fam, gen)
+    stale = _snapshot(cache, conv)
+    slots, seq_lens = torch.tensor([3, 2, 0]), torch.tensor([1, 9, 1])
+    start_fresh_rows(
+        cache,
+        conv,
+        slots,
+        None,
+        seq_lens,
+        buffer_len=L,
+        window=1,
+        stagger=False,
+        graph_safe=graph_safe,
+    )
+    after = _snapshot(cache, conv)
+    for name in ("hp", "lp", "conv"):
+        assert not after[name][3].any(), name
+    assert torch.equal(after["meta"][3], reset_words(torch.tensor([3]), L, 1, False)[0].int())
+    for name in ("hp", "lp", "conv", "meta"):
+        assert _same_bits(after[name][[0, 1, 2]], stale[name][[0, 1, 2]]), name

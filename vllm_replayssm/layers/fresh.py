@@ -31,35 +31,45 @@ def start_fresh_rows(
     cache,
     conv_state: torch.Tensor,
     slots: torch.Tensor,
-    fresh: torch.Tensor,
+    q: torch.Tensor | None,
+    seq_lens: torch.Tensor,
     *,
     buffer_len: int,
     window: int,
     stagger: bool,
     graph_safe: bool | None = None,
 ) -> None:
-    """Reset the pages of the `fresh` rows before their step reads them.
+    """Reset the pages of the fresh rows (`fresh_rows`) before their step reads them.
 
     cache: the layer's Mamba2ReplayCache or GDNReplayCache (hp [S, ...] fp32, lp like hp or
-    None, meta [S, META_LEN] int32); conv_state: [S, D, M] (the dim-first view); slots: [R]
-    int; fresh: [R] bool (`fresh_rows`). On the CPU platform the rows are selected on the
-    host (free there; nothing to do on steps without fresh rows). On GPUs the step may be a
-    CUDA graph: one launch zeroes the fresh rows' HP, LP and conv state
-    (`kernels/common/triton_fresh.py`; the other rows' programs exit at once) and the cursor
-    words of every row are rewritten, fresh ones reset, the others as they were.
+    None, meta [S, META_LEN] int32); conv_state: [S, D, M] (the dim-first view); slots, q
+    (tokens this step; None: one per row, plain decode), seq_lens (request lengths after
+    it): [R] int. On the CPU platform
+    the rows are selected on the host (free there; nothing to do on steps without fresh
+    rows). On GPUs the step may be a CUDA graph: one launch over every row decides which
+    are fresh and resets their HP, LP, conv state and cursor words
+    (`kernels/common/triton_fresh.py`; the other rows' programs exit at once).
     `graph_safe` picks the latter on any device (None: on CUDA tensors)."""
     if graph_safe is None:
         graph_safe = cache.hp.is_cuda
     if graph_safe:
-        from vllm_replayssm.kernels.common.triton_fresh import zero_fresh_slots
+        from vllm_replayssm.kernels.common.triton_fresh import reset_fresh_rows
 
         lp = [] if cache.lp is None else [cache.lp]
-        zero_fresh_slots([cache.hp, *lp, conv_state], slots, fresh)
-        slots = slots.long()
-        words = reset_words(slots, buffer_len, window, stagger).to(cache.meta.dtype)
-        cache.meta[slots] = torch.where(fresh[:, None], words, cache.meta[slots])
+        reset_fresh_rows(
+            [cache.hp, *lp, conv_state],
+            cache.meta,
+            slots,
+            q,
+            seq_lens,
+            buffer_len=buffer_len,
+            window=window,
+            stagger=stagger,
+        )
         return
-    rows = slots[fresh].long()
+    if q is None:
+        q = torch.ones_like(seq_lens)
+    rows = slots[fresh_rows(slots, q, seq_lens)].long()
     if rows.numel() == 0:
         return
     cache.hp[rows] = 0

@@ -39,7 +39,7 @@ from vllm_replayssm.layers.conv import (
     conv_state_view,
     spec_conv_update,
 )
-from vllm_replayssm.layers.fresh import fresh_rows, start_fresh_rows
+from vllm_replayssm.layers.fresh import start_fresh_rows
 from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2_page_specs
 from vllm_replayssm.layers.spec import SpecWindows
 from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
@@ -297,7 +297,8 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             cache,
             conv_state_view(self.kv_cache),
             slots,
-            fresh_rows(slots, q, seq_lens),
+            q,
+            seq_lens,
             buffer_len=cfg.buffer_len,
             window=self.replay_window,
             stagger=cfg.stagger,

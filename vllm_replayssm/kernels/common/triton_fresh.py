@@ -1,10 +1,14 @@
-"""Zero the per-slot regions of the rows that start a request, inside CUDA graphs.
+"""Reset the pages of the rows that start a request, inside CUDA graphs: one launch.
 
-`layers/fresh.py` resets a fresh row's page before its step reads it. On the CPU platform it
-selects those rows on the host; a captured step cannot (the selection depends on data), so
-on GPUs one launch covers every row of the step: the programs of rows that are not fresh
-return at once, and those of a fresh row zero its slot in each of up to three tensors (HP,
-LP, conv state). Fixed grid, no host synchronisation, no allocation.
+`layers/fresh.py` resets a fresh row's page before its step reads it (a row is fresh when
+its request has nothing computed before this step: seq_len == q, q > 0, slot not NULL). On
+the CPU platform it selects those rows on the host; a captured step cannot (the selection
+depends on data), so on GPUs one launch covers every row of the step. Each program decides
+its row's freshness from `q` and `seq_lens`; those of rows that are not fresh return at
+once, and those of a fresh row zero its slot in each of up to three tensors (HP, LP, conv
+state) and, in the row's first program, store the reset cursor words (`cursor.reset_words`:
+capacity C - phi, the magic word, the rest zero). Fixed grid, no host synchronisation, no
+allocation, no other kernel.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from vllm_replayssm.kernels.common.cursor import CAPACITY, MAGIC, META_MAGIC
+from vllm_replayssm.layout import META_LEN, NULL_BLOCK_ID, ring_rows
 
 # Programs per row: a fresh row's bytes are split over this many programs (each loops over
 # its share), so that a step with a fresh row is not one program's serial memset while a
@@ -30,41 +37,75 @@ def _zero_share(base, n, split_id, SPLIT_: tl.constexpr, BLOCK_: tl.constexpr):
 
 
 @triton.jit
-def _zero_fresh_kernel(
+def _fresh_reset_kernel(
     a_ptr,
     b_ptr,
     c_ptr,
+    meta_ptr,
     slots_ptr,
-    fresh_ptr,
+    q_ptr,
+    seq_lens_ptr,
     stride_a,
     stride_b,
     stride_c,
+    stride_meta_slot,
+    stride_meta_word,
     n_a,
     n_b,
     n_c,
+    null_block_id,
+    capacity,
+    phase_mod,
+    magic,
     NUM_TENSORS: tl.constexpr,
+    HAS_Q: tl.constexpr,
+    META_WORDS: tl.constexpr,
+    W_CAPACITY: tl.constexpr,
+    W_MAGIC: tl.constexpr,
     SPLIT_: tl.constexpr,
     BLOCK_: tl.constexpr,
 ):
     row = tl.program_id(0)
     split_id = tl.program_id(1)
-    if tl.load(fresh_ptr + row) == 0:
-        return
     slot = tl.load(slots_ptr + row).to(tl.int64)
+    if HAS_Q:
+        q = tl.load(q_ptr + row).to(tl.int64)
+    else:  # plain decode: one token per row
+        q = tl.full([], 1, tl.int64)
+    seq_len = tl.load(seq_lens_ptr + row).to(tl.int64)
+    if (seq_len != q) | (q <= 0) | (slot == null_block_id):
+        return
     _zero_share(a_ptr + slot * stride_a, n_a, split_id, SPLIT_, BLOCK_)
     if NUM_TENSORS > 1:
         _zero_share(b_ptr + slot * stride_b, n_b, split_id, SPLIT_, BLOCK_)
     if NUM_TENSORS > 2:
         _zero_share(c_ptr + slot * stride_c, n_c, split_id, SPLIT_, BLOCK_)
+    if split_id == 0:
+        w = tl.arange(0, META_WORDS)
+        phi = slot % phase_mod  # phase_mod 1 without stagger: phi = 0
+        words = tl.where(w == W_CAPACITY, capacity - phi, tl.where(w == W_MAGIC, magic, 0))
+        tl.store(meta_ptr + slot * stride_meta_slot + w * stride_meta_word, words.to(tl.int32))
 
 
-def zero_fresh_slots(tensors: list[torch.Tensor], slots: torch.Tensor, fresh: torch.Tensor) -> None:
-    """Zero `t[slots[r]]` for every row r with `fresh[r]`, for each t in `tensors`.
+def reset_fresh_rows(
+    tensors: list[torch.Tensor],
+    meta: torch.Tensor,
+    slots: torch.Tensor,
+    q: torch.Tensor | None,
+    seq_lens: torch.Tensor,
+    *,
+    buffer_len: int,
+    window: int,
+    stagger: bool,
+    null_block_id: int = NULL_BLOCK_ID,
+) -> None:
+    """Reset the page of every fresh row (module docstring) in one launch.
 
-    tensors: 1 to 3 tensors [S, ...] whose per-slot region is contiguous memory (a page
-    tensor's view, possibly with its last two dims transposed: HP, LP, the conv state);
-    slots: [R] int (NULL rows must not be
-    fresh); fresh: [R] bool, on the tensors' device.
+    tensors: 1 to 3 tensors [S, ...] zeroed per fresh slot, whose per-slot region is
+    contiguous memory (a page tensor's view, possibly with its last two dims transposed: HP,
+    LP, the conv state); meta: [S, META_LEN] int32 cursor words; slots, q (tokens this
+    step; None: one per row, plain decode), seq_lens (request lengths after it): [R] int,
+    on the tensors' device.
     """
     if not 1 <= len(tensors) <= 3:
         raise ValueError(f"1 to 3 tensors, got {len(tensors)}")
@@ -73,13 +114,24 @@ def zero_fresh_slots(tensors: list[torch.Tensor], slots: torch.Tensor, fresh: to
     if R == 0:
         return
     padded = list(tensors) + [tensors[0]] * (3 - len(tensors))
-    _zero_fresh_kernel[(R, SPLIT)](
+    _fresh_reset_kernel[(R, SPLIT)](
         *padded,
+        meta,
         slots,
-        fresh.to(torch.int8),
+        slots if q is None else q,
+        seq_lens,
         *(t.stride(0) for t in padded),
+        *meta.stride(),
         *(t[0].numel() for t in padded),
+        null_block_id,
+        ring_rows(buffer_len, window),
+        buffer_len - window + 1 if stagger else 1,
+        META_MAGIC,
         NUM_TENSORS=len(tensors),
+        HAS_Q=q is not None,
+        META_WORDS=META_LEN,
+        W_CAPACITY=CAPACITY,
+        W_MAGIC=MAGIC,
         SPLIT_=SPLIT,
         BLOCK_=BLOCK,
     )
