@@ -48,3 +48,42 @@ def test_replayssm_matches_stock_on_gpu(model, capsys):
                 f"{cmp.prompts} identical; divergences {cmp.divergences}"
             )
         assert all(gap <= NEAR_TIE for _, _, gap in cmp.divergences), cmp.divergences
+
+
+@pytest.mark.gpu
+def test_gdn_one_token_prompts_on_gpu(runs, capsys):
+    """Plain decode on Qwen3-Next: vLLM's GDN metadata makes a new one-token request a decode
+    row, and vLLM does not clear recycled state pages; ReplaySSM resets such a row's page in
+    the step (`layers/fresh.py`, one launch, inside the CUDA graph). Ten prompts, six of them
+    one token long (test_spec_cpu_engine.GDN_ONE_TOKEN_PROMPTS), three requests at a time, so
+    slots are recycled; held to transformers' own model in fp32 by the top-5 rule (a row
+    decoded from another request's state is top-5 apart at its first token)."""
+    import torch
+
+    from ..models.compare import check_greedy
+    from ..models.tiny import transformers_greedy_outputs
+    from .test_spec_cpu_engine import GDN_ONE_TOKEN_PROMPTS, ONE_TOKEN_NEW_TOKENS
+
+    path = runs.checkpoint("qwen3_next", **PEAKED, mlp_only_layers=[0, 1, 2])
+    oracle = transformers_greedy_outputs(
+        path, GDN_ONE_TOKEN_PROMPTS, ONE_TOKEN_NEW_TOKENS, dtype=torch.float32
+    )
+    for route in ("auto", "replay"):
+        ours = greedy_outputs(
+            path,
+            GDN_ONE_TOKEN_PROMPTS,
+            ONE_TOKEN_NEW_TOKENS,
+            logprobs=5,
+            additional_config={
+                "replayssm": {"enabled": True, "buffer_len": BUFFER_LEN, "route": route},
+                "gdn_prefill_backend": "triton",
+            },
+            **GPU_ENGINE,
+        )
+        check_greedy(
+            capsys,
+            f"qwen3_next one-token prompts, route {route}, vs transformers fp32",
+            oracle,
+            ours,
+            near_tie=False,
+        )

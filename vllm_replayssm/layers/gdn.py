@@ -40,7 +40,7 @@ from vllm_replayssm.layers.conv import (
     conv_state_view,
     spec_conv_update,
 )
-from vllm_replayssm.layers.fresh import fresh_rows, start_fresh_rows
+from vllm_replayssm.layers.fresh import start_fresh_rows
 from vllm_replayssm.layers.pages import ReplayPage, gdn_cache_from_kv, gdn_page_specs
 from vllm_replayssm.layers.spec import SpecWindows
 from vllm_replayssm.layout import ring_rows
@@ -105,15 +105,12 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         self._log_spec_memory("GDN")
 
     def get_attn_backend(self):
-        """With replayssm on, under speculative decoding or on the CPU platform, vLLM's GDN
-        backend whose metadata also carries the request lengths (backends/gdn.py): the
-        speculative step derives acceptance from them, and the CPU paths find the decode
-        rows that start a request (`layers/fresh.py`). Otherwise vLLM's own."""
-        if (
-            self.replay is not None
-            and self.replay.enabled
-            and (self.replay_window > 1 or current_platform.is_cpu())
-        ):
+        """With replayssm on, vLLM's GDN backend whose metadata also carries the request
+        lengths (backends/gdn.py): the speculative step derives acceptance from them, and
+        every path finds the decode rows that start a request (`layers/fresh.py`: vLLM's GDN
+        metadata makes a new one-token request a decode row, whose recycled page vLLM does
+        not clear). Otherwise vLLM's own."""
+        if self.replay is not None and self.replay.enabled:
             return ReplayGDNAttentionBackend
         return super().get_attn_backend()
 
@@ -151,7 +148,16 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         common = dict(buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger)
         rows = state_indices[: md.num_decodes + md.num_prefills]
         if md.num_decodes:
-            gdn_replay_materialise(cache, state_indices[: md.num_decodes], **common)
+            decode_rows = state_indices[: md.num_decodes]
+            start_fresh_rows(
+                cache,
+                conv_state_view(self.kv_cache),
+                decode_rows,
+                None,
+                md.replay_seq_lens[: md.num_decodes],
+                **common,
+            )
+            gdn_replay_materialise(cache, decode_rows, **common)
         resumed = _prefill_rows_with_state(md, state_indices)
         if resumed is not None:
             gdn_replay_materialise(cache, resumed, **common)
@@ -166,6 +172,18 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         n = md.num_actual_tokens
         state_indices = md.non_spec_state_indices_tensor[:n]
         conv_state = conv_state_view(self.kv_cache)
+        # A new one-token request is a decode row here: its recycled page starts fresh (one
+        # launch over the rows, graph-safe; `layers/fresh.py`).
+        start_fresh_rows(
+            cache,
+            conv_state,
+            state_indices,
+            None,
+            md.replay_seq_lens[:n],
+            buffer_len=cfg.buffer_len,
+            window=self.replay_window,
+            stagger=cfg.stagger,
+        )
         weight = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
         x = causal_conv1d_update(
             mixed_qkv[:n],
@@ -268,7 +286,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 cache,
                 conv_state_view(self.kv_cache),
                 state_indices[:nd],
-                fresh_rows(state_indices[:nd], qsl[1 : nd + 1] - qsl[:nd], md.replay_seq_lens[:nd]),
+                qsl[1 : nd + 1] - qsl[:nd],
+                md.replay_seq_lens[:nd],
                 buffer_len=cfg.buffer_len,
                 window=window,
                 stagger=cfg.stagger,
@@ -439,7 +458,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             cache,
             conv_state_view(self.kv_cache),
             slots,
-            fresh_rows(slots, q, seq_lens),
+            q,
+            seq_lens,
             buffer_len=cfg.buffer_len,
             window=self.replay_window,
             stagger=cfg.stagger,
