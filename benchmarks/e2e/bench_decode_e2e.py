@@ -337,11 +337,10 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float, list]:
-    """Seconds of one greedy `llm.generate` of `prompts`, and its per-prompt token ids. The
-    prompt tokens the requests report as served from the prefix cache are kept in
-    `timed_generate.cached` (vLLM's exported hit counter is unreliable on GPUs:
-    docs/prefix-caching.md)."""
+def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float, list, int]:
+    """Seconds of one greedy `llm.generate` of `prompts`, its per-prompt token ids, and the
+    prompt tokens the requests report as served from the prefix cache (vLLM's exported hit
+    counter is unreliable on GPUs: docs/prefix-caching.md)."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -351,8 +350,8 @@ def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple
     outs = llm.generate(batch, params, use_tqdm=False)
     _sync()
     elapsed = time.perf_counter() - t0
-    timed_generate.cached = sum(o.num_cached_tokens or 0 for o in outs)
-    return elapsed, [list(o.outputs[0].token_ids) for o in outs]
+    cached = sum(o.num_cached_tokens or 0 for o in outs)
+    return elapsed, [list(o.outputs[0].token_ids) for o in outs], cached
 
 
 def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
@@ -360,7 +359,7 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
     vocab, n_in, n_out = spec["vocab_size"], spec["input_len"], spec["output_len"]
     shared = shared_prefix(spec)
     prompts = make_prompts(bs, n_in, vocab, spec["seed"] + bs, shared)
-    t_warm, _ = timed_generate(
+    t_warm, _, _ = timed_generate(
         llm,
         make_prompts(bs, n_in, vocab, spec["seed"] + 7919 * bs + 1, shared),
         min(n_out, spec["warmup_tokens"]),
@@ -369,10 +368,11 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
     counted = {name: 0.0 for name in SPEC_COUNTERS}
     cached_first = []
     for _ in range(spec["repeats"]):
-        t_pre.append(timed_generate(llm, prompts, 1)[0])
-        cached_first.append(timed_generate.cached)
+        elapsed, _, cached = timed_generate(llm, prompts, 1)
+        t_pre.append(elapsed)
+        cached_first.append(cached)
         before = spec_counters(llm) if is_spec(spec["mode"]) else None
-        elapsed, tokens = timed_generate(llm, prompts, n_out)
+        elapsed, tokens, _ = timed_generate(llm, prompts, n_out)
         t_full.append(elapsed)
         if before is not None:
             after = spec_counters(llm)

@@ -58,7 +58,9 @@ def workload(block: int) -> tuple[list[list[int]], list[int], list[tuple[int, li
     return prompts, [1, 4], follow_ups, hits
 
 
-def _run(runs, kind: str, replayssm: dict, metrics: dict, **kw):
+def _run(runs, kind: str, replayssm: dict, metrics: dict, extra_config: dict | None = None, **kw):
+    """The workload on `kind`'s tiny checkpoint; `extra_config` goes into additional_config
+    beside the replayssm dict, `kw` into the engine (the GPU test's graph settings)."""
     block = CASES[kind][0]
     prompts, waves, follow_ups, _ = workload(block)
     return runs.greedy(
@@ -72,7 +74,7 @@ def _run(runs, kind: str, replayssm: dict, metrics: dict, **kw):
         max_model_len=1024,
         block_size=block,
         max_num_batched_tokens=block,
-        additional_config={"replayssm": replayssm},
+        additional_config={"replayssm": replayssm, **(extra_config or {})},
         **SCHEDULER,
         **kw,
     )

@@ -12,39 +12,22 @@ from __future__ import annotations
 import pytest
 
 from ..models.compare import check_greedy, distinct_tokens
-from ..models.runs import BUFFER_LEN, GPU_ENGINE, PEAKED
+from ..models.runs import BUFFER_LEN, GPU_ENGINE
 from ..models.tiny import CACHED_TOKENS
-from .test_prefix_caching_cpu import CASES, NEW_TOKENS, _same_turns, workload
+from .test_prefix_caching_cpu import CASES, _same_turns, workload
+from .test_prefix_caching_cpu import _run as run_workload
 
 pytestmark = pytest.mark.engine
 
 # The GPU engine test's graph settings; the CPU test's scheduler (two requests at a time,
-# one block per step, as vLLM's "align" mode asks).
-ENGINE = {
-    k: v for k, v in GPU_ENGINE.items() if k not in ("max_num_seqs", "max_num_batched_tokens")
-}
+# one block per step, as vLLM's "align" mode asks) comes with its `_run`.
+GRAPHS = {k: GPU_ENGINE[k] for k in ("enforce_eager", "compilation_config")}
 
 
 def _run(runs, kind: str, replayssm: dict, metrics: dict, **kw):
-    block = CASES[kind][0]
-    prompts, waves, follow_ups, _ = workload(block)
+    # vLLM's Triton GDN prefill: the GPU host has no FlashInfer.
     extra = {"gdn_prefill_backend": "triton"} if kind == "qwen3_next" else {}
-    return runs.greedy(
-        runs.checkpoint(kind, **PEAKED),
-        prompts,
-        NEW_TOKENS,
-        logprobs=5,
-        metrics=metrics,
-        waves=waves,
-        follow_ups=follow_ups,
-        max_model_len=1024,
-        block_size=block,
-        max_num_seqs=2,
-        max_num_batched_tokens=block,
-        additional_config={"replayssm": replayssm, **extra},
-        **ENGINE,
-        **kw,
-    )
+    return run_workload(runs, kind, replayssm, metrics, extra, **GRAPHS, **kw)
 
 
 @pytest.mark.gpu

@@ -41,7 +41,7 @@ from vllm_replayssm.layers.conv import (
 )
 from vllm_replayssm.layers.fresh import start_fresh_rows
 from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2_page_specs
-from vllm_replayssm.layers.spec import SpecWindows
+from vllm_replayssm.layers.spec import SpecWindows, capturing
 from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
 from vllm_replayssm.metrics import StepCounters
 
@@ -49,10 +49,6 @@ logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only t
 
 
 _SCRATCH: dict[tuple, Any] = {}
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _shared_scratch(max_rows: int, nheads: int, buffer_len: int, device: torch.device):
@@ -306,7 +302,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         start, accepted, pending, committed = self.spec_windows.acceptance(
             cache.meta, slots, q, seq_lens
         )
-        if num_accepted_tokens is not None and cfg.debug_checks and not _capturing(dev):
+        if num_accepted_tokens is not None and cfg.debug_checks and not capturing(dev):
             ours = committed[slots != NULL_BLOCK_ID]
             theirs = torch.minimum(num_accepted_tokens[:nd].long(), pending)[slots != NULL_BLOCK_ID]
             if not torch.equal(ours, theirs):
@@ -411,20 +407,18 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
         slots = md.state_indices_tensor_p
         common = dict(buffer_len=cfg.buffer_len, window=self.replay_window, stagger=cfg.stagger)
-        if md.has_initial_states_p is not None and md.prep_initial_states:
-            # Stock prefill reads HP of these rows: fold what their rings hold first.
-            reference.mamba2_replay_materialise(
-                cache, self.A, slots[md.has_initial_states_p], **common
-            )
-        # Under speculative decoding our conv state keeps its context last (layers/conv.py);
-        # vLLM's prefill conv (CPU and Triton alike) reads and writes the first K - 1 columns.
         spec = self.replay_window > 1
-        if spec and md.has_initial_states_p is not None and md.prep_initial_states:
-            conv_context_to_front(
-                conv_state_view(self.kv_cache),
-                slots[md.has_initial_states_p],
-                self.conv_kernel_size,
-            )
+        if md.has_initial_states_p is not None and md.prep_initial_states:
+            resumed = slots[md.has_initial_states_p]
+            # Stock prefill reads HP of these rows: fold what their rings hold first.
+            reference.mamba2_replay_materialise(cache, self.A, resumed, **common)
+            if spec:
+                # Under speculative decoding our conv state keeps its context last
+                # (layers/conv.py); vLLM's prefill conv (CPU and Triton alike) reads and
+                # writes the first K - 1 columns.
+                conv_context_to_front(
+                    conv_state_view(self.kv_cache), resumed, self.conv_kernel_size
+                )
         if cpu:
             self._prefill_cpu(projected_states, output, md, cache.hp)
         else:

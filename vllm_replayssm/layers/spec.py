@@ -14,6 +14,11 @@ import torch
 from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of `device` is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 class SpecWindows:
     """One layer's window starts and the commit counts derived from them."""
 
@@ -27,7 +32,7 @@ class SpecWindows:
         the layer calls this when vLLM binds its KV cache (`layers/pages.ReplayPage`)."""
         starts = self._starts
         if starts is None or starts.shape[0] != num_slots or starts.device != device:
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            if capturing(device):
                 raise RuntimeError(
                     "replayssm: speculative window starts allocated inside CUDA-graph capture "
                     "(their zero-fill would replay at every step); the KV-cache binding "
