@@ -290,6 +290,11 @@ def greedy_outputs(
         # The KV cache is fixed above: a low utilisation only lowers the free memory vLLM
         # demands at start-up, so engines of test processes side by side fit on one GPU.
         kwargs.setdefault("gpu_memory_utilization", 0.2)
+        # vLLM's Triton GDN prefill: the GPU-host bundle has no FlashInfer (NemotronH
+        # ignores the setting).
+        extra = dict(kwargs.get("additional_config") or {})
+        extra.setdefault("gdn_prefill_backend", "triton")
+        kwargs["additional_config"] = extra
     if in_process is None:
         in_process = kwargs.get("tensor_parallel_size", 1) == 1 and not torch.cuda.is_available()
     saved_env = os.environ.get(MULTIPROCESSING_ENV)

@@ -23,14 +23,12 @@ def model(request, runs):
 
 
 def _run(model, **replayssm):
-    kind, path = model
-    extra = {"gdn_prefill_backend": "triton"} if kind == "qwen3_next" else {}
     return greedy_outputs(
-        path,
+        model[1],
         prompts(),
         GPU_NEW_TOKENS,
         logprobs=5,
-        additional_config={"replayssm": {"buffer_len": BUFFER_LEN, **replayssm}, **extra},
+        additional_config={"replayssm": {"buffer_len": BUFFER_LEN, **replayssm}},
         **GPU_ENGINE,
     )
 
@@ -75,8 +73,7 @@ def test_gdn_one_token_prompts_on_gpu(runs, capsys):
             ONE_TOKEN_NEW_TOKENS,
             logprobs=5,
             additional_config={
-                "replayssm": {"enabled": True, "buffer_len": BUFFER_LEN, "route": route},
-                "gdn_prefill_backend": "triton",
+                "replayssm": {"enabled": True, "buffer_len": BUFFER_LEN, "route": route}
             },
             **GPU_ENGINE,
         )
