@@ -487,6 +487,31 @@ def transformers_greedy_outputs(
     return results
 
 
+class TeacherForcedOracle:
+    """Transformers' own model of a checkpoint in fp32, teacher-forced: the next-token
+    logprobs after a given context (one forward pass; tiny models, CPU). Loaded on first
+    use. The third implementation that decides a divergence between two vLLM runs: at their
+    first differing position both runs share the context, so its fp32 distribution says
+    whether the two tokens are a near-tie (rounding noise may pick either) or one of them is
+    wrong."""
+
+    def __init__(self, model_dir: Path | str) -> None:
+        self.model_dir = str(model_dir)
+        self._model = None
+
+    def next_logprobs(self, context: list[int]) -> torch.Tensor:
+        """[vocab] fp32 logprobs of the token after `context`."""
+        if self._model is None:
+            from transformers import AutoModelForCausalLM
+
+            self._model = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=torch.float32
+            ).eval()
+        with torch.no_grad():
+            logits = self._model(torch.tensor([context])).logits[0, -1]
+        return torch.log_softmax(logits.float(), dim=-1)
+
+
 # Scale of the token embedding under add_mtp_head: 2^9 (exact in bf16). Measured with
 # transformers on the MTP test's checkpoint and prompts (8 x 40 greedy tokens): the next token
 # was the embedding's own prediction g(x) at 2/320 positions with scale 1, 83/320 at 256,
