@@ -15,6 +15,8 @@ from vllm.v1.attention.backends.mamba2_attn import (
     Mamba2AttentionMetadataBuilder,
 )
 
+from vllm_replayssm import trace
+
 
 @dataclasses.dataclass
 class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
@@ -45,7 +47,31 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         drafts = kwargs.get("num_decode_draft_tokens_cpu")
         if drafts is not None:
             drafts = drafts[: common_attn_metadata.num_reqs].clamp(min=0)
+        if trace.enabled():
+            self._trace(md, common_attn_metadata, drafts)
         return ReplayMamba2AttentionMetadata.extend(md, drafts)
+
+    def _trace(self, md: Mamba2AttentionMetadata, common: Any, drafts) -> None:
+        """The step as this metadata describes it (`trace.py`); `persistent`: the decode
+        rows' state indices live in the builder's CUDA-graph buffer."""
+        sid = md.state_indices_tensor_d
+        trace.build(
+            id(self),
+            dict(
+                num_reqs=common.num_reqs,
+                query_start_loc=common.query_start_loc_cpu,
+                is_prefilling=common.is_prefilling,
+                seq_lens=common.seq_lens_cpu_upper_bound,
+                num_decodes=md.num_decodes,
+                num_prefills=md.num_prefills,
+                decode_slots=None if sid is None else sid[:, 0],
+                prefill_slots=md.state_indices_tensor_p,
+                num_accepted_tokens=md.num_accepted_tokens,
+                drafts=drafts,
+                persistent=sid is not None
+                and sid.data_ptr() == self.state_indices_tensor_d.data_ptr(),
+            ),
+        )
 
 
 class ReplayMamba2AttentionBackend(Mamba2AttentionBackend):

@@ -29,6 +29,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.platforms import current_platform
 
+from vllm_replayssm import trace
 from vllm_replayssm.backends.mamba2 import ReplayMamba2AttentionBackend
 from vllm_replayssm.config import GPU_SPEC_ENV, ReplayConfigError, gpu_spec_allowed
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
@@ -302,6 +303,20 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         start, accepted, pending, committed = self.spec_windows.acceptance(
             cache.meta, slots, q, seq_lens
         )
+        if trace.enabled():
+            trace.forward(
+                self.prefix,
+                dict(
+                    slots=slots,
+                    q=q,
+                    seq_lens=seq_lens,
+                    start=start,
+                    accepted=accepted,
+                    pending=pending,
+                    committed=committed,
+                    meta=cache.meta[slots],
+                ),
+            )
         if num_accepted_tokens is not None and cfg.debug_checks and not capturing(dev):
             ours = committed[slots != NULL_BLOCK_ID]
             theirs = torch.minimum(num_accepted_tokens[:nd].long(), pending)[slots != NULL_BLOCK_ID]
