@@ -160,7 +160,10 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         npf, npt = md.num_prefills, md.num_prefill_tokens
         if nd:
             # [R, 1 + num_spec] in vLLM's metadata; one page per request here: column 0.
-            slots = md.state_indices_tensor_d[:, 0]
+            # Contiguous: with FULL CUDA graphs vLLM keeps these in a [max_bs, 1 + num_spec]
+            # buffer, whose column 0 the kernels would read at the wrong offsets
+            # (`kernels/common/rows.py`).
+            slots = md.state_indices_tensor_d[:, 0].contiguous()
             if spec:
                 qsl = md.query_start_loc_d
                 if qsl is None:  # a step without drafts: one token per row

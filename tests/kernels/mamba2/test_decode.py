@@ -158,6 +158,38 @@ def test_scratch_too_small_is_refused(device):
         )
 
 
+def _strided_column(slots: list[int], width: int, device) -> torch.Tensor:
+    """Column 0 of a [R, width] table whose rows repeat each slot: vLLM's decode state
+    indices under speculative decoding with FULL CUDA graphs ([max_bs, 1 + k] buffer)."""
+    table = torch.tensor(slots, dtype=torch.int32, device=device)[:, None].repeat(1, width)
+    return table[:, 0]
+
+
+@pytest.mark.parametrize("window", [1, 4], ids=["plain", "spec"])
+def test_strided_state_indices_are_refused(window, device):
+    """The kernels read row r's slot at offset r: a strided view (the H200 defect of
+    2026-12-02, rows > 0 stepping row 0's slot) is refused, plain and speculative alike, and
+    by the stock route."""
+    fam = Mamba2Family(GEOMS["tiny"], device=device, seed=1)
+    cache = fam.cache(fam.specs(8, window, None), 6)
+    tok = fam.tokens(3, torch.Generator().manual_seed(0))
+    out = torch.empty(fam.out_shape(3), device=device)
+    slots = _strided_column([1, 2, 3], 4, device)
+    assert slots.stride(0) == 4
+    common = dict(buffer_len=8, window=window)
+    if window > 1:
+        qsl = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=device)
+        common.update(query_start_loc=qsl)
+    args = (tok["x"], tok["dt"], fam.params["A"], tok["B"], tok["C"], fam.params["D"])
+    with pytest.raises(ValueError, match="state_indices: stride 4"):
+        decode.mamba2_replay_decode(cache, *args, fam.params["dt_bias"], slots, out, **common)
+    if window == 1:
+        with pytest.raises(ValueError, match="state_indices: stride 4"):
+            stock_route.mamba2_stock_route_decode(
+                cache, *args, fam.params["dt_bias"], slots, out, stagger=True, **common
+            )
+
+
 REAL = {
     "nemotron3_super": Mamba2Geometry(128, 64, 128, 8),
     "nemotron3_nano4b": Mamba2Geometry(96, 80, 128, 8),

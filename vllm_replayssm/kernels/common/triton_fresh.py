@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.cursor import CAPACITY, MAGIC, META_MAGIC
+from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.layout import META_LEN, NULL_BLOCK_ID, ring_rows
 
 # Programs per row: a fresh row's bytes are split over this many programs (each loops over
@@ -110,6 +111,7 @@ def reset_fresh_rows(
     if not 1 <= len(tensors) <= 3:
         raise ValueError(f"1 to 3 tensors, got {len(tensors)}")
     tensors = [_slot_contiguous(t) for t in tensors]
+    require_row_contiguous(slots=slots, q=q, seq_lens=seq_lens)
     R = slots.shape[0]
     if R == 0:
         return

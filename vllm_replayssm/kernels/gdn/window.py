@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens, softplus
 from vllm_replayssm.kernels.gdn.tiles import advance_tile, beta_gate, l2norm_rows
@@ -676,5 +677,8 @@ def check_args(
             raise ValueError(f"{name} is on {t.device}, v on {v.device}")
     if Hv % Hk:
         raise ValueError(f"num_v_heads={Hv} not divisible by num_k_heads={Hk}")
+    require_row_contiguous(
+        state_indices=state_indices, query_start_loc=qsl, num_accepted_tokens=acc
+    )
     if qsl is None and n_tok != R:
         raise ValueError(f"{n_tok} tokens for {R} rows without query_start_loc")

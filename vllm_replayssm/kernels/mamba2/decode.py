@@ -25,6 +25,7 @@ import functools
 import torch
 import triton
 
+from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.mamba2.flush import mamba2_flush
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, mamba2_plan
 from vllm_replayssm.kernels.mamba2.readout import mamba2_readout
@@ -247,6 +248,9 @@ def check_args(
             raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device}, x on {x.device}")
+    require_row_contiguous(
+        state_indices=state_indices, query_start_loc=qsl, num_accepted_tokens=acc
+    )
     if H % G:
         raise ValueError(f"nheads={H} not divisible by ngroups={G}")
     if cache.ring_x.dtype != x.dtype or cache.ring_B.dtype != B.dtype:

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, softplus, stock_route_row
 from vllm_replayssm.kernels.mamba2.tiles import fold_tile
 from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
@@ -184,6 +185,7 @@ def mamba2_stock_route_decode(
         )
     if cache.ring_x.dtype != x.dtype:
         raise ValueError("ring records must have the activations' dtype")
+    require_row_contiguous(state_indices=state_indices)
     if R == 0:
         return
     Cn = ring_rows(buffer_len, window)

@@ -1,0 +1,19 @@
+"""Per-row index arguments of the Triton launchers (state indices, query_start_loc, accepted
+counts): the kernels read row r's entry at offset r, so a strided view must not reach them.
+vLLM hands out such views: under speculative decoding with FULL CUDA graphs its Mamba-2
+metadata keeps decode rows' state indices in a [max_bs, 1 + k] buffer whose column 0 has
+stride 1 + k. Read at offset r, row r > 0 took another row's slot (H200, 2026-12-02)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def require_row_contiguous(**tensors: torch.Tensor | None) -> None:
+    """Raise ValueError for a 1-D tensor of more than one entry whose stride is not 1."""
+    for name, t in tensors.items():
+        if t is not None and t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1:
+            raise ValueError(
+                f"{name}: stride {t.stride(0)}; the kernels read row r at offset r "
+                "(pass a contiguous tensor)"
+            )
