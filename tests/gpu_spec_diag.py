@@ -12,7 +12,8 @@ transformers' own model in fp32 teacher-forced on the shared context (`TeacherFo
 (`vllm_replayssm/trace.py`: one JSON line per step, synchronising). The H200 run of
 2026-12-02 (benchmarks/results/diag-h200-20261202-466b6f1-spec-graphs.json) found NemotronH
 lossless eagerly and with graphs one request at a time, and wrong with graphs and three
-requests at a time, also when only one-row batches had a graph (nem_spec_graph1).
+requests at a time, also when only one-row batches had a graph (nem_spec_graph1): the
+layer handed the window kernel a strided state-index column (fixed in 335f808).
 """
 
 from __future__ import annotations
