@@ -14,7 +14,11 @@ output soon loops) and returns its full-vocabulary raw log-probabilities at ever
 Each variant's engine decodes the same prompts with a logits processor that forces the
 reference's tokens (teacher_forcing.py) and returns its own distributions, so all variants
 see the same context and the measured path is the served decode path. Each engine also
-decodes the prompts greedily, free-running. Variants:
+decodes the prompts greedily, free-running. With --kl-in-engine the distributions stay in
+the engines (teacher_forcing.py's probe): the reference records its float32 log-probabilities
+in a [prompts, new tokens, vocab] file under --workdir, and each variant's engine returns
+only its KL and argmax agreement per position (the same figures, test_study.py), so that
+real vocabularies fit (returned log-probabilities are P x N x V Python floats). Variants:
 
     stock_bf16          stock vLLM, bf16 SSM state (mamba_ssm_cache_dtype): one shared LP state
     replayssm_lp_bf16   ReplaySSM, HP fp32 checkpoint + bf16 LP copy
@@ -38,6 +42,7 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -124,6 +129,14 @@ def summarise(
     context, and [P, N] free-running greedy outputs (None: not run)."""
     kl = kl_per_position(ref_logprobs, logprobs)
     top1 = logprobs.argmax(axis=-1) == ref_logprobs.argmax(axis=-1)
+    return summarise_kl(kl, top1, ref_greedy, greedy)
+
+
+def summarise_kl(
+    kl: np.ndarray, top1: np.ndarray, ref_greedy: np.ndarray | None, greedy: np.ndarray | None
+) -> dict[str, Any]:
+    """`summarise` from per-position KL and argmax agreement ([P, N] each), as the
+    in-engine probe measures them."""
     n = kl.shape[1]
     per_range = []
     for lo, hi in ranges_for(n):
@@ -284,6 +297,63 @@ def decode(
     return tokens, logprobs
 
 
+def decode_probed(
+    llm: Any,
+    prompts: list[list[int]],
+    new_tokens: int,
+    forced: np.ndarray | None,
+    vocab: int,
+    workdir: Path,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """`decode` with the distributions measured in the engine (teacher_forcing.py's probe)
+    instead of returned: without `forced` (the reference) each step's log-probabilities go
+    to workdir/reference.f32 ([P, N, V]); with it the variant's KL and argmax agreement
+    against that file come back ([P, N, 2]: KL, agreement). Returns (tokens, that or None)."""
+    from vllm import SamplingParams
+
+    from benchmarks.accuracy.teacher_forcing import (
+        FORCE_KEY,
+        PROBE_KEY,
+        open_probe_file,
+        probe_args,
+    )
+
+    shape = (len(prompts), new_tokens, vocab)
+    reference = str(workdir / "reference.f32")
+    out = str(workdir / "variant.f64")
+    if forced is None:
+        open_probe_file(reference, shape, np.float32, create=True)
+    else:
+        open_probe_file(out, (*shape[:2], 2), np.float64, create=True)
+    mode = "record" if forced is None else "compare"
+    params = []
+    for i in range(len(prompts)):
+        extra: dict[str, Any] = {PROBE_KEY: probe_args(mode, reference, shape, i, out)}
+        if forced is not None:
+            extra[FORCE_KEY] = [int(t) for t in forced[i]]
+        params.append(
+            SamplingParams(
+                temperature=1.0,
+                seed=SAMPLE_SEED + i,
+                max_tokens=new_tokens,
+                ignore_eos=True,
+                extra_args=extra,
+            )
+        )
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    tokens = np.array([list(o.outputs[0].token_ids) for o in outs], dtype=np.int64)
+    if forced is not None and not np.array_equal(tokens, forced):
+        raise RuntimeError("teacher forcing failed: the variant did not emit the forced tokens")
+    if forced is None:
+        if np.isnan(open_probe_file(reference, shape, np.float32, create=False)).any():
+            raise RuntimeError("the probe did not record every position")
+        return tokens, None
+    measured = np.array(open_probe_file(out, (*shape[:2], 2), np.float64, create=False))
+    if np.isnan(measured).any():
+        raise RuntimeError("the probe did not measure every position")
+    return tokens, measured
+
+
 def compact(tokens: Any) -> list[str]:
     """Token ids per prompt as one space-separated string each (a JSON list per token id
     would make the file ten times larger)."""
@@ -323,9 +393,18 @@ def run_family(
         )
         return in_process_engine(model, kwargs)
 
+    probe_dir = None
+    if args.kl_in_engine:
+        probe_dir = Path(tempfile.mkdtemp(prefix="replayssm-kl-", dir=args.workdir))
+
+    def measure(llm: Any, forced: np.ndarray | None):
+        if probe_dir is None:
+            return decode(llm, prompts, args.new_tokens, forced, vocab)
+        return decode_probed(llm, prompts, args.new_tokens, forced, vocab, probe_dir)
+
     t0 = time.perf_counter()
     with engine(REFERENCE) as llm:
-        ref_tokens, ref_logprobs = decode(llm, prompts, args.new_tokens, None, vocab)
+        ref_tokens, ref_logprobs = measure(llm, None)
         ref_greedy = greedy(llm, prompts, args.new_tokens) if args.greedy else None
     log(f"{model.name}: {REFERENCE} {time.perf_counter() - t0:.0f} s")
     out: dict[str, Any] = {
@@ -350,10 +429,17 @@ def run_family(
     for variant in (v for v in variants if v not in skipped):
         t0 = time.perf_counter()
         with engine(variant) as llm:
-            _, logprobs = decode(llm, prompts, args.new_tokens, ref_tokens, vocab)
+            _, measured = measure(llm, ref_tokens)
             variant_greedy = greedy(llm, prompts, args.new_tokens) if args.greedy else None
-        out["variants"][variant] = summarise(ref_logprobs, logprobs, ref_greedy, variant_greedy)
+        if probe_dir is None:
+            summary = summarise(ref_logprobs, measured, ref_greedy, variant_greedy)
+        else:
+            top1 = measured[..., 1] == 1.0
+            summary = summarise_kl(measured[..., 0], top1, ref_greedy, variant_greedy)
+        out["variants"][variant] = summary
         log(f"{model.name}: {variant} {time.perf_counter() - t0:.0f} s")
+    if probe_dir is not None:
+        shutil.rmtree(probe_dir, ignore_errors=True)
     return out
 
 
@@ -425,6 +511,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_false",
         help="skip the free-running greedy decodes (no agreement lengths)",
     )
+    p.add_argument(
+        "--kl-in-engine",
+        action="store_true",
+        help="measure KL inside the engine (teacher_forcing.py's probe: the reference's "
+        "[prompts, new tokens, vocab] float32 log-probabilities in a file under --workdir) "
+        "instead of returning full-vocabulary log-probabilities; for real vocabularies",
+    )
+    p.add_argument("--workdir", default=None, help="directory of the probe's files (temp)")
     p.add_argument("--json", type=Path, help="JSON path (default benchmarks/results/...)")
     p.add_argument("--png", type=Path, help="plot path (default: the JSON's, .png)")
     p.add_argument("--no-save", action="store_true", help="print only")
@@ -475,6 +569,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             "dtype": args.dtype,
             "cpu_threads": args.cpu_threads,
             "greedy": args.greedy,
+            "kl_in_engine": args.kl_in_engine,
             "reference": REFERENCE,
             "config_override": args.config_override,
             "variants": {v: VARIANTS[v] for v in [REFERENCE, *args.variants]},
