@@ -44,7 +44,9 @@ ignore_eos=True)`, timed with `time.perf_counter` around the call: once with max
 The JSON holds the command, commit, GPU name, vLLM/torch versions, model configs, engine
 settings, every timing and the comparisons (not the token ids), and per run the KV-cache
 capacity vLLM logs at start-up (tokens, maximum concurrency at max_model_len): how many
-requests each configuration fits in the same memory.
+requests each configuration fits in the same memory; and the SSM state bytes per request
+(`state_bytes`: page per layer x pages per request, 1 + k for stock speculative decoding,
+x SSM layers).
 
 A run with `on` fails loudly (exit 1, FAILED lines) when vllm_replayssm is not importable,
 its `vllm.general_plugins` entry point is not installed, or VLLM_PLUGINS excludes
@@ -522,6 +524,46 @@ def resolved_settings(llm: Any) -> dict:
     return out
 
 
+def state_bytes(llm: Any) -> dict:
+    """SSM state bytes per request as vLLM sized them (engine front end; best effort): one
+    page per SSM layer from the model class's state shapes and dtypes (the ReplaySSM page
+    with replayssm on: checkpoint, LP copy, ring, cursor), times the pages a request holds
+    (stock speculative decoding: 1 + k, one state per draft; ReplaySSM: one), times the SSM
+    layers. vLLM then pads every page to the attention page size; the KV-cache capacity lines
+    show what fits."""
+    import math
+
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    from vllm_replayssm.config import ReplayConfig
+
+    cfg = llm.llm_engine.vllm_config
+    model_cls, _ = ModelRegistry.resolve_model_cls(cfg.model_config.architectures, cfg.model_config)
+    shapes = model_cls.get_mamba_state_shape_from_config(cfg)
+    dtypes = model_cls.get_mamba_state_dtype_from_config(cfg)
+    page = sum(math.prod(s) * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
+    k = cfg.speculative_config.num_speculative_tokens if cfg.speculative_config else 0
+    pages = 1 if ReplayConfig.from_vllm_config(cfg).enabled or not k else 1 + k
+    layers = 0
+    for block_type in ("mamba", "linear_attention"):
+        try:
+            layers = cfg.model_config.get_num_layers_by_block_type(cfg.parallel_config, block_type)
+        except (AssertionError, ValueError):
+            continue
+        if layers:
+            break
+    return {
+        "page_bytes_per_layer": page,
+        "pages_per_request_and_layer": pages,
+        "ssm_layers": layers,
+        "bytes_per_request": page * pages * layers,
+    }
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.2f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:,.1f} KiB"
+
+
 def worker_machine() -> dict:
     import torch
     import vllm
@@ -570,6 +612,10 @@ def run_worker(spec_path: Path) -> int:
         llm = LLM(**kwargs)
         result["engine_startup_s"] = time.perf_counter() - t0
         result["resolved"] = resolved_settings(llm)
+        try:
+            result["state_bytes"] = state_bytes(llm)
+        except Exception as exc:  # a figure of the report, not of the run
+            result["state_bytes"] = {"error": repr(exc)}
         log(f"engine up in {result['engine_startup_s']:.1f} s", tag)
         save()
         for bs in spec["batch_sizes"]:
@@ -1051,6 +1097,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(common.format_table(HEADER, table_rows(payload["runs"], payload["comparisons"])))
     for run in payload["runs"]:
+        sb = run.get("state_bytes") or {}
+        if "bytes_per_request" in sb:
+            print(
+                f"# SSM state {run['model']}/{run['mode']}: {_size(sb['bytes_per_request'])}"
+                f" per request ({sb['ssm_layers']} layers x "
+                f"{sb['pages_per_request_and_layer']} x {_size(sb['page_bytes_per_layer'])}"
+                " pages, before vLLM pads them)"
+            )
         cap = run.get("kv_cache_capacity") or {}
         if cap:
             print(
