@@ -4,7 +4,9 @@ start-up check refuses it there until this test has passed; the test sets REPLAY
 
 The CPU test's workloads (test_spec_cpu_engine.py): NemotronH with ngram drafts on prompts
 that repeat a pattern, Qwen3-Next on P + G + P prompts (G its own greedy continuation of P),
-and Qwen3-Next one-token prompts in recycled slots (vLLM's GDN metadata makes each a spec
+Qwen3-Next with vLLM's MTP drafter (k = 1 and 3; vLLM runs it with async scheduling and
+padded drafts, so most batches are uniform and replay a graph), and Qwen3-Next one-token
+prompts in recycled slots (vLLM's GDN metadata makes each a spec
 decode row with placeholder drafts, which starts from a fresh page: on the GPU the reset runs
 inside the step, `kernels/common/triton_fresh.py`). The engines capture FULL CUDA graphs for
 uniform speculative batches (1 + k tokens per row); batches with prefill rows or rows
@@ -35,9 +37,12 @@ from ..models.tiny import TeacherForcedOracle
 from .test_spec_cpu_engine import (
     GDN_NGRAM,
     GDN_ONE_TOKEN_PROMPTS,
+    MTP_CASES,
     NEW_TOKENS,
     ONE_TOKEN_NEW_TOKENS,
     _check_partly_accepted,
+    mtp_dir,  # noqa: F401  (module fixture: the tiny Qwen3-Next with an MTP head)
+    mtp_prompts,  # noqa: F401
     qwen_dir,  # noqa: F401  (module fixture: the tiny Qwen3-Next with one MoE layer)
     qwen_prompts,  # noqa: F401
 )
@@ -158,4 +163,35 @@ def test_gdn_one_token_prompts_on_gpu(runs, qwen_dir, capsys):  # noqa: F811
         ours,
         prompts=GDN_ONE_TOKEN_PROMPTS,
         oracle=TeacherForcedOracle(qwen_dir),
+    )
+
+
+@pytest.mark.parametrize("case", list(MTP_CASES))
+def test_mtp_spec_decode_on_gpu_is_lossless(runs, mtp_dir, mtp_prompts, case, capsys):  # noqa: F811
+    """vLLM's MTP drafter (its own attention + MoE layer and KV cache) on the CPU test's
+    checkpoint, whose drafts are accepted about 40% of the time; all 4 experts active."""
+    k, settings = MTP_CASES[case]
+    plain = _run(runs, mtp_dir, mtp_prompts, NEW_TOKENS, PLAIN)
+    metrics: dict[str, float] = {}
+    ours = _run(
+        runs,
+        mtp_dir,
+        mtp_prompts,
+        NEW_TOKENS,
+        {"enabled": True, **settings},
+        k,
+        drafter={"method": "mtp"},
+        metrics=metrics,
+    )
+    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
+        "the MTP drafter did not run"
+    )
+    _check_partly_accepted(f"qwen3_next mtp (GPU) {case}", metrics, capsys, share=0.1)
+    check_greedy(
+        capsys,
+        f"qwen3_next mtp (GPU) {case} vs non-speculative ReplaySSM",
+        plain,
+        ours,
+        prompts=mtp_prompts,
+        oracle=TeacherForcedOracle(mtp_dir),
     )
