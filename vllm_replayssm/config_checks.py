@@ -112,10 +112,12 @@ def _prefix_caching_problems(cache: Any, spec: Any) -> list[str]:
             "one block and runs prefix caching in 'align' mode only): pass "
             "--mamba-cache-mode align or leave it unset"
         )
-    if cache.prefix_match_unit is not None:
+    if cache.prefix_match_unit is not None and not _on_cpu():
+        # Partial-block hits (vLLM caches the page of a step that ends on the prompt's last
+        # unit boundary and copies that block on write): tested on the CPU platform.
         problems.append(
-            "prefix_match_unit (partial-block hits with ReplaySSM are untested): leave "
-            "--prefix-match-unit unset"
+            "prefix_match_unit on GPUs (partial-block hits with ReplaySSM are tested on "
+            "the CPU platform only): leave --prefix-match-unit unset"
         )
     if spec is not None:
         problems.append(

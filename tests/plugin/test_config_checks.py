@@ -51,11 +51,6 @@ def test_valid_configuration_passes(qwen3_next):
             },
             "replayssm cannot run with prefix caching with speculative decoding",
         ),
-        (
-            {"enabled": True},
-            {"enable_prefix_caching": True, "prefix_match_unit": 16},
-            "replayssm cannot run with prefix_match_unit",
-        ),
         ({"enabled": True, "buffer_len": 0}, {}, "buffer_len must be an integer"),
         ({"enabled": True, "lp_dtype": "int8"}, {}, "lp_dtype must be one of"),
         ({"enabled": True, "bufferlen": 8}, {}, r"unknown replayssm key\(s\) \['bufferlen'\]"),
@@ -73,7 +68,6 @@ def test_valid_configuration_passes(qwen3_next):
     ],
     ids=[
         "prefix_caching_spec",
-        "prefix_match_unit",
         "buffer_len",
         "lp_dtype",
         "unknown_key",
@@ -220,3 +214,16 @@ def test_untested_drafters_are_refused(method, refused):
         draft_model_config=SimpleNamespace(is_hybrid=True, architecture="NemotronHForCausalLM"),
     )
     assert any("hybrid draft model" in p for p in _spec_problems("NemotronHForCausalLM", hybrid))
+
+
+def test_prefix_match_unit_passes_on_cpu(qwen3_next):
+    cfg = _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True, prefix_match_unit=16)
+    assert cfg.cache_config.prefix_match_unit == 16
+
+
+def test_prefix_match_unit_on_gpus_is_refused(qwen3_next, monkeypatch):
+    from vllm_replayssm import config_checks
+
+    monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
+    with pytest.raises(Exception, match="replayssm cannot run with prefix_match_unit on GPUs"):
+        _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True, prefix_match_unit=16)
