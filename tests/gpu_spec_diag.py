@@ -29,11 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root
 
-from tests.models.runs import GPU_ENGINE, NEMOTRON_H_PROMPTS, NEMOTRON_H_TOKENS, PEAKED
+from tests.models.runs import NEMOTRON_H_PROMPTS, NEMOTRON_H_TOKENS, PEAKED
+from tests.plugin.test_spec_cpu_engine import GDN_NGRAM
+from tests.plugin.test_spec_gpu_engine import NGRAM, PLAIN, _engine
 
-NGRAM = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-GDN_NGRAM = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-PLAIN = {"enabled": True, "buffer_len": 8, "route": "replay"}
 SPEC = {"enabled": True, "buffer_len": 16, "debug_checks": True}
 ONE_GRAPH = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [4]}
 
@@ -92,12 +91,10 @@ def run_setting(name: str, workdir: Path) -> None:
     from tests.models.tiny import greedy_outputs
 
     family, replayssm, k, over, _ = SETTINGS[name]
-    graphs = {**GPU_ENGINE["compilation_config"]}
     if k:
-        graphs["cudagraph_capture_sizes"] = [(1 + k) * n for n in (1, 2, 3)]
         drafter = NGRAM if family == "nemotron_h" else GDN_NGRAM
         over = {"speculative_config": {**drafter, "num_speculative_tokens": k}, **over}
-    engine = {**GPU_ENGINE, "compilation_config": graphs, **over}
+    engine = {**_engine(k), **over}  # the GPU test's engine: graphs for 1 + k tokens per row
     prompts, tokens = _prompts(family)
     random.seed(0)
     out = greedy_outputs(
