@@ -259,16 +259,27 @@ def greedy(llm: Any, prompts: list[list[int]], new_tokens: int) -> np.ndarray:
     return np.array([list(o.outputs[0].token_ids) for o in outs], dtype=np.int64)
 
 
-def decode(
-    llm: Any, prompts: list[list[int]], new_tokens: int, forced: np.ndarray | None, vocab: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Decode with full raw logprobs: ([P, N] tokens, [P, N, V] float32 logprobs). Without
-    `forced`, tokens are sampled at temperature 1 (seed SAMPLE_SEED + prompt index): a
-    typical context rather than a greedy loop; with `forced` ([P, N]) each prompt emits
-    those tokens."""
+def _generate(
+    llm: Any,
+    prompts: list[list[int]],
+    new_tokens: int,
+    forced: np.ndarray | None,
+    logprobs: int | None = None,
+    extra=lambda i: {},
+) -> tuple[list[Any], np.ndarray]:
+    """The study's decode: tokens sampled at temperature 1 (seed SAMPLE_SEED + prompt
+    index: a typical context rather than a greedy loop), or with `forced` ([P, N]) each
+    prompt emitting those tokens (checked); `extra(i)`: more extra_args of prompt i.
+    Returns (vLLM's outputs, [P, N] tokens)."""
     from vllm import SamplingParams
 
     from benchmarks.accuracy.teacher_forcing import FORCE_KEY
+
+    def extra_args(i: int) -> dict[str, Any] | None:
+        args = dict(extra(i))
+        if forced is not None:
+            args[FORCE_KEY] = [int(t) for t in forced[i]]
+        return args or None
 
     params = [
         SamplingParams(
@@ -276,22 +287,29 @@ def decode(
             seed=SAMPLE_SEED + i,
             max_tokens=new_tokens,
             ignore_eos=True,
-            logprobs=-1,
-            extra_args=None if forced is None else {FORCE_KEY: [int(t) for t in forced[i]]},
+            logprobs=logprobs,
+            extra_args=extra_args(i),
         )
         for i in range(len(prompts))
     ]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    tokens = np.zeros((len(prompts), new_tokens), dtype=np.int64)
-    logprobs = np.full((len(prompts), new_tokens, vocab), -np.inf, dtype=np.float32)
-    for i, out in enumerate(outs):
-        completion = out.outputs[0]
-        tokens[i] = completion.token_ids
-        for pos, entry in enumerate(completion.logprobs):
-            ids = np.fromiter(entry.keys(), dtype=np.int64, count=len(entry))
-            logprobs[i, pos, ids] = [lp.logprob for lp in entry.values()]
+    tokens = np.array([list(o.outputs[0].token_ids) for o in outs], dtype=np.int64)
     if forced is not None and not np.array_equal(tokens, forced):
         raise RuntimeError("teacher forcing failed: the variant did not emit the forced tokens")
+    return outs, tokens
+
+
+def decode(
+    llm: Any, prompts: list[list[int]], new_tokens: int, forced: np.ndarray | None, vocab: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode (`_generate`) with full raw logprobs: ([P, N] tokens, [P, N, V] float32
+    logprobs)."""
+    outs, tokens = _generate(llm, prompts, new_tokens, forced, logprobs=-1)
+    logprobs = np.full((len(prompts), new_tokens, vocab), -np.inf, dtype=np.float32)
+    for i, out in enumerate(outs):
+        for pos, entry in enumerate(out.outputs[0].logprobs):
+            ids = np.fromiter(entry.keys(), dtype=np.int64, count=len(entry))
+            logprobs[i, pos, ids] = [lp.logprob for lp in entry.values()]
     if np.isinf(logprobs).any():
         raise RuntimeError("vLLM returned fewer log-probabilities than the vocabulary")
     return tokens, logprobs
@@ -305,18 +323,12 @@ def decode_probed(
     vocab: int,
     workdir: Path,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """`decode` with the distributions measured in the engine (teacher_forcing.py's probe)
-    instead of returned: without `forced` (the reference) each step's log-probabilities go
-    to workdir/reference.f32 ([P, N, V]); with it the variant's KL and argmax agreement
-    against that file come back ([P, N, 2]: KL, agreement). Returns (tokens, that or None)."""
-    from vllm import SamplingParams
-
-    from benchmarks.accuracy.teacher_forcing import (
-        FORCE_KEY,
-        PROBE_KEY,
-        open_probe_file,
-        probe_args,
-    )
+    """`decode` (`_generate`) with the distributions measured in the engine
+    (teacher_forcing.py's probe) instead of returned: without `forced` (the reference)
+    each step's log-probabilities go to workdir/reference.f32 ([P, N, V]); with it the
+    variant's KL and argmax agreement against that file come back ([P, N, 2]: KL,
+    agreement). Returns (tokens, that or None)."""
+    from benchmarks.accuracy.teacher_forcing import PROBE_KEY, open_probe_file, probe_args
 
     shape = (len(prompts), new_tokens, vocab)
     reference = str(workdir / "reference.f32")
@@ -326,24 +338,13 @@ def decode_probed(
     else:
         open_probe_file(out, (*shape[:2], 2), np.float64, create=True)
     mode = "record" if forced is None else "compare"
-    params = []
-    for i in range(len(prompts)):
-        extra: dict[str, Any] = {PROBE_KEY: probe_args(mode, reference, shape, i, out)}
-        if forced is not None:
-            extra[FORCE_KEY] = [int(t) for t in forced[i]]
-        params.append(
-            SamplingParams(
-                temperature=1.0,
-                seed=SAMPLE_SEED + i,
-                max_tokens=new_tokens,
-                ignore_eos=True,
-                extra_args=extra,
-            )
-        )
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    tokens = np.array([list(o.outputs[0].token_ids) for o in outs], dtype=np.int64)
-    if forced is not None and not np.array_equal(tokens, forced):
-        raise RuntimeError("teacher forcing failed: the variant did not emit the forced tokens")
+    _, tokens = _generate(
+        llm,
+        prompts,
+        new_tokens,
+        forced,
+        extra=lambda i: {PROBE_KEY: probe_args(mode, reference, shape, i, out)},
+    )
     if forced is None:
         if np.isnan(open_probe_file(reference, shape, np.float32, create=False)).any():
             raise RuntimeError("the probe did not record every position")
