@@ -37,7 +37,7 @@ status=0
   echo "# $(date -u +%FT%TZ) commit ${REPLAYSSM_GIT_COMMIT:-unknown}, $# nodes side by side"
   for j in $(seq 1 "$i"); do
     echo "=================== node $j"
-    grep -v -E " (INFO|WARNING|DEBUG) |^\s*$|warnings.warn|DeprecationWarning" "$tmp/$j.log"
+    grep -v -E "(^|[ )])(INFO|WARNING|DEBUG) [0-9]|^\s*$|warnings.warn|DeprecationWarning" "$tmp/$j.log"
   done
 } >"$log"
 for j in $(seq 1 "$i"); do

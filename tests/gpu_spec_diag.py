@@ -5,7 +5,7 @@ divergence per prompt against its family's reference run, and each divergence ju
 transformers' own model in fp32 teacher-forced on the shared context (`TeacherForcedOracle`):
 `fp32_gap` is how far apart the two tokens are there (near-tie: <= NEAR_TIE).
 
-    source .gpu/activate.sh && REPLAYSSM_GPU_SPEC=1 python tests/gpu_spec_diag.py \
+    source .gpu/activate.sh && python tests/gpu_spec_diag.py \
         --settings nem_plain,nem_spec,nem_spec_eager --json $OUT/spec-diag.json [--trace $OUT]
 
 --trace DIR sets REPLAYSSM_TRACE_STEPS=DIR/trace-SETTING for the speculative settings
@@ -175,7 +175,7 @@ def main() -> int:
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
         ap.error(f"unknown settings {unknown}; known: {list(SETTINGS)}")
-    env = {**os.environ, "REPLAYSSM_GPU_SPEC": "1"}
+    env = dict(os.environ)
     procs = {}
     for name in names:
         penv = dict(env)

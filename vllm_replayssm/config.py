@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -18,16 +17,6 @@ GDN_FLUSH_MODES = ("exact", "fold")
 ROUTES = ("auto", "replay", "stock")
 MAX_BUFFER_LEN = 256
 CONFIG_KEY = "replayssm"  # additional_config[CONFIG_KEY]
-
-
-# Speculative decoding on GPUs is refused at start-up until its GPU engine test
-# (tests/plugin/test_spec_gpu_engine.py) has passed; set to 1, this lets that test and the
-# speculative benchmark run it.
-GPU_SPEC_ENV = "REPLAYSSM_GPU_SPEC"
-
-
-def gpu_spec_allowed() -> bool:
-    return os.environ.get(GPU_SPEC_ENV, "0") == "1"
 
 
 class ReplayConfigError(ValueError):

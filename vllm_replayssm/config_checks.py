@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from vllm_replayssm.config import GPU_SPEC_ENV, ReplayConfig, ReplayConfigError, gpu_spec_allowed
+from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
 
@@ -144,12 +144,6 @@ def _spec_problems(arch: str, spec: Any) -> list[str]:
     """Speculative settings that ReplaySSM cannot run yet."""
     problems = []
     method = getattr(spec, "method", None)
-    if not _on_cpu() and not gpu_spec_allowed():
-        problems.append(
-            "speculative decoding on GPUs (the speculative ReplaySSM step is tested on the "
-            f"CPU platform only in this version; {GPU_SPEC_ENV}=1 runs the untested GPU "
-            "path): drop --speculative-config"
-        )
     draft = getattr(spec, "draft_model_config", None)
     if method == "draft_model" and getattr(draft, "is_hybrid", False):
         problems.append(

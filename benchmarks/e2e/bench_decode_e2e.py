@@ -17,9 +17,8 @@ plugin's classes, if loaded, defer to vLLM's), `on` =
 (--replay-config merges keys onto that); `off_spec` and `on_spec` = the same with
 `speculative_config` = --speculative (default ngram, k = 3), stats logging on for vLLM's
 acceptance counters (acceptance rate and mean accepted length per step over the timed
-generate). On GPUs `on_spec` runs under REPLAYSSM_GPU_SPEC=1 (the start-up check refuses
-speculative ReplaySSM there until its GPU engine test passes; the JSON says so). Compared
-pairs: on/off, on_spec/off_spec, on_pc/off_pc, on_spec/on, off_spec/off, on_pc/on.
+generate). Compared pairs: on/off, on_spec/off_spec, on_pc/off_pc, on_spec/on, off_spec/off,
+on_pc/on.
 `off_pc` and `on_pc` = off and on with prefix caching (stock in vLLM's default mamba cache
 mode, ReplaySSM in "align"), for --shared-prefix-len N: every prompt (the warm-up's too)
 starts with the same N seeded ids, so the timed batch finds the prefix cached and
@@ -596,14 +595,6 @@ def run_worker(spec_path: Path) -> int:
             result["plugin"] = check_plugin_active()
         import torch
         from vllm import LLM
-
-        if spec["mode"] == "on_spec" and torch.cuda.is_available():
-            from vllm_replayssm.config import GPU_SPEC_ENV
-
-            # The start-up check refuses speculative ReplaySSM on GPUs until its GPU engine
-            # test has passed; the JSON says the path ran under this switch.
-            os.environ[GPU_SPEC_ENV] = "1"
-            result["gpu_spec_switch"] = GPU_SPEC_ENV
 
         kwargs = engine_kwargs(spec, torch.cuda.is_available())
         result["llm_kwargs"] = kwargs

@@ -121,22 +121,18 @@ def test_speculative_gdn_passes_on_cpu(qwen3_next):
     assert cfg.speculative_config.num_speculative_tokens == 3
 
 
-def test_speculative_decoding_on_gpus_is_refused(nemotron_h, monkeypatch):
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_next"])
+def test_speculative_decoding_passes_on_gpus(family, request, monkeypatch):
+    """Speculative ReplaySSM starts on GPUs too (its GPU engine test,
+    tests/plugin/test_spec_gpu_engine.py, passed on the H200 on 2026-12-02)."""
     from vllm_replayssm import config_checks
 
     monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
-    with pytest.raises(Exception, match="speculative decoding on GPUs"):
-        _config(nemotron_h, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
-
-
-def test_speculative_decoding_on_gpus_with_the_switch(nemotron_h, monkeypatch):
-    """REPLAYSSM_GPU_SPEC=1 lets the untested GPU speculative path start (for its GPU test)."""
-    from vllm_replayssm import config_checks
-    from vllm_replayssm.config import GPU_SPEC_ENV
-
-    monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
-    monkeypatch.setenv(GPU_SPEC_ENV, "1")
-    cfg = _config(nemotron_h, {"enabled": True, "buffer_len": 8}, speculative_config=NGRAM)
+    cfg = _config(
+        request.getfixturevalue(family),
+        {"enabled": True, "buffer_len": 8},
+        speculative_config=NGRAM,
+    )
     assert cfg.speculative_config.num_speculative_tokens == 3
 
 

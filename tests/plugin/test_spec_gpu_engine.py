@@ -1,6 +1,7 @@
-"""Speculative decoding with ReplaySSM on a CUDA GPU (`gpu` marker; run on the GPU host). The
-start-up check refuses it there until this test has passed; the test sets REPLAYSSM_GPU_SPEC=1
-(`config.GPU_SPEC_ENV`), which lets it through.
+"""Speculative decoding with ReplaySSM on a CUDA GPU (`gpu` marker; run on the GPU host). All
+seven cases passed on the H200 on 2026-12-02 at 50e8544
+(benchmarks/results/pytest-gpu-h200-20261202-50e8544-spec.log), which lifted the start-up
+check's refusal of speculative ReplaySSM on GPUs.
 
 The CPU test's workloads (test_spec_cpu_engine.py): NemotronH with ngram drafts on prompts
 that repeat a pattern, Qwen3-Next on P + G + P prompts (G its own greedy continuation of P),
@@ -22,8 +23,6 @@ candidate's token far behind in fp32 (the NemotronH CUDA-graph defect of that da
 from __future__ import annotations
 
 import pytest
-
-from vllm_replayssm.config import GPU_SPEC_ENV
 
 from ..models.compare import check_greedy
 from ..models.runs import (
@@ -51,11 +50,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.gpu]
 
 NGRAM = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 PLAIN = {"enabled": True, "buffer_len": BUFFER_LEN, "route": "replay"}
-
-
-@pytest.fixture(autouse=True)
-def _gpu_spec(monkeypatch):
-    monkeypatch.setenv(GPU_SPEC_ENV, "1")  # inherited by the spawned engine processes
 
 
 def _engine(k: int) -> dict:

@@ -29,7 +29,6 @@ from vllm.utils.torch_utils import (
 )
 
 from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend
-from vllm_replayssm.config import GPU_SPEC_ENV, gpu_spec_allowed
 from vllm_replayssm.cpu_amx import vllm_uses_amx
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
@@ -74,12 +73,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
 
     def __init__(self, config, vllm_config, prefix: str = "", *args, **kwargs) -> None:
         super().__init__(config, vllm_config, prefix, *args, **kwargs)
-        if not self._start_replay(
-            vllm_config,
-            "GDN",
-            spec_supported=current_platform.is_cpu() or gpu_spec_allowed(),
-            spec_missing=f"on GPUs yet (the CPU platform runs it; {GPU_SPEC_ENV}=1: untested)",
-        ):
+        if not self._start_replay(vllm_config):
             return
         self.replay_specs = gdn_page_specs(vllm_config, config)
         self._scratch = None

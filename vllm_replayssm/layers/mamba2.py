@@ -31,7 +31,7 @@ from vllm.platforms import current_platform
 
 from vllm_replayssm import trace
 from vllm_replayssm.backends.mamba2 import ReplayMamba2AttentionBackend
-from vllm_replayssm.config import GPU_SPEC_ENV, ReplayConfigError, gpu_spec_allowed
+from vllm_replayssm.config import ReplayConfigError
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.mamba2 import reference
 from vllm_replayssm.layers.conv import (
@@ -72,12 +72,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         vllm_config = get_current_vllm_config()
-        if not self._start_replay(
-            vllm_config,
-            "Mamba-2",
-            spec_supported=current_platform.is_cpu() or gpu_spec_allowed(),
-            spec_missing=f"on GPUs yet (the CPU platform runs it; {GPU_SPEC_ENV}=1: untested)",
-        ):
+        if not self._start_replay(vllm_config):
             return
         if self.cache_config is not None and self.cache_config.mamba_cache_mode not in (
             "none",

@@ -218,18 +218,10 @@ class ReplayPage:
         if windows is not None and value and value[0].numel():
             windows.reserve(value[0].shape[0], value[0].device)
 
-    def _start_replay(
-        self,
-        vllm_config: Any,
-        family: str,
-        *,
-        spec_supported: bool = False,
-        spec_missing: str = "yet",
-    ) -> bool:
+    def _start_replay(self, vllm_config: Any) -> bool:
         """Read the replayssm settings into `self.replay`; when enabled, refuse what the layer
-        cannot run (an architecture whose page vLLM sizes, speculative decoding where
-        `spec_supported` is false: the message says `spec_missing`) and set
-        `self.replay_window`. Returns whether replayssm is enabled."""
+        cannot run (an architecture whose page vLLM sizes, a window the ring cannot hold) and
+        set `self.replay_window`. Returns whether replayssm is enabled."""
         self.replay = ReplayConfig.from_vllm_config(vllm_config)
         if not self.replay.enabled:
             return False
@@ -238,11 +230,6 @@ class ReplayPage:
             raise ReplayConfigError(f"replayssm does not support {arch} yet")
         num_spec = self.num_spec  # type: ignore[attr-defined]
         self.replay.check_window(num_spec)
-        if num_spec and not spec_supported:
-            raise NotImplementedError(
-                f"replayssm with speculative decoding is not available for {family} layers "
-                f"{spec_missing}; drop --speculative-config or replayssm.enabled"
-            )
         self.replay_window = 1 + num_spec
         return True
 
