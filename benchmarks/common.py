@@ -151,26 +151,35 @@ def record_bytes(
     )
 
 
-def ring_bytes(rec: RecordBytes, buffer_len: int) -> float:
-    """R: ring bytes per step, averaged over a plain-decode cycle of L steps."""
-    return rec.write + rec.readout * (buffer_len - 1) / 2 + rec.flush
+def ring_bytes(rec: RecordBytes, buffer_len: int, window: int = 1) -> float:
+    """R: ring bytes per step, averaged over a cycle of L / T steps of T tokens each (plain
+    decode: T = 1), every token accepted: T records written, a history of (L - T) / 2
+    entries on average read, T records folded per step on average."""
+    T = window
+    return T * rec.write + rec.readout * (buffer_len - T) / 2 + T * rec.flush
 
 
-def stock_bytes(state_elems: int) -> int:
-    """Stock vLLM with an fp32 state: read and write it every step."""
-    return 8 * state_elems
+def stock_bytes(state_elems: int, window: int = 1) -> int:
+    """Stock vLLM with an fp32 state: read it and write it once per token of the step
+    (plain decode: once; a speculative window of T tokens: T states, one page each)."""
+    return 4 * state_elems * (1 + window)
 
 
 def replay_bytes(
-    state_elems: int, buffer_len: int, rec: RecordBytes, lp_itemsize: int | None
+    state_elems: int,
+    buffer_len: int,
+    rec: RecordBytes,
+    lp_itemsize: int | None,
+    window: int = 1,
 ) -> float:
-    """ReplaySSM per step: checkpoint traffic (HP only, or HP + LP) plus the ring."""
-    E, L = state_elems, buffer_len
+    """ReplaySSM per step of T tokens: checkpoint traffic (HP only, or HP + LP; a flush every
+    L / T steps) plus the ring."""
+    E, L, T = state_elems, buffer_len, window
     if lp_itemsize is None:
-        state = 4 * E * (1 + 1 / L)
+        state = 4 * E * (1 + T / L)
     else:
-        state = lp_itemsize * E + 8 * E / L
-    return state + ring_bytes(rec, L)
+        state = lp_itemsize * E + 8 * E * T / L
+    return state + ring_bytes(rec, L, T)
 
 
 # --- timing ------------------------------------------------------------------------------

@@ -2,7 +2,12 @@
 one process on one GPU, per decode step and SSM layer, at real geometries.
 
 Measured: microseconds per decode step per layer for a batch of bs rows (plain decode,
-window T = 1, buffer_len L = 16, fp32 HP, bf16 activations, GDN exact flush):
+window T = 1, buffer_len L = 16, fp32 HP, bf16 activations, GDN exact flush). With
+--window T (Mamba-2): speculative verify steps of T = 1 + k tokens per row, every draft
+accepted: vLLM's `selective_state_update` as MambaMixer2 calls it under speculative decoding
+(state indices [bs, T], one page per token: the state read from the accepted column and
+written to all T) against ours with the window launches (`--knob
+window_launches=split,fused`); a graph holds L / T steps, one flush per row:
   Mamba-2  ours `mamba2_replay_decode` vs vLLM `mamba_ssm.selective_state_update`, called
            as `MambaMixer2`'s decode path calls it (stride-0 expansions: TIE_HDIM path)
   GDN      ours `dispatch.gdn_decode` (route "auto", as the layer calls it, unless --route
@@ -21,6 +26,8 @@ the copy bandwidth is measured in the same run.
     python3 benchmarks/kernels/bench_decode.py --quick --families mamba2 --batch 256
     python3 benchmarks/kernels/bench_decode.py --families mamba2 --batch 256 \
         --knob readout_block_p=16,32 --knob flush_warps=4,8 --json
+    python3 benchmarks/kernels/bench_decode.py --families mamba2 --window 4 --batch 1,64,256 \
+        --lp none,bf16 --knob window_launches=split,fused --json
     python3 benchmarks/kernels/bench_decode.py --dry-run       # bytes model only, no GPU
 """
 
@@ -61,8 +68,10 @@ GEOMETRIES: dict[str, Mamba2Geometry | GDNGeometry] = {
 }
 LP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 LP_ALIASES = {"bfloat16": "bf16", "float16": "fp16"}
-BUFFER_LEN, WINDOW = 16, 1
-STEPS = BUFFER_LEN // WINDOW  # steps per graph: one full flush cycle
+BUFFER_LEN = 16
+# Tokens per row and step, and steps per graph (one full flush cycle); --window sets both.
+WINDOW = 1
+STEPS = BUFFER_LEN // WINDOW
 ACT = torch.bfloat16
 CONV_ROWS = 3  # conv_kernel - 1
 # Ring tensors (layout.py names) read by a readout / by a flush (GDN: exact flush).
@@ -123,13 +132,14 @@ def bytes_model(geom, lp_name: str) -> dict:
     rec = common.record_bytes(our_specs(geom, lp), ring_rows(BUFFER_LEN, WINDOW), readout, flush)
     E = geom.state_elems
     lp_size = None if lp is None else torch.empty((), dtype=lp).element_size()
-    stock, ours = common.stock_bytes(E), common.replay_bytes(E, BUFFER_LEN, rec, lp_size)
+    stock = common.stock_bytes(E, WINDOW)
+    ours = common.replay_bytes(E, BUFFER_LEN, rec, lp_size, WINDOW)
     return {
         "state_elems": E,
         "r_w": rec.write,
         "r_rd": rec.readout,
         "r_fl": rec.flush,
-        "ring_per_step": common.ring_bytes(rec, BUFFER_LEN),
+        "ring_per_step": common.ring_bytes(rec, BUFFER_LEN, WINDOW),
         "stock_per_row": stock,
         "ours_per_row": ours,
         "ceiling_speedup": stock / ours,
@@ -138,9 +148,18 @@ def bytes_model(geom, lp_name: str) -> dict:
 
 def num_layers(geom, bs: int) -> int:
     """Enough layers that the stock fp32 states total bs * 8 MiB, clamped to [256 MiB,
-    2 GiB] (L2 is 60 MB), and at least 2."""
+    2 GiB] (L2 is 60 MB), and at least 2 (a speculative stock layer holds T pages per row)."""
     target = min(2048 * MIB, max(256 * MIB, bs * 8 * MIB))
-    return max(2, math.ceil(target / (bs * 4 * geom.state_elems)))
+    return max(2, math.ceil(target / (bs * WINDOW * 4 * geom.state_elems)))
+
+
+def window_rows(bs: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(query_start_loc [bs + 1], num_accepted_tokens [bs]) of a speculative step of WINDOW
+    tokens per row, every draft of the previous step accepted; (None, None) at T = 1."""
+    if WINDOW == 1:
+        return None, None
+    qsl = torch.arange(0, bs * WINDOW + 1, WINDOW, dtype=torch.int32, device=DEV)
+    return qsl, torch.full((bs,), WINDOW, dtype=torch.int32, device=DEV)
 
 
 # --- inputs and state pages ----------------------------------------------------------------
@@ -215,13 +234,17 @@ def vllm_calls(geom, bs: int, nl: int, slots: torch.Tensor):
 
         H, P, N = geom.nheads, geom.headdim, geom.dstate
         is_blackwell = torch.cuda.get_device_capability()[0] == 10  # as MambaMixer2 sets it
+        # Under speculative decoding a row owns T pages (slots 1 + r * T + t), reads the
+        # state of its accepted column and writes one state per token.
+        qsl, acc = window_rows(bs)
+        pages = slots[:, None] if WINDOW == 1 else window_slots(bs)
         for _ in range(nl):
-            t = make_inputs(geom, bs)
-            out = torch.empty(bs, H, P, dtype=ACT, device=DEV)
+            t = make_inputs(geom, bs * WINDOW)
+            out = torch.empty(bs * WINDOW, H, P, dtype=ACT, device=DEV)
             # MambaMixer2: A, dt, dt_bias, D expanded over headdim with stride 0; D and
             # dt_bias are model-dtype parameters there; state indices are [bs, 1].
             args = (
-                _pages(stock_specs(geom), bs + 1)["ssm"],
+                _pages(stock_specs(geom), bs * WINDOW + 1)["ssm"],
                 t["x"],
                 t["dt"][:, :, None].expand(-1, -1, P),
                 t["A"][:, None, None].expand(-1, P, N),
@@ -232,11 +255,13 @@ def vllm_calls(geom, bs: int, nl: int, slots: torch.Tensor):
                 D=t["D"].to(ACT)[:, None].expand(-1, P),
                 dt_bias=t["dt_bias"].to(ACT)[:, None].expand(-1, P),
                 dt_softplus=True,
-                state_batch_indices=slots[:, None],
-                dst_state_batch_indices=slots[:, None],
+                state_batch_indices=pages,
+                dst_state_batch_indices=pages,
                 out=out,
                 is_blackwell=is_blackwell,
             )
+            if WINDOW > 1:
+                kwargs.update(num_accepted_tokens=acc, cu_seqlens=qsl)
             calls.append((selective_state_update, args, kwargs))
             outs.append(out)
         bm, nw = try_get_optimal_ssm_config(P, N, bs, H, "float32", is_blackwell)
@@ -269,6 +294,11 @@ def vllm_calls(geom, bs: int, nl: int, slots: torch.Tensor):
     return calls, outs, {"BV": min(triton.next_power_of_2(V), 32), "num_warps": 1}
 
 
+def window_slots(bs: int) -> torch.Tensor:
+    """[bs, WINDOW] int32: row r's pages 1 + r * WINDOW + t (stock speculative decoding)."""
+    return torch.arange(1, bs * WINDOW + 1, dtype=torch.int32, device=DEV).view(bs, WINDOW)
+
+
 def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tensor):
     """NL layers of (cache, inputs, out); each cache gets random HP, then the prefill hook
     (cursors reset with stagger, LP <- HP)."""
@@ -287,7 +317,7 @@ def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tens
             window=WINDOW,
             stagger=True,
         )
-        t = make_inputs(geom, bs)
+        t = make_inputs(geom, bs * WINDOW)
         out = torch.empty(t["x" if "x" in t else "v"].shape, dtype=ACT, device=DEV)
         layers.append((cache, t, out))
     return layers
@@ -326,14 +356,17 @@ def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
         from vllm_replayssm.kernels.mamba2.stock_route import mamba2_stock_route_decode
 
         knobs = dict(config)
-        route = choose_route(knobs.pop("route", "auto"), len(slots), plain=True)
+        route = choose_route(knobs.pop("route", "auto"), len(slots), plain=WINDOW == 1)
         if route == "stock":
             fn = mamba2_stock_route_decode
             kwargs.update(stagger=True, **knobs)
         else:
             fn = mamba2_replay_decode
-            scratch = Mamba2Scratch.allocate(len(slots), geom.nheads, BUFFER_LEN, DEV)
-            kwargs.update(scratch=scratch, **knobs)
+            scratch = Mamba2Scratch.allocate(
+                len(slots), geom.nheads, BUFFER_LEN, DEV, window=WINDOW
+            )
+            qsl, acc = window_rows(len(slots))
+            kwargs.update(scratch=scratch, query_start_loc=qsl, num_accepted_tokens=acc, **knobs)
         names = ("x", "dt", "A", "B", "C", "D", "dt_bias")
     else:
         from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
@@ -430,7 +463,10 @@ def route_ran(geom, bs: int, config: dict, has_lp: bool) -> str:
     if family(geom) == "mamba2":
         from vllm_replayssm.kernels.mamba2.dispatch import choose_route
 
-        return choose_route(config.get("route", "auto"), bs, plain=True)
+        route = choose_route(config.get("route", "auto"), bs, plain=WINDOW == 1)
+        if route == "replay" and WINDOW > 1:
+            route += f" ({config.get('window_launches', 'split')} window launches)"
+        return route
     from vllm_replayssm.kernels.gdn.dispatch import plan_launch
 
     route = config.get("route", "auto")
@@ -565,8 +601,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="PATH",
         help="write JSON (default benchmarks/results/kernels-<date>-<commit>.json)",
     )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=1,
+        help="tokens per row and step: 1 (plain decode) or 1 + k (speculative verify, "
+        "Mamba-2 only; every draft accepted)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the bytes model; no GPU")
     args = p.parse_args(argv)
+    if args.window < 1 or BUFFER_LEN % args.window:
+        sys.exit(f"--window: 1 or a divisor of buffer_len {BUFFER_LEN}, got {args.window}")
+    if args.window > 1 and args.families != "mamba2":
+        sys.exit("--window > 1: Mamba-2 only (pass --families mamba2)")
     args.families = _csv(args.families, ("mamba2", "gdn"), "--families")
     args.geoms = [
         g for g in _csv(args.geoms, GEOMETRIES, "--geoms") if family(GEOMETRIES[g]) in args.families
@@ -650,7 +697,9 @@ def dry_run(args) -> None:
 
 
 def main(argv=None) -> int:
+    global WINDOW, STEPS
     args = parse_args(argv)
+    WINDOW, STEPS = args.window, BUFFER_LEN // args.window
     if args.dry_run:
         dry_run(args)
         return 0

@@ -206,7 +206,7 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
         "null_block_id": 0,
         "heads_per_group": H // G,
         "num_programs_per_row": H * P // 8,
-        "C": RING,
+        "num_ring_rows": RING,
         "stagger_mod": L,
         **_common(),
         **_strides("hp", PAGE, P * N, N, 1),
@@ -223,6 +223,125 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
             args,
             dict(headdim=P, dstate=N, WINDOW=1, BLOCK_P=8, BLOCK_N=N, HAS_D=True),
             1,
+        )
+    )
+    return out + window_variants(plan_args)
+
+
+def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
+    """The speculative specialisations (ngram k = 3: T = 4) of the plan / readout / flush."""
+    ring = L + T
+    coef_n = plan.coef_len(L, T)
+    off_w, off_s, off_d = plan.coef_offsets(L, T)
+    bt = plan.window_block(T)
+    coef = {"stride_coef_row": H * coef_n, "stride_coef_head": coef_n}
+    win = dict(WINDOW=T, BLOCK_T=bt, OFF_W=off_w, OFF_S=off_s, IS_VARLEN=True)
+    out = []
+    args = {
+        **plan_args,
+        **coef,
+        "num_ring_rows": ring,
+        "qsl_ptr": "*i32",
+        "acc_ptr": "*i32",
+        **_strides("rx", 2 * PAGE, ring * P, P, 1),
+        **_strides("rB", 2 * PAGE, ring * N, N, 1),
+        **_strides("rdt", PAGE, ring, 1),
+    }
+    for key in [k for k in args if k.startswith("stride_rx_")]:
+        args.pop(key)
+    out.append(
+        (
+            f"plan window {T}",
+            plan._mamba2_plan_window_kernel,
+            args,
+            dict(
+                HEADS_PER_GROUP=H // G,
+                dstate=N,
+                BLOCK_N=N,
+                BLOCK_HG=H // G,
+                BLOCK_L=L,
+                HAS_D=True,
+                HAS_LP=True,
+                HAS_ACC=True,
+                OFF_D=off_d,
+                **win,
+            ),
+            4,
+        )
+    )
+    ptrs = {
+        "ring_x_ptr": "*bf16",
+        "ring_B_ptr": "*bf16",
+        "x_ptr": "*bf16",
+        "C_ptr": "*bf16",
+        "out_ptr": "*bf16",
+        "plan_ptr": "*i32",
+        "coef_ptr": "*fp32",
+        "qsl_ptr": "*i32",
+    }
+    common = {
+        **_common(),
+        **_strides("rx", 2 * PAGE, ring * P, P, 1),
+        **_strides("rB", 2 * PAGE, ring * N, N, 1),
+        **coef,
+        "num_ring_rows": ring,
+    }
+    for ck, rows in (("*fp32", 8), ("*bf16", 16)):
+        args = {**ptrs, **common, "ckpt_ptr": ck, "meta_ptr": "*i32", "null_block_id": 0}
+        args.update(_strides("ck", PAGE, P * N, N, 1))
+        for key in ("ring_B_ptr", *[k for k in args if k.startswith("stride_rB_")]):
+            args.pop(key)
+        out.append(
+            (
+                f"readout window {T} {rows} x {N} {ck[1:]}",
+                readout._mamba2_readout_window_kernel,
+                args,
+                dict(
+                    HEADS_PER_GROUP=H // G,
+                    TILES_PER_HEAD=P // rows,
+                    headdim=P,
+                    dstate=N,
+                    BLOCK_P=rows,
+                    BLOCK_N=N,
+                    BLOCK_L=L,
+                    **{k: v for k, v in win.items() if k != "OFF_D"},
+                ),
+                1,
+            )
+        )
+    args = {
+        **ptrs,
+        **common,
+        "hp_ptr": "*fp32",
+        "lp_ptr": "*bf16",
+        "hp_rows_ptr": "*i32",
+        "hp_count_ptr": "*i32",
+        **_strides("hp", PAGE, P * N, N, 1),
+        **_strides("lp", 2 * PAGE, P * N, N, 1),
+    }
+    for key in ("stride_meta_slot", "stride_meta_word"):
+        args.pop(key)
+    out.append(
+        (
+            f"flush window {T} 32 x {N} bf16x3",
+            flush._mamba2_flush_window_kernel,
+            args,
+            dict(
+                NUM_HEADS=H,
+                HEADS_PER_GROUP=H // G,
+                TILES_PER_HEAD=P // 32,
+                headdim=P,
+                dstate=N,
+                BLOCK_P=32,
+                BLOCK_N=N,
+                BLOCK_L=L,
+                HAS_LP=True,
+                LP_IS_FP16=False,
+                DOT_PRECISION="bf16x3",
+                OFF_D=off_d,
+                **win,
+            ),
+            4,
         )
     )
     return out
@@ -243,10 +362,10 @@ def main() -> None:
             constexprs,
             num_warps=warps,
             num_stages=1,
-            tag=name.split()[0],
+            tag="_".join(name.split()[:2]),
             out_dir=args.out_dir,
         )
-        print(f"{name:26s} warps={warps}", json.dumps({k: row.get(k) for k in KEYS}))
+        print(f"{name:34s} warps={warps}", json.dumps({k: row.get(k) for k in KEYS}))
 
 
 if __name__ == "__main__":

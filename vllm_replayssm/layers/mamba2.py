@@ -13,8 +13,9 @@ the batch (decode rows lead, vLLM's order):
   (materialise), then vLLM's own prefill runs on a prefill-only view of the metadata (torch
   on CPU) and writes HP; the prefill hook then copies HP to LP and resets the cursors.
 Under speculative decoding, decode rows are verified as windows (the torch reference on CPU,
-the Triton window step on GPUs, graph-safe), and so are prefill rows that carry drafts: a new
-one-token request joining a decode batch, verified from a fresh page (`layers/fresh.py`).
+the plan / flush / readout launches specialised for the window on GPUs, graph-safe), and so
+are prefill rows that carry drafts: a new one-token request joining a decode batch, verified
+from a fresh page (`layers/fresh.py`).
 """
 
 from __future__ import annotations
@@ -52,17 +53,19 @@ logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only t
 _SCRATCH: dict[tuple, Any] = {}
 
 
-def _shared_scratch(max_rows: int, nheads: int, buffer_len: int, device: torch.device):
+def _shared_scratch(max_rows: int, nheads: int, buffer_len: int, window: int, device: torch.device):
     """One `Mamba2Scratch` (GPU decode launches) for all Mamba-2 layers of a process with
     these shapes: layers run one after another on one stream, and each step's launches
     leave it ready for the next. Sized by max_num_seqs (decode rows, CUDA-graph padding
-    included, never exceed it)."""
+    included, never exceed it) and the verify window."""
     from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch
 
-    key = (str(device), nheads, buffer_len)
+    key = (str(device), nheads, buffer_len, window)
     scratch = _SCRATCH.get(key)
-    if scratch is None or not scratch.fits(max_rows, nheads, buffer_len):
-        scratch = _SCRATCH[key] = Mamba2Scratch.allocate(max_rows, nheads, buffer_len, device)
+    if scratch is None or not scratch.fits(max_rows, nheads, buffer_len, window):
+        scratch = _SCRATCH[key] = Mamba2Scratch.allocate(
+            max_rows, nheads, buffer_len, device, window=window
+        )
     return scratch
 
 
@@ -88,6 +91,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 vllm_config.scheduler_config.max_num_seqs,
                 self.num_heads // self.tp_size,
                 self.replay.buffer_len,
+                self.replay_window,
                 torch.get_default_device(),
             )
         self.replay_specs = mamba2_page_specs(
@@ -279,7 +283,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         from a fresh page (`layers/fresh.py`); the others commit the previous window's
         accepted count (from positions: `SpecWindows.acceptance`) to ring records and conv
         columns. Then the window is verified output-only and appended (the torch reference
-        on CPU, the Triton window step on GPUs: `dispatch.mamba2_decode`). No host
+        on CPU, the Triton window launches on GPUs: `dispatch.mamba2_decode`). No host
         synchronisation on GPUs (debug_checks aside, which are skipped while a CUDA graph is
         captured): a uniform speculative batch runs as a CUDA graph."""
         cfg = self.replay

@@ -11,7 +11,11 @@ scratch (`plan.Mamba2Scratch`):
    is off) + history; stores the cursor words.
 2 and 3 touch different rows; with `overlap` the flush runs on a side stream beside the
 readout.
-Speculative windows (T = 1 + k) run the one-launch window step (`window.py`).
+Speculative windows (T = 1 + k) run the same three launches specialised for T (the plan
+writes every window token's coefficients; the readout and the flush read a tile once for
+the whole window). The earlier one-launch window step (`window.py`, knob
+`window_launches="fused"`) stays selectable until the split launches have been measured
+against it on a GPU.
 
 No host synchronisation, no allocation when scratch is given, launch shapes fixed by the
 batch: safe in CUDA graphs. Semantics: `reference.mamba2_replay_decode`.
@@ -53,9 +57,15 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def launch_config(
-    num_rows: int, nheads: int, headdim: int, dstate: int, ckpt_itemsize: int, device: torch.device
+    num_rows: int,
+    nheads: int,
+    headdim: int,
+    dstate: int,
+    ckpt_itemsize: int,
+    device: torch.device,
+    window: int = 1,
 ) -> dict:
-    """Launch knobs of the plain-decode launches.
+    """Launch knobs of the plan / flush / readout launches.
 
     readout: block_p rows of the checkpoint per program (TILE_BYTES of them), one warp
     (no cross-warp reductions); flush: one head's tile (up to 64 rows) per item, four
@@ -63,10 +73,17 @@ def launch_config(
     side stream beside the readout (GPU). H200 sweeps, Nemotron-3 Super bs 256
     (benchmarks/results/kernels-h200-20261201-*): readout 16 or 32 rows and one warp
     within 1% of each other, two warps 2-7% slower; flush 64 rows x 4 warps and 32 x 2
-    best, 8 warps 13% slower, 264-1056 programs alike; the overlap 2-8% faster."""
+    best, 8 warps 13% slower, 264-1056 programs alike; the overlap 2-8% faster.
+    Speculative windows (not yet measured on a GPU; sm_90 compile report at T = 4,
+    Nemotron-3 Super, `benchmarks/kernels/sm90_mamba2.py`): the readout tile halved (16 x
+    128 bf16: 128 registers; 8 x 128 fp32: 80), the flush tile 32 rows (64 rows: 255
+    registers and a 40-byte stack; 32: 136, no spill), the plan on four warps (its
+    [heads, window, history] coefficient blocks: 96 registers)."""
     block_p = TILE_BYTES // (triton.next_power_of_2(dstate) * ckpt_itemsize)
+    if window > 1:
+        block_p //= 2
     block_p = max(8, min(block_p, triton.next_power_of_2(headdim)))
-    flush_p = max(16, min(64, triton.next_power_of_2(headdim)))
+    flush_p = max(16, min(64 if window == 1 else 32, triton.next_power_of_2(headdim)))
     if device.type == "cuda":
         programs = 2 * _num_sms(device.index if device.index is not None else 0)
     else:
@@ -78,7 +95,7 @@ def launch_config(
         flush_block_p=flush_p,
         flush_warps=4,
         flush_programs=min(programs, flush_items),
-        plan_warps=1,
+        plan_warps=1 if window == 1 else 4,
         overlap=device.type == "cuda",
     )
 
@@ -105,11 +122,11 @@ def mamba2_replay_decode(
 ) -> None:
     """Triton twin of `reference.mamba2_replay_decode` (same arguments and effects).
 
-    scratch: `Mamba2Scratch` for at least R rows (plain decode); None allocates one per call
-    (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
-    readout_block_p, readout_warps, flush_block_p, flush_warps, flush_programs, plan_warps,
-    dot_precision) or set the window step's (speculative: block_p, num_warps,
-    heads_per_program, num_stages).
+    scratch: `Mamba2Scratch` for at least R rows and this window; None allocates one per
+    call (tests; not for CUDA graphs). knobs override `launch_config` (readout_block_p,
+    readout_warps, flush_block_p, flush_warps, flush_programs, plan_warps, dot_precision),
+    or, with window_launches="fused" (speculative steps only), set the one-launch window
+    step's (block_p, num_warps, heads_per_program, num_stages).
     """
     H, P = x.shape[1], x.shape[2]
     N = B.shape[2]
@@ -133,7 +150,10 @@ def mamba2_replay_decode(
     if R == 0:
         return
     plain = window == 1 and query_start_loc is None and num_accepted_tokens is None
-    if not plain:
+    launches = knobs.pop("window_launches", "split")
+    if launches not in ("split", "fused"):
+        raise ValueError(f"window_launches must be 'split' or 'fused', got {launches!r}")
+    if not plain and launches == "fused":
         mamba2_window_decode(
             cache,
             x,
@@ -154,19 +174,20 @@ def mamba2_replay_decode(
         )
         return
     if scratch is None:
-        scratch = Mamba2Scratch.allocate(R, H, buffer_len, x.device)
-    elif not scratch.fits(R, H, buffer_len):
+        scratch = Mamba2Scratch.allocate(R, H, buffer_len, x.device, window=window)
+    elif not scratch.fits(R, H, buffer_len, window=window):
         raise ValueError(
             f"scratch {tuple(scratch.coef.shape)} too small for {R} rows, "
-            f"{H} heads, buffer_len {buffer_len}"
+            f"{H} heads, buffer_len {buffer_len}, window {window}"
         )
     ckpt = cache.lp if cache.lp is not None else cache.hp
-    cfg = launch_config(R, H, P, N, ckpt.element_size(), x.device)
+    cfg = launch_config(R, H, P, N, ckpt.element_size(), x.device, window=window)
     unknown = set(knobs) - set(cfg) - {"dot_precision"}
     if unknown:
-        raise ValueError(f"unknown plain-decode knobs {sorted(unknown)}")
+        raise ValueError(f"unknown decode knobs {sorted(unknown)}")
     cfg.update(knobs)
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
+    windows = dict(window=window, query_start_loc=query_start_loc)
     mamba2_plan(
         cache,
         dt,
@@ -178,7 +199,9 @@ def mamba2_replay_decode(
         state_indices,
         scratch,
         null_block_id=null_block_id,
+        num_accepted_tokens=num_accepted_tokens,
         num_warps=cfg["plan_warps"],
+        **windows,
         **common,
     )
     side = _side_stream(x.device) if cfg["overlap"] and x.is_cuda else None
@@ -195,6 +218,7 @@ def mamba2_replay_decode(
             num_warps=cfg["flush_warps"],
             num_programs=cfg["flush_programs"],
             dot_precision=cfg.get("dot_precision"),
+            **windows,
             **common,
         )
     mamba2_readout(
@@ -203,9 +227,11 @@ def mamba2_replay_decode(
         C,
         out,
         scratch,
+        num_rows=R,
         null_block_id=null_block_id,
         block_p=cfg["readout_block_p"],
         num_warps=cfg["readout_warps"],
+        **windows,
         **common,
     )
     if side is not None:

@@ -1,9 +1,9 @@
 """The one Mamba-2 decode op the layer calls on GPUs, and the route policy.
 
-Routes: "replay" (`decode.py`: plan / flush / readout for plain decode, the window step for
-speculative decoding) and "stock" (`stock_route.py`: the stock read + write step on the
-ReplaySSM page, for batches where replay is slower; plain decode only). "auto" picks by
-batch size, from H200 measurements (`STOCK_ROUTE_MAX_ROWS`).
+Routes: "replay" (`decode.py`: plan / flush / readout, for plain decode and, specialised
+for the window, speculative decoding) and "stock" (`stock_route.py`: the stock read + write
+step on the ReplaySSM page, for batches where replay is slower; plain decode only). "auto"
+picks by batch size, from H200 measurements (`STOCK_ROUTE_MAX_ROWS`).
 """
 
 from __future__ import annotations

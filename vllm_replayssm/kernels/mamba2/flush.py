@@ -11,6 +11,11 @@ weighted x records against the exact bf16 B records, or tf32x3):
 writes HP and LP from registers, and reads out the current token from S (an empty history);
 a stale row reads out from HP and its history as the readout launch would. LP never enters
 HP. The readout launch skips these rows.
+
+Speculative windows (`_mamba2_flush_window_kernel`): the same fold, then every window
+token is read out from the folded tile (`readout.read_window`). Its stale-LP branch mirrors
+the plain launch's; no speculative layer meets it (the stock route, which leaves LP stale,
+steps plain decode only).
 """
 
 from __future__ import annotations
@@ -30,7 +35,34 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_WRITE_ROW,
 )
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
-from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, history_block
+from vllm_replayssm.kernels.common.triton_cursor import row_tokens
+from vllm_replayssm.kernels.mamba2.plan import (
+    Mamba2Scratch,
+    coef_offsets,
+    history_block,
+    window_block,
+)
+from vllm_replayssm.kernels.mamba2.readout import read_window
+
+
+@triton.jit
+def _fold_dot(S, x_f, coef, B_f, decay, DOT_PRECISION: tl.constexpr):
+    """S e^{A Λ} + (X diag(w))ᵀ B at fp32 accuracy (module docstring). x_f: [BLOCK_P,
+    BLOCK_L] records; coef: [BLOCK_L] fold weights; B_f: [BLOCK_L, BLOCK_N] records."""
+    a = x_f.to(tl.float32) * coef[None, :]
+    if DOT_PRECISION == "bf16x3":
+        # B records are bf16 (exact operands); a = hi + mid + lo in bf16 carries 24 bits,
+        # so three bf16 products accumulated in fp32 are fp32-accurate.
+        a_hi = a.to(tl.bfloat16)
+        a = a - a_hi.to(tl.float32)
+        a_mid = a.to(tl.bfloat16)
+        a_lo = (a - a_mid.to(tl.float32)).to(tl.bfloat16)
+        S = tl.dot(a_hi, B_f, acc=S * decay)
+        S = tl.dot(a_mid, B_f, acc=S)
+        S = tl.dot(a_lo, B_f, acc=S)
+    else:
+        S = tl.dot(a, B_f.to(tl.float32), acc=S * decay, input_precision=DOT_PRECISION)
+    return S
 
 
 @triton.jit
@@ -150,19 +182,7 @@ def _mamba2_flush_kernel(
                 mask=m_j[:, None] & m_n[None, :],
                 other=0.0,
             )  # [BLOCK_L, BLOCK_N]
-            a = x_f.to(tl.float32) * coef[None, :]  # [BLOCK_P, BLOCK_L]
-            if DOT_PRECISION == "bf16x3":
-                # B records are bf16 (exact operands); a = hi + mid + lo in bf16 carries
-                # 24 bits, so three bf16 products accumulated in fp32 are fp32-accurate.
-                a_hi = a.to(tl.bfloat16)
-                a = a - a_hi.to(tl.float32)
-                a_mid = a.to(tl.bfloat16)
-                a_lo = (a - a_mid.to(tl.float32)).to(tl.bfloat16)
-                S = tl.dot(a_hi, B_f, acc=S * decay)
-                S = tl.dot(a_mid, B_f, acc=S)
-                S = tl.dot(a_lo, B_f, acc=S)
-            else:
-                S = tl.dot(a, B_f.to(tl.float32), acc=S * decay, input_precision=DOT_PRECISION)
+            S = _fold_dot(S, x_f, coef, B_f, decay, DOT_PRECISION)
             tl.store(p_hp, S, mask=m_pn)
             if HAS_LP:
                 store_lp(
@@ -193,6 +213,185 @@ def _mamba2_flush_kernel(
         tl.store(p_rx + write_row * stride_rx_row + o_p * stride_rx_dim, x, mask=m_p)
 
 
+@triton.jit
+def _mamba2_flush_window_kernel(
+    hp_ptr,
+    lp_ptr,
+    ring_x_ptr,
+    ring_B_ptr,
+    x_ptr,
+    C_ptr,
+    out_ptr,
+    plan_ptr,
+    coef_ptr,
+    hp_rows_ptr,
+    hp_count_ptr,
+    qsl_ptr,
+    num_ring_rows,
+    stride_hp_slot,
+    stride_hp_head,
+    stride_hp_dim,
+    stride_hp_dstate,
+    stride_lp_slot,
+    stride_lp_head,
+    stride_lp_dim,
+    stride_lp_dstate,
+    stride_rx_slot,
+    stride_rx_head,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_rB_slot,
+    stride_rB_group,
+    stride_rB_row,
+    stride_rB_dstate,
+    stride_x_tok,
+    stride_x_head,
+    stride_x_dim,
+    stride_C_tok,
+    stride_C_group,
+    stride_C_dstate,
+    stride_out_tok,
+    stride_out_head,
+    stride_out_dim,
+    stride_coef_row,
+    stride_coef_head,
+    NUM_HEADS: tl.constexpr,
+    HEADS_PER_GROUP: tl.constexpr,
+    TILES_PER_HEAD: tl.constexpr,
+    headdim: tl.constexpr,
+    dstate: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    OFF_W: tl.constexpr,
+    OFF_S: tl.constexpr,
+    OFF_D: tl.constexpr,
+    HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    items_per_row: tl.constexpr = NUM_HEADS * TILES_PER_HEAD
+    total = tl.load(hp_count_ptr) * items_per_row
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < dstate
+    o_j = tl.arange(0, BLOCK_L)
+    o_t = tl.arange(0, BLOCK_T)
+    for item in tl.range(pid, total, num_programs):
+        k = item // items_per_row
+        h = (item % items_per_row) // TILES_PER_HEAD
+        g = h // HEADS_PER_GROUP
+        o_p = (item % TILES_PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
+        m_p = o_p < headdim
+        m_pn = m_p[:, None] & m_n[None, :]
+        r = tl.load(hp_rows_ptr + k)
+        r64 = r.to(tl.int64)
+        bos, q = row_tokens(qsl_ptr, r64, IS_VARLEN)
+        m_t = o_t < q
+        p_plan = plan_ptr + r * T_PLAN_LEN
+        slot = tl.load(p_plan + T_PLAN_SLOT).to(tl.int64)
+        o = tl.load(p_plan + T_PLAN_ORIGIN)
+        n = tl.load(p_plan + T_PLAN_COUNT)
+        first = tl.load(p_plan + T_PLAN_WRITE_ROW)
+        flush = tl.load(p_plan + T_PLAN_FLUSH)
+        fo = tl.load(p_plan + T_PLAN_FOLD_ORIGIN)
+        fn = tl.load(p_plan + T_PLAN_FOLD_COUNT)
+        p_coef = coef_ptr + r64 * stride_coef_row + h * stride_coef_head
+        x_w = tl.load(
+            x_ptr
+            + (bos + o_t[:, None]) * stride_x_tok
+            + h * stride_x_head
+            + o_p[None, :] * stride_x_dim,
+            mask=m_t[:, None] & m_p[None, :],
+            other=0.0,
+        )  # [BLOCK_T, BLOCK_P]
+        p_hp = (
+            hp_ptr
+            + slot * stride_hp_slot
+            + h * stride_hp_head
+            + o_p[:, None] * stride_hp_dim
+            + o_n[None, :] * stride_hp_dstate
+        )
+        S = tl.load(p_hp, mask=m_pn, other=0.0)  # [BLOCK_P, BLOCK_N]
+        p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
+        if flush != 0:
+            rows = fo + o_j
+            rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+            m_j = o_j < fn
+            x_f = tl.load(
+                p_rx + o_p[:, None] * stride_rx_dim + rows[None, :] * stride_rx_row,
+                mask=m_p[:, None] & m_j[None, :],
+                other=0.0,
+            )  # [BLOCK_P, BLOCK_L]
+            B_f = tl.load(
+                ring_B_ptr
+                + slot * stride_rB_slot
+                + g * stride_rB_group
+                + rows[:, None] * stride_rB_row
+                + o_n[None, :] * stride_rB_dstate,
+                mask=m_j[:, None] & m_n[None, :],
+                other=0.0,
+            )  # [BLOCK_L, BLOCK_N]
+            S = _fold_dot(
+                S, x_f, tl.load(p_coef + o_j), B_f, tl.load(p_coef + OFF_D), DOT_PRECISION
+            )
+            tl.store(p_hp, S, mask=m_pn)
+            if HAS_LP:
+                store_lp(
+                    lp_ptr
+                    + slot * stride_lp_slot
+                    + h * stride_lp_head
+                    + o_p[:, None] * stride_lp_dim
+                    + o_n[None, :] * stride_lp_dstate,
+                    S,
+                    m_pn,
+                    LP_IS_FP16,
+                )
+            x_h = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # the history is folded
+        else:  # stale LP: read out from HP and the history, as the readout would from LP
+            rows = o + o_j
+            rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+            x_h = tl.load(
+                p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+                mask=(o_j < n)[:, None] & m_p[None, :],
+                other=0.0,
+            ).to(tl.float32)
+        read_window(
+            S,
+            p_coef,
+            x_h,
+            x_w.to(tl.float32),
+            C_ptr,
+            out_ptr + bos * stride_out_tok + h * stride_out_head + o_p * stride_out_dim,
+            bos,
+            q,
+            g,
+            o_n,
+            m_n,
+            m_p,
+            stride_C_tok,
+            stride_C_group,
+            stride_C_dstate,
+            stride_out_tok,
+            WINDOW,
+            BLOCK_T,
+            BLOCK_L,
+            OFF_W,
+            OFF_S,
+        )
+        w_rows = first + o_t
+        w_rows = tl.where(w_rows >= num_ring_rows, w_rows - num_ring_rows, w_rows)
+        tl.store(
+            p_rx + w_rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+            x_w,
+            mask=m_t[:, None] & m_p[None, :],
+        )
+
+
 def mamba2_flush(
     cache,
     x: torch.Tensor,
@@ -206,13 +405,15 @@ def mamba2_flush(
     num_warps: int,
     num_programs: int,
     dot_precision: str | None = None,
+    window: int = 1,
+    query_start_loc: torch.Tensor | None = None,
 ) -> None:
     """Launch the flush over the plan's HP list (after `mamba2_plan`, before
-    `mamba2_readout`): HP and LP of flush rows written; out [R, H, P] and the x record
-    written for the listed rows. num_programs: the persistent grid (any size >= 1).
+    `mamba2_readout`): HP and LP of flush rows written; out [num_tokens, H, P] and the x
+    records written for the listed rows. num_programs: the persistent grid (any size >= 1).
     dot_precision of the fold: "bf16x3" (bf16 records on a GPU; the default there),
     "tf32x3" (the default otherwise: Triton's interpreter multiplies bf16 dot operands as
-    raw bits) or "ieee"."""
+    raw bits) or "ieee". window / query_start_loc: as given to the plan."""
     if dot_precision is None:
         bf16_records = cache.ring_B.dtype == torch.bfloat16
         dot_precision = "bf16x3" if bf16_records and x.is_cuda else "tf32x3"
@@ -222,7 +423,7 @@ def mamba2_flush(
     G, N = C.shape[1], C.shape[2]
     lp = cache.lp if cache.lp is not None else cache.hp
     tiles = triton.cdiv(P, block_p)
-    _mamba2_flush_kernel[(max(1, num_programs),)](
+    tensors = (
         cache.hp,
         lp,
         cache.ring_x,
@@ -234,6 +435,8 @@ def mamba2_flush(
         scratch.coef,
         scratch.hp_rows,
         scratch.hp_count,
+    )
+    args = (
         num_ring_rows,
         *cache.hp.stride(),
         *lp.stride(),
@@ -244,6 +447,8 @@ def mamba2_flush(
         *out.stride(),
         scratch.coef.stride(0),
         scratch.coef.stride(1),
+    )
+    shapes = dict(
         NUM_HEADS=H,
         HEADS_PER_GROUP=H // G,
         TILES_PER_HEAD=tiles,
@@ -256,4 +461,21 @@ def mamba2_flush(
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
         DOT_PRECISION=dot_precision,
         num_warps=num_warps,
+    )
+    grid = (max(1, num_programs),)
+    if window == 1 and query_start_loc is None:  # plain decode (the window layout at T = 1)
+        _mamba2_flush_kernel[grid](*tensors, *args, **shapes)
+        return
+    off_w, off_s, off_d = coef_offsets(buffer_len, window)
+    _mamba2_flush_window_kernel[grid](
+        *tensors,
+        query_start_loc if query_start_loc is not None else scratch.hp_rows,
+        *args,
+        WINDOW=window,
+        BLOCK_T=window_block(window),
+        OFF_W=off_w,
+        OFF_S=off_s,
+        OFF_D=off_d,
+        IS_VARLEN=query_start_loc is not None,
+        **shapes,
     )

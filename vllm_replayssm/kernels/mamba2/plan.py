@@ -10,6 +10,13 @@ dense plan row and, for rows that must read HP (flush rows, and rows whose LP is
 appends the row to the HP list. The new cursor words travel in the plan row and are stored
 by the readout launch, so every launch has a single writer of them.
 
+Speculative windows (T = 1 + k tokens per row, q <= T of them live) run the same three
+launches specialised for T (`_mamba2_plan_window_kernel` here): the plan commits the
+previous step's accepted records, applies the flush rule h + q + T > L + T, and writes per
+(row, head) the coefficients of every window token i: its history coefficients
+w_l (B_l . C_i), its window coefficients over tokens j <= i (D on the diagonal) and its
+output scale e^{A Λ_i}, so that the readout reads the checkpoint tile once for the window.
+
 Scratch (`Mamba2Scratch`) is caller-allocated and sized by the largest batch, so the three
 launches are safe in CUDA graphs.
 """
@@ -47,6 +54,7 @@ from vllm_replayssm.kernels.common.triton_cursor import (
     W_PENDING,
     W_TICKET,
     plan_row,
+    row_tokens,
     softplus,
 )
 
@@ -57,17 +65,38 @@ def history_block(buffer_len: int) -> int:
     return max(16, triton.next_power_of_2(buffer_len))
 
 
-def coef_len(buffer_len: int) -> int:
-    """Per (row, head): [0, BLOCK_L) history coefficients or fold weights, then the current
-    token's coefficient, the output scale and the fold decay (padded to 2 * BLOCK_L)."""
-    return 2 * history_block(buffer_len)
+def window_block(window: int) -> int:
+    """Token slots of a window (a power of two >= T; 1 for plain decode)."""
+    return triton.next_power_of_2(window)
+
+
+def coef_offsets(buffer_len: int, window: int) -> tuple[int, int, int]:
+    """Offsets of the window coefficients, the output scales and the fold decay in a
+    (row, head) coefficient row; the history coefficients start at 0.
+
+    Per (row, head), BLOCK_T = window_block(T) and BLOCK_L = history_block(L):
+    [0, BLOCK_T * BLOCK_L) history coefficients of token i at i * BLOCK_L (flush rows, whose
+    history is folded: the fold weights, in every token's row), then [BLOCK_T, BLOCK_T]
+    window coefficients (token i, token j), BLOCK_T output scales and the fold decay. For
+    plain decode (T = 1) that is [BLOCK_L history, current token, scale, decay]."""
+    bt, bl = window_block(window), history_block(buffer_len)
+    off_w = bt * bl
+    off_s = off_w + bt * bt
+    return off_w, off_s, off_s + bt
+
+
+def coef_len(buffer_len: int, window: int = 1) -> int:
+    """Length of a (row, head) coefficient row (`coef_offsets`), padded to a multiple of
+    2 * BLOCK_L."""
+    unit = 2 * history_block(buffer_len)
+    return unit * triton.cdiv(coef_offsets(buffer_len, window)[2] + 1, unit)
 
 
 @dataclass
 class Mamba2Scratch:
     """Caller-owned scratch of the plain-decode launches, for up to `max_rows` rows.
 
-    plan: [max_rows, PLAN_LEN] int32; coef: [max_rows, H, coef_len(L)] fp32;
+    plan: [max_rows, PLAN_LEN] int32; coef: [max_rows, H, coef_len(L, T)] fp32;
     hp_rows: [max_rows] int32 (rows that read HP this step, in any order);
     hp_count: [1] int32, the length of hp_rows (`mamba2_plan` zeroes it first).
     """
@@ -79,22 +108,32 @@ class Mamba2Scratch:
 
     @classmethod
     def allocate(
-        cls, max_rows: int, nheads: int, buffer_len: int, device: torch.device | str
+        cls,
+        max_rows: int,
+        nheads: int,
+        buffer_len: int,
+        device: torch.device | str,
+        window: int = 1,
     ) -> Mamba2Scratch:
+        """Scratch for up to max_rows rows of windows of up to `window` tokens."""
         return cls(
             plan=torch.zeros(max_rows, PLAN_LEN, dtype=torch.int32, device=device),
             coef=torch.zeros(
-                max_rows, nheads, coef_len(buffer_len), dtype=torch.float32, device=device
+                max_rows,
+                nheads,
+                coef_len(buffer_len, window),
+                dtype=torch.float32,
+                device=device,
             ),
             hp_rows=torch.zeros(max_rows, dtype=torch.int32, device=device),
             hp_count=torch.zeros(1, dtype=torch.int32, device=device),
         )
 
-    def fits(self, num_rows: int, nheads: int, buffer_len: int) -> bool:
+    def fits(self, num_rows: int, nheads: int, buffer_len: int, window: int = 1) -> bool:
         return (
             self.plan.shape[0] >= num_rows
             and self.coef.shape[1] == nheads
-            and self.coef.shape[2] == coef_len(buffer_len)
+            and self.coef.shape[2] == coef_len(buffer_len, window)
         )
 
 
@@ -279,6 +318,231 @@ def _mamba2_plan_kernel(
             tl.store(hp_rows_ptr + k, r)
 
 
+@triton.jit
+def _mamba2_plan_window_kernel(
+    meta_ptr,
+    ring_dt_ptr,
+    ring_B_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    dt_bias_ptr,
+    state_indices_ptr,
+    qsl_ptr,
+    acc_ptr,
+    plan_ptr,
+    coef_ptr,
+    hp_rows_ptr,
+    hp_count_ptr,
+    null_block_id,
+    num_ring_rows,
+    stride_meta_slot,
+    stride_meta_word,
+    stride_rdt_slot,
+    stride_rdt_head,
+    stride_rdt_row,
+    stride_rB_slot,
+    stride_rB_group,
+    stride_rB_row,
+    stride_rB_dstate,
+    stride_dt_tok,
+    stride_dt_head,
+    stride_B_tok,
+    stride_B_group,
+    stride_B_dstate,
+    stride_C_tok,
+    stride_C_group,
+    stride_C_dstate,
+    stride_coef_row,
+    stride_coef_head,
+    HEADS_PER_GROUP: tl.constexpr,
+    dstate: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_HG: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    OFF_W: tl.constexpr,
+    OFF_S: tl.constexpr,
+    OFF_D: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_LP: tl.constexpr,
+    HAS_ACC: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """The plan of a speculative step: as `_mamba2_plan_kernel`, for the q <= WINDOW tokens
+    of each row (window token i at logical position n + i, n the committed history)."""
+    pid_g = tl.program_id(0)
+    r = tl.program_id(1)
+    p_plan = plan_ptr + r * T_PLAN_LEN
+    slot32 = tl.load(state_indices_ptr + r).to(tl.int32)
+    if slot32 == null_block_id:
+        if pid_g == 0:
+            tl.store(p_plan + T_PLAN_SLOT, slot32)
+        return
+    slot = slot32.to(tl.int64)
+    r64 = r.to(tl.int64)
+    bos, q = row_tokens(qsl_ptr, r64, IS_VARLEN)
+
+    o_hg = tl.arange(0, BLOCK_HG)
+    m_hg = o_hg < HEADS_PER_GROUP
+    h = pid_g * HEADS_PER_GROUP + o_hg  # [BLOCK_HG]
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < dstate
+    o_t = tl.arange(0, BLOCK_T)
+    m_t = o_t < q
+    o_j = tl.arange(0, BLOCK_L)
+    A = tl.load(A_ptr + h, mask=m_hg, other=0.0).to(tl.float32)
+    dt_bias = tl.load(dt_bias_ptr + h, mask=m_hg, other=0.0).to(tl.float32)
+    m_ht = m_hg[:, None] & m_t[None, :]
+    dt_raw = tl.load(
+        dt_ptr + (bos + o_t[None, :]) * stride_dt_tok + h[:, None] * stride_dt_head,
+        mask=m_ht,
+        other=0.0,
+    )  # [BLOCK_HG, BLOCK_T]
+    dt_w = tl.where(m_ht, softplus(dt_raw.to(tl.float32) + dt_bias[:, None]), 0.0)
+    B_w = tl.load(
+        B_ptr
+        + (bos + o_t[:, None]) * stride_B_tok
+        + pid_g * stride_B_group
+        + o_n[None, :] * stride_B_dstate,
+        mask=m_t[:, None] & m_n[None, :],
+        other=0.0,
+    )  # [BLOCK_T, BLOCK_N], the records' dtype
+
+    o_next, n_next, kap, fo, fn, flush, stale = plan_row(
+        meta_ptr + slot * stride_meta_slot,
+        stride_meta_word,
+        acc_ptr,
+        r64,
+        q,
+        num_ring_rows,
+        WINDOW,
+        HAS_ACC,
+    )
+    o_next, n_next, kap = o_next.to(tl.int32), n_next.to(tl.int32), kap.to(tl.int32)
+    fo, fn = fo.to(tl.int32), fn.to(tl.int32)
+    first = o_next + n_next  # ring row of window token 0
+    first = tl.where(first >= num_ring_rows, first - num_ring_rows, first)
+    o = tl.where(flush, fo, o_next)
+    n = tl.where(flush, fn, n_next)
+    m_j = o_j < n
+    rows = o + o_j
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+    dt_h = tl.load(
+        ring_dt_ptr
+        + slot * stride_rdt_slot
+        + h[:, None] * stride_rdt_head
+        + rows[None, :] * stride_rdt_row,
+        mask=m_hg[:, None] & m_j[None, :],
+        other=0.0,
+    )  # [BLOCK_HG, BLOCK_L]
+    B_h = tl.load(
+        ring_B_ptr
+        + slot * stride_rB_slot
+        + pid_g * stride_rB_group
+        + rows[:, None] * stride_rB_row
+        + o_n[None, :] * stride_rB_dstate,
+        mask=(m_j & (flush == 0))[:, None] & m_n[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [BLOCK_L, BLOCK_N]
+    # Group-shared dot products: bc_h[i, l] = B_l . C_i (history), bc_w[i, j] = B_j . C_i.
+    bc_h = tl.zeros([BLOCK_T, BLOCK_L], dtype=tl.float32)
+    bc_w = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+    for i in tl.static_range(WINDOW):
+        c_i = tl.load(
+            C_ptr + (bos + i) * stride_C_tok + pid_g * stride_C_group + o_n * stride_C_dstate,
+            mask=m_n & (i < q),
+            other=0.0,
+        ).to(tl.float32)
+        bc_h = tl.where(o_t[:, None] == i, tl.sum(B_h * c_i[None, :], axis=1)[None, :], bc_h)
+        bc_w = tl.where(
+            o_t[:, None] == i, tl.sum(B_w.to(tl.float32) * c_i[None, :], axis=1)[None, :], bc_w
+        )
+
+    # Decay sums: history λ_l, window Λ'_i (window tokens only), token i's Λ_i from the
+    # checkpoint (a flush row reads the freshly folded checkpoint: no history before it).
+    lam_h = tl.cumsum(dt_h, axis=1)  # [BLOCK_HG, BLOCK_L]
+    lam_n = tl.sum(dt_h, axis=1)  # [BLOCK_HG]
+    lam_w = tl.cumsum(dt_w, axis=1)  # [BLOCK_HG, BLOCK_T]
+    lam_i = tl.where(flush, 0.0, lam_n)[:, None] + lam_w  # [BLOCK_HG, BLOCK_T]
+    # History coefficients [BLOCK_HG, BLOCK_T, BLOCK_L]; flush rows: the fold weights.
+    keep = m_hg[:, None, None] & m_t[None, :, None] & m_j[None, None, :]
+    expo = A[:, None, None] * (lam_i[:, :, None] - lam_h[:, None, :])
+    w_hist = tl.where(keep, dt_h[:, None, :] * tl.exp(tl.where(keep, expo, 0.0)), 0.0)
+    fold_expo = A[:, None] * (lam_n[:, None] - lam_h)
+    keep_f = m_hg[:, None] & m_j[None, :]
+    w_fold = tl.where(keep_f, dt_h * tl.exp(tl.where(keep_f, fold_expo, 0.0)), 0.0)
+    coef_h = tl.where(flush, w_fold[:, None, :], w_hist * bc_h[None, :, :])
+    # Window coefficients [BLOCK_HG, BLOCK_T (i), BLOCK_T (j)], j <= i; D on the diagonal.
+    tri = m_hg[:, None, None] & (o_t[None, None, :] <= o_t[None, :, None]) & m_t[None, :, None]
+    expo_w = A[:, None, None] * (lam_w[:, :, None] - lam_w[:, None, :])
+    coef_w = tl.where(tri, dt_w[:, None, :] * tl.exp(tl.where(tri, expo_w, 0.0)), 0.0)
+    coef_w = coef_w * bc_w[None, :, :]
+    if HAS_D:
+        D = tl.load(D_ptr + h, mask=m_hg, other=0.0).to(tl.float32)
+        diag = (o_t[None, None, :] == o_t[None, :, None]) & m_t[None, :, None]
+        coef_w += tl.where(diag, D[:, None, None], 0.0)
+    scale = tl.where(m_ht, tl.exp(A[:, None] * lam_i), 0.0)  # [BLOCK_HG, BLOCK_T]
+    decay = tl.exp(A * lam_n)
+
+    p_coef = coef_ptr + r64 * stride_coef_row + h * stride_coef_head  # [BLOCK_HG]
+    p_c3 = p_coef[:, None, None] + o_t[None, :, None] * BLOCK_L + o_j[None, None, :]
+    tl.store(p_c3, coef_h, mask=m_hg[:, None, None])
+    p_w3 = p_coef[:, None, None] + OFF_W + o_t[None, :, None] * BLOCK_T + o_t[None, None, :]
+    tl.store(p_w3, coef_w, mask=m_hg[:, None, None])
+    tl.store(p_coef[:, None] + OFF_S + o_t[None, :], scale, mask=m_hg[:, None])
+    tl.store(p_coef + OFF_D, decay, mask=m_hg)
+
+    # Row-shared records of the window tokens (dt after softplus per head, B per group).
+    w_rows = first + o_t
+    w_rows = tl.where(w_rows >= num_ring_rows, w_rows - num_ring_rows, w_rows)
+    tl.store(
+        ring_dt_ptr
+        + slot * stride_rdt_slot
+        + h[:, None] * stride_rdt_head
+        + w_rows[None, :] * stride_rdt_row,
+        dt_w,
+        mask=m_ht,
+    )
+    tl.store(
+        ring_B_ptr
+        + slot * stride_rB_slot
+        + pid_g * stride_rB_group
+        + w_rows[:, None] * stride_rB_row
+        + o_n[None, :] * stride_rB_dstate,
+        B_w,
+        mask=m_t[:, None] & m_n[None, :],
+    )
+
+    if pid_g == 0:
+        read_hp = flush
+        if HAS_LP:  # a stale LP is never read: such rows read HP until their next flush
+            read_hp = flush | stale
+        tl.store(p_plan + T_PLAN_SLOT, slot32)
+        tl.store(p_plan + T_PLAN_ORIGIN, o_next)
+        tl.store(p_plan + T_PLAN_COUNT, n_next)
+        tl.store(p_plan + T_PLAN_WRITE_ROW, first)
+        tl.store(p_plan + T_PLAN_READ_HP, read_hp.to(tl.int32))
+        tl.store(p_plan + T_PLAN_FLUSH, flush.to(tl.int32))
+        tl.store(p_plan + T_PLAN_FOLD_ORIGIN, fo)
+        tl.store(p_plan + T_PLAN_FOLD_COUNT, fn)
+        p_words = p_plan + T_PLAN_META
+        tl.store(p_words + W_ORIGIN, o_next)
+        tl.store(p_words + W_COMMITTED, n_next)
+        tl.store(p_words + W_PENDING, q.to(tl.int32))
+        tl.store(p_words + W_CAPACITY, kap)
+        tl.store(p_words + W_FOLD_ORIGIN, fo)
+        tl.store(p_words + W_FOLD_COUNT, fn)
+        tl.store(p_words + W_MAGIC, tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD))
+        tl.store(p_words + W_TICKET, 0)
+        if read_hp:
+            k = tl.atomic_add(hp_count_ptr, 1, sem="relaxed")
+            tl.store(hp_rows_ptr + k, r)
+
+
 def mamba2_plan(
     cache,
     dt: torch.Tensor,
@@ -293,28 +557,25 @@ def mamba2_plan(
     num_ring_rows: int,
     buffer_len: int,
     null_block_id: int,
+    window: int = 1,
+    query_start_loc: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
     num_warps: int = 1,
 ) -> None:
-    """Launch the plan for R rows (plain decode, one token per row).
+    """Launch the plan for R rows: plain decode (window 1, one token per row) or a
+    speculative step (windows of up to `window` tokens).
 
     cache: Mamba2ReplayCache (reads meta, ring_dt, ring_B; appends dt and B records);
-    dt: [R, H] raw; A, D, dt_bias: [H]; B, C: [R, G, N]; state_indices: [R] int;
-    scratch: written (plan rows, coefficients, HP list and its length).
+    dt: [num_tokens, H] raw; A, D, dt_bias: [H]; B, C: [num_tokens, G, N]; state_indices:
+    [R] int; query_start_loc: [R + 1] int (None: one token per row); num_accepted_tokens:
+    [R] int, the previous step's accepted count (None: everything pending commits);
+    scratch (for `window`): written (plan rows, coefficients, HP list and its length).
     """
-    R, H = dt.shape
+    H = dt.shape[1]
+    R = state_indices.shape[0]
     G, N = B.shape[1], B.shape[2]
     scratch.hp_count.zero_()
-    _mamba2_plan_kernel[(G, R)](
-        cache.meta,
-        cache.ring_dt,
-        cache.ring_B,
-        dt,
-        A,
-        B,
-        C,
-        D if D is not None else A,
-        dt_bias,
-        state_indices,
+    common = (
         scratch.plan,
         scratch.coef,
         scratch.hp_rows,
@@ -329,6 +590,8 @@ def mamba2_plan(
         *C.stride(),
         scratch.coef.stride(0),
         scratch.coef.stride(1),
+    )
+    shapes = dict(
         HEADS_PER_GROUP=H // G,
         dstate=N,
         BLOCK_N=max(16, triton.next_power_of_2(N)),
@@ -337,4 +600,25 @@ def mamba2_plan(
         HAS_D=D is not None,
         HAS_LP=cache.lp is not None,
         num_warps=num_warps,
+    )
+    tensors = (cache.meta, cache.ring_dt, cache.ring_B, dt, A, B, C, D if D is not None else A)
+    if window == 1 and query_start_loc is None and num_accepted_tokens is None:
+        _mamba2_plan_kernel[(G, R)](*tensors, dt_bias, state_indices, *common, **shapes)
+        return
+    off_w, off_s, off_d = coef_offsets(buffer_len, window)
+    _mamba2_plan_window_kernel[(G, R)](
+        *tensors,
+        dt_bias,
+        state_indices,
+        query_start_loc if query_start_loc is not None else state_indices,
+        num_accepted_tokens if num_accepted_tokens is not None else state_indices,
+        *common,
+        WINDOW=window,
+        BLOCK_T=window_block(window),
+        OFF_W=off_w,
+        OFF_S=off_s,
+        OFF_D=off_d,
+        HAS_ACC=num_accepted_tokens is not None,
+        IS_VARLEN=query_start_loc is not None,
+        **shapes,
     )

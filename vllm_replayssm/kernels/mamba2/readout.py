@@ -10,6 +10,13 @@ Everything but the tile and the history records is loaded before the plan row ar
 Rows that read HP (flush rows, stale LP) are left to the flush launch, which may run at
 the same time (the two touch different rows). The program of head 0, tile 0 stores the
 row's new cursor words from the plan row. No atomics, no barriers across warps.
+
+Speculative windows (`_mamba2_readout_window_kernel`): the same program reads its tile once
+and reads out every window token i from it (`read_window`):
+
+    y_i = scale_i * (S0 . C_i) + sum_l coef_il x_l + sum_{j <= i} coef_ij x'_j
+
+x'_j the window's own x, whose records it appends.
 """
 
 from __future__ import annotations
@@ -28,7 +35,13 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_SLOT,
     T_PLAN_WRITE_ROW,
 )
-from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, history_block
+from vllm_replayssm.kernels.common.triton_cursor import row_tokens
+from vllm_replayssm.kernels.mamba2.plan import (
+    Mamba2Scratch,
+    coef_offsets,
+    history_block,
+    window_block,
+)
 
 
 @triton.jit
@@ -139,6 +152,195 @@ def _mamba2_readout_kernel(
     tl.store(p_rx + write_row * stride_rx_row + o_p * stride_rx_dim, x, mask=m_p)
 
 
+@triton.jit
+def read_window(
+    S0,
+    p_coef,
+    x_h,
+    x_w,
+    C_ptr,
+    p_out,
+    bos,
+    q,
+    g,
+    o_n,
+    m_n,
+    m_p,
+    stride_C_tok,
+    stride_C_group,
+    stride_C_dstate,
+    stride_out_tok,
+    WINDOW: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    OFF_W: tl.constexpr,
+    OFF_S: tl.constexpr,
+):
+    """Store y_i (module docstring) for the window tokens i < q of one (row, head, tile).
+
+    S0: [BLOCK_P, BLOCK_N] checkpoint tile; p_coef: the (row, head) coefficient row;
+    x_h: [BLOCK_L, BLOCK_P] history records (zero past the history); x_w: [BLOCK_T,
+    BLOCK_P] the window's x (zero past q); p_out: the output of token bos + 0 at this tile."""
+    o_j = tl.arange(0, BLOCK_L)
+    o_t = tl.arange(0, BLOCK_T)
+    for i in tl.static_range(WINDOW):
+        c_i = tl.load(
+            C_ptr + (bos + i) * stride_C_tok + g * stride_C_group + o_n * stride_C_dstate,
+            mask=m_n & (i < q),
+            other=0.0,
+        ).to(tl.float32)
+        ch = tl.load(p_coef + i * BLOCK_L + o_j)
+        cw = tl.load(p_coef + OFF_W + i * BLOCK_T + o_t)
+        y = tl.load(p_coef + OFF_S + i) * tl.sum(S0.to(tl.float32) * c_i[None, :], axis=1)
+        y += tl.sum(ch[:, None] * x_h, axis=0)
+        y += tl.sum(cw[:, None] * x_w, axis=0)
+        tl.store(p_out + i * stride_out_tok, y, mask=m_p & (i < q))
+
+
+@triton.jit
+def _mamba2_readout_window_kernel(
+    ckpt_ptr,
+    ring_x_ptr,
+    meta_ptr,
+    x_ptr,
+    C_ptr,
+    out_ptr,
+    plan_ptr,
+    coef_ptr,
+    qsl_ptr,
+    null_block_id,
+    num_ring_rows,
+    stride_ck_slot,
+    stride_ck_head,
+    stride_ck_dim,
+    stride_ck_dstate,
+    stride_rx_slot,
+    stride_rx_head,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_meta_slot,
+    stride_meta_word,
+    stride_x_tok,
+    stride_x_head,
+    stride_x_dim,
+    stride_C_tok,
+    stride_C_group,
+    stride_C_dstate,
+    stride_out_tok,
+    stride_out_head,
+    stride_out_dim,
+    stride_coef_row,
+    stride_coef_head,
+    HEADS_PER_GROUP: tl.constexpr,
+    TILES_PER_HEAD: tl.constexpr,
+    headdim: tl.constexpr,
+    dstate: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    OFF_W: tl.constexpr,
+    OFF_S: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    r = tl.program_id(1)
+    h = pid // TILES_PER_HEAD
+    g = h // HEADS_PER_GROUP
+    o_p = (pid % TILES_PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
+    m_p = o_p < headdim
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < dstate
+    o_j = tl.arange(0, BLOCK_L)
+    o_t = tl.arange(0, BLOCK_T)
+    r64 = r.to(tl.int64)
+    bos, q = row_tokens(qsl_ptr, r64, IS_VARLEN)
+    m_t = o_t < q
+
+    # Loads that do not depend on the plan row.
+    p_plan = plan_ptr + r * T_PLAN_LEN
+    slot32 = tl.load(p_plan + T_PLAN_SLOT)
+    o = tl.load(p_plan + T_PLAN_ORIGIN)
+    n = tl.load(p_plan + T_PLAN_COUNT)
+    first = tl.load(p_plan + T_PLAN_WRITE_ROW)
+    read_hp = tl.load(p_plan + T_PLAN_READ_HP)
+    x_w = tl.load(
+        x_ptr
+        + (bos + o_t[:, None]) * stride_x_tok
+        + h * stride_x_head
+        + o_p[None, :] * stride_x_dim,
+        mask=m_t[:, None] & m_p[None, :],
+        other=0.0,
+    )  # [BLOCK_T, BLOCK_P]
+    p_out = out_ptr + bos * stride_out_tok + h * stride_out_head + o_p * stride_out_dim
+
+    if pid == 0:  # noqa: SIM102 (the store is shaped by the row, not the program)
+        if slot32 != null_block_id:
+            o_w = tl.arange(0, T_META_LEN)
+            words = tl.load(p_plan + T_PLAN_META + o_w)
+            tl.store(
+                meta_ptr + slot32.to(tl.int64) * stride_meta_slot + o_w * stride_meta_word, words
+            )
+    if slot32 == null_block_id:
+        tl.store(
+            p_out + o_t[:, None] * stride_out_tok,
+            tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32),
+            mask=m_t[:, None] & m_p[None, :],
+        )
+        return
+    if read_hp != 0:
+        return
+    slot = slot32.to(tl.int64)
+    S0 = tl.load(
+        ckpt_ptr
+        + slot * stride_ck_slot
+        + h * stride_ck_head
+        + o_p[:, None] * stride_ck_dim
+        + o_n[None, :] * stride_ck_dstate,
+        mask=m_p[:, None] & m_n[None, :],
+        other=0.0,
+    )  # [BLOCK_P, BLOCK_N]
+    rows = o + o_j
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+    p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
+    x_h = tl.load(
+        p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+        mask=(o_j < n)[:, None] & m_p[None, :],
+        other=0.0,
+    ).to(tl.float32)  # [BLOCK_L, BLOCK_P]
+    read_window(
+        S0,
+        coef_ptr + r64 * stride_coef_row + h * stride_coef_head,
+        x_h,
+        x_w.to(tl.float32),
+        C_ptr,
+        p_out,
+        bos,
+        q,
+        g,
+        o_n,
+        m_n,
+        m_p,
+        stride_C_tok,
+        stride_C_group,
+        stride_C_dstate,
+        stride_out_tok,
+        WINDOW,
+        BLOCK_T,
+        BLOCK_L,
+        OFF_W,
+        OFF_S,
+    )
+    w_rows = first + o_t
+    w_rows = tl.where(w_rows >= num_ring_rows, w_rows - num_ring_rows, w_rows)
+    tl.store(
+        p_rx + w_rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+        x_w,
+        mask=m_t[:, None] & m_p[None, :],
+    )
+
+
 def mamba2_readout(
     cache,
     x: torch.Tensor,
@@ -146,33 +348,26 @@ def mamba2_readout(
     out: torch.Tensor,
     scratch: Mamba2Scratch,
     *,
+    num_rows: int,
     num_ring_rows: int,
     buffer_len: int,
     null_block_id: int,
     block_p: int,
     num_warps: int,
+    window: int = 1,
+    query_start_loc: torch.Tensor | None = None,
 ) -> None:
-    """Launch the readout for R rows after `mamba2_plan` (alongside `mamba2_flush`).
+    """Launch the readout for num_rows rows after `mamba2_plan` (alongside `mamba2_flush`).
 
-    Reads LP (HP when LP is off), ring_x history, the plan; writes out [R, H, P] for rows
-    that read neither HP nor a NULL slot (zeros for NULL rows), their x records and every
-    row's cursor words.
+    Reads LP (HP when LP is off), ring_x history, the plan; writes out [num_tokens, H, P]
+    for rows that read neither HP nor a NULL slot (zeros for NULL rows), their x records
+    and every row's cursor words. window / query_start_loc: as given to the plan.
     """
-    R, H, P = x.shape
+    H, P = x.shape[1], x.shape[2]
     G, N = C.shape[1], C.shape[2]
     ckpt = cache.lp if cache.lp is not None else cache.hp
     tiles = triton.cdiv(P, block_p)
-    _mamba2_readout_kernel[(H * tiles, R)](
-        ckpt,
-        cache.ring_x,
-        cache.meta,
-        x,
-        C,
-        out,
-        scratch.plan,
-        scratch.coef,
-        null_block_id,
-        num_ring_rows,
+    args = (
         *ckpt.stride(),
         *cache.ring_x.stride(),
         *cache.meta.stride(),
@@ -181,6 +376,8 @@ def mamba2_readout(
         *out.stride(),
         scratch.coef.stride(0),
         scratch.coef.stride(1),
+    )
+    shapes = dict(
         HEADS_PER_GROUP=H // G,
         TILES_PER_HEAD=tiles,
         headdim=P,
@@ -189,4 +386,23 @@ def mamba2_readout(
         BLOCK_N=max(16, triton.next_power_of_2(N)),
         BLOCK_L=history_block(buffer_len),
         num_warps=num_warps,
+    )
+    tensors = (ckpt, cache.ring_x, cache.meta, x, C, out, scratch.plan, scratch.coef)
+    grid = (H * tiles, num_rows)
+    if window == 1 and query_start_loc is None:  # plain decode (the window layout at T = 1)
+        _mamba2_readout_kernel[grid](*tensors, null_block_id, num_ring_rows, *args, **shapes)
+        return
+    off_w, off_s, _ = coef_offsets(buffer_len, window)
+    _mamba2_readout_window_kernel[grid](
+        *tensors,
+        query_start_loc if query_start_loc is not None else scratch.plan,
+        null_block_id,
+        num_ring_rows,
+        *args,
+        WINDOW=window,
+        BLOCK_T=window_block(window),
+        OFF_W=off_w,
+        OFF_S=off_s,
+        IS_VARLEN=query_start_loc is not None,
+        **shapes,
     )

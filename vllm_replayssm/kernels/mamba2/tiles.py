@@ -1,5 +1,5 @@
 """Triton tile helpers shared by the Mamba-2 kernels that fold a head's ring records one at
-a time (the window step, `window.py`, and the stock route, `stock_route.py`)."""
+a time (the one-launch window step, `window.py`, and the stock route, `stock_route.py`)."""
 
 from __future__ import annotations
 
