@@ -8,8 +8,10 @@ generates with the same prompts: A with max_tokens=1 (prefill), B with max_token
 Per kernel name, (CUDA time in B - CUDA time in A) / S is its time per decode step; the
 table lists the top kernels and the sum of all, for off and on side by side, plus the wall
 time per decode step of the eager run (which includes launch overhead that the CUDA-graph
-benchmark does not pay). JSON to --json (default benchmarks/results/profile-<gpu>-<date>-
-<commit>.json).
+benchmark does not pay). Modes as the e2e benchmark's: off_spec / on_spec add
+--speculative (default ngram k = 3); their B run generates S new tokens in fewer verify
+steps, so their figures are per new token. JSON to --json (default
+benchmarks/results/profile-<gpu>-<date>-<commit>.json).
 
     source .gpu/activate.sh && python benchmarks/e2e/profile_decode.py --model nemotron_h \
         --batch-size 256
@@ -62,6 +64,7 @@ def profile_mode(
         "replay": {**e2e.DEFAULT_REPLAY, **args.replay},
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.batch_size,
+        "speculative": args.speculative,
         "enforce_eager": True,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "kv_cache_memory_bytes": 1 << 30,
@@ -114,7 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=32, help="profiled decode steps")
     p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--modes", default="off,on")
+    p.add_argument("--modes", default="off,on", help=f"comma list of {', '.join(e2e.MODES)}")
+    p.add_argument(
+        "--speculative",
+        type=json.loads,
+        default=e2e.DEFAULT_SPEC,
+        metavar="JSON",
+        help="speculative_config of the *_spec modes (default: the e2e benchmark's)",
+    )
     p.add_argument(
         "--replay-config",
         type=json.loads,
@@ -128,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    bad = [m for m in args.modes.split(",") if m not in e2e.MODES]
+    if bad:
+        p.error(f"--modes: unknown {bad}; known: {', '.join(e2e.MODES)}")
     if args.max_model_len is None:
         args.max_model_len = args.input_len + args.steps + 16
     sha, dirty = common.git_commit()
@@ -183,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{(payload['machine'].get('gpu') or {}).get('name', 'no GPU')} | commit {sha[:12]}"
     )
     print(common.format_table(["kernel (µs per decode step)", *[m["mode"] for m in modes]], rows))
+    if any(e2e.is_spec(m["mode"]) for m in modes):
+        print("# *_spec columns: per new token (a verify step emits up to 1 + k of them)")
     path = (
         Path(args.json)
         if args.json
