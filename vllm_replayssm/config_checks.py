@@ -135,8 +135,9 @@ def _on_cpu() -> bool:
 
 
 # Drafters run lossless with ReplaySSM in the engine tests (vLLM names every model-specific
-# MTP method "mtp" after parsing). Others propose tokens the same way as far as the target's
-# state is concerned, but none has run here: refused until a test covers it.
+# MTP method "mtp" after parsing; tested: Qwen3NextMTP and NemotronHMTP). Others propose
+# tokens the same way as far as the target's state is concerned, but none has run here:
+# refused until a test covers it.
 TESTED_DRAFTERS = ("ngram", "mtp")
 
 

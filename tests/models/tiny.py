@@ -520,8 +520,64 @@ MTP_EMBED_SCALE = 512.0
 
 
 def add_mtp_head(model_dir: Path | str) -> Path:
-    """Give a tiny Qwen3-Next checkpoint in `model_dir` one multi-token-prediction layer, the
-    draft model of vLLM's `method="mtp"` (Qwen3NextMTP): `num_nextn_predict_layers = 1` in
+    """Give a tiny Qwen3-Next or NemotronH checkpoint in `model_dir` one multi-token-prediction
+    layer, the draft model of vLLM's `method="mtp"`, that proposes the token the current
+    token's embedding alone predicts (see `_add_qwen3_next_mtp_head`,
+    `_add_nemotron_h_mtp_head`); the target's token embedding is scaled by MTP_EMBED_SCALE so
+    that it follows those proposals often. Idempotent; returns `model_dir`."""
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("num_nextn_predict_layers") == 1:
+        return model_dir
+    arch = config["architectures"][0]
+    if arch == "NemotronHForCausalLM":
+        return _add_nemotron_h_mtp_head(model_dir, config)
+    if arch == "Qwen3NextForCausalLM":
+        return _add_qwen3_next_mtp_head(model_dir, config)
+    raise ValueError(f"no MTP head recipe for {arch}")
+
+
+def _add_nemotron_h_mtp_head(model_dir: Path, config: dict) -> Path:
+    """NemotronH's MTP (vLLM's NemotronHMTP) with one attention layer: pattern "*" in
+    config.json (`mtp_hybrid_override_pattern`, vLLM's key, and transformers'
+    `mtp_layers_block_type`), `num_nextn_predict_layers = 1`, and `mtp.layers.0.*` tensors:
+    q/k/v of the target's attention layer with o_proj zeroed, the fusion projection
+    eh_proj = [I | 0] over [enorm(embedding of the new token) | hnorm(target hidden)], and
+    unit norms (NemotronH's RMSNorms scale by their weight). The layer's output is then the
+    normalised embedding, so the drafter proposes g(x) = argmax lm_head(norm(embed(x))), as
+    the Qwen3-Next head does; it has no Mamba-2 layer (a hybrid drafter is refused)."""
+    from safetensors.torch import load_file, save_file
+
+    weights_path = model_dir / "model.safetensors"
+    weights = load_file(weights_path)
+    attn = config["layers_block_type"].index("full_attention")  # transformers' saved form
+    prefix = f"backbone.layers.{attn}.mixer."
+    mtp = {}
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        tensor = weights[f"{prefix}{proj}.weight"]
+        mtp[f"mtp.layers.0.mixer.{proj}.weight"] = (
+            torch.zeros_like(tensor) if proj == "o_proj" else tensor.clone()
+        )
+    hidden = config["hidden_size"]
+    eh = torch.zeros(hidden, 2 * hidden)
+    eh[:, :hidden] = torch.eye(hidden)
+    mtp["mtp.layers.0.eh_proj.weight"] = eh.to(torch.bfloat16)
+    for name in ("enorm", "hnorm", "norm", "final_layernorm"):
+        mtp[f"mtp.layers.0.{name}.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+    embed = "backbone.embeddings.weight"
+    weights[embed] = weights[embed] * MTP_EMBED_SCALE
+    save_file({**weights, **mtp}, weights_path, metadata={"format": "pt"})
+    config.update(
+        num_nextn_predict_layers=1,
+        mtp_hybrid_override_pattern="*",
+        mtp_layers_block_type=["full_attention"],
+    )
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return model_dir
+
+
+def _add_qwen3_next_mtp_head(model_dir: Path, config: dict) -> Path:
+    """Qwen3-Next's MTP (vLLM's Qwen3NextMTP): `num_nextn_predict_layers = 1` in
     config.json and `mtp.*` tensors in model.safetensors, with a head whose drafts the target
     partly accepts.
 
@@ -537,15 +593,10 @@ def add_mtp_head(model_dir: Path | str) -> Path:
     The target is made to follow g often: its token embedding is scaled by MTP_EMBED_SCALE,
     so the current token's embedding outweighs its layers' sum in the residual stream (whose
     norm makes the scale invisible to g) about 40% of the time; elsewhere the layers, its
-    GDN state included, decide. A random head (vocab 512) would be accepted almost never.
-    Idempotent; returns `model_dir`."""
+    GDN state included, decide. A random head (vocab 512) would be accepted almost never."""
     from safetensors.torch import load_file, save_file
 
-    model_dir = Path(model_dir)
     config_path, weights_path = model_dir / "config.json", model_dir / "model.safetensors"
-    config = json.loads(config_path.read_text())
-    if config.get("num_nextn_predict_layers") == 1:
-        return model_dir
     if 0 in config.get("mlp_only_layers", []):
         raise ValueError("Qwen3NextMTP needs a MoE MTP layer: drop 0 from mlp_only_layers")
     weights = load_file(weights_path)

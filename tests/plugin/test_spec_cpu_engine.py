@@ -155,7 +155,7 @@ def qwen_prompts(runs, qwen_dir):
     return [p + g + p for p, g in zip(seeds, own, strict=True)]
 
 
-def _run_gdn(
+def _run_greedy(
     runs,
     model_dir,
     prompts,
@@ -186,14 +186,14 @@ GDN_CASES = {
 @pytest.mark.parametrize("case", list(GDN_CASES))
 def test_gdn_spec_decode_is_lossless(runs, qwen_dir, qwen_prompts, case, capsys):
     k, settings = GDN_CASES[case]
-    plain = _run_gdn(
+    plain = _run_greedy(
         runs,
         qwen_dir,
         qwen_prompts,
         {"enabled": True, "buffer_len": BUFFER_LEN, "lp_dtype": "none"},
     )
     metrics: dict[str, float] = {}
-    ours = _run_gdn(runs, qwen_dir, qwen_prompts, {"enabled": True, **settings}, k, metrics)
+    ours = _run_greedy(runs, qwen_dir, qwen_prompts, {"enabled": True, **settings}, k, metrics)
     _check_partly_accepted(f"qwen3_next {case}", metrics, capsys)
     check_greedy(capsys, f"qwen3_next {case} vs non-speculative ReplaySSM", plain, ours)
 
@@ -272,9 +272,9 @@ def mtp_prompts():
 @pytest.mark.parametrize("case", list(MTP_CASES))
 def test_mtp_spec_decode_is_lossless(runs, mtp_dir, mtp_prompts, case, capsys):
     k, settings = MTP_CASES[case]
-    plain = _run_gdn(runs, mtp_dir, mtp_prompts, {"enabled": True, "buffer_len": BUFFER_LEN})
+    plain = _run_greedy(runs, mtp_dir, mtp_prompts, {"enabled": True, "buffer_len": BUFFER_LEN})
     metrics: dict[str, float] = {}
-    ours = _run_gdn(
+    ours = _run_greedy(
         runs,
         mtp_dir,
         mtp_prompts,
@@ -288,3 +288,38 @@ def test_mtp_spec_decode_is_lossless(runs, mtp_dir, mtp_prompts, case, capsys):
     )
     _check_partly_accepted(f"qwen3_next mtp {case}", metrics, capsys, share=0.1)
     check_greedy(capsys, f"qwen3_next mtp {case} vs non-speculative ReplaySSM", plain, ours)
+
+
+# --- NemotronH with its MTP drafter -----------------------------------------------------------
+# vLLM 0.26 builds NemotronHMTP for a NemotronH config with num_nextn_predict_layers > 0; the
+# tiny head (`tests/models/tiny.py:_add_nemotron_h_mtp_head`) is one attention layer (pattern
+# "*", no Mamba-2 layer in the drafter) proposing what the target's token embedding alone
+# predicts; transformers' run of the target on these prompts followed it at 201 of 320
+# greedy positions. Same rule and acceptance bounds as the Qwen3-Next MTP cases.
+
+NEMOTRON_H_MTP_CASES = {
+    "k1_L2": (1, {"buffer_len": 2}),
+    "k3_L16_hp_only": (3, {"buffer_len": 16, "lp_dtype": "none"}),
+}
+
+
+@pytest.mark.parametrize("case", list(NEMOTRON_H_MTP_CASES))
+def test_nemotron_h_mtp_spec_decode_is_lossless(runs, mtp_prompts, case, capsys):
+    k, settings = NEMOTRON_H_MTP_CASES[case]
+    model_dir = runs.checkpoint("nemotron_h", mtp_head=True, **PEAKED)
+    plain = _run_greedy(runs, model_dir, mtp_prompts, {"enabled": True, "buffer_len": BUFFER_LEN})
+    metrics: dict[str, float] = {}
+    ours = _run_greedy(
+        runs,
+        model_dir,
+        mtp_prompts,
+        {"enabled": True, "debug_checks": True, **settings},
+        k,
+        metrics,
+        drafter={"method": "mtp"},
+    )
+    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
+        "the MTP drafter did not run"
+    )
+    _check_partly_accepted(f"nemotron_h mtp {case}", metrics, capsys, share=0.1)
+    check_greedy(capsys, f"nemotron_h mtp {case} vs non-speculative ReplaySSM", plain, ours)

@@ -5,9 +5,9 @@ check's refusal of speculative ReplaySSM on GPUs.
 
 The CPU test's workloads (test_spec_cpu_engine.py): NemotronH with ngram drafts on prompts
 that repeat a pattern, Qwen3-Next on P + G + P prompts (G its own greedy continuation of P),
-Qwen3-Next with vLLM's MTP drafter (k = 1 and 3; vLLM runs it with async scheduling and
-padded drafts, so most batches are uniform and replay a graph), and Qwen3-Next one-token
-prompts in recycled slots (vLLM's GDN metadata makes each a spec
+Qwen3-Next and NemotronH with vLLM's MTP drafters (k = 1 and 3; vLLM runs them with async
+scheduling and padded drafts, so most batches are uniform and replay a graph), and
+Qwen3-Next one-token prompts in recycled slots (vLLM's GDN metadata makes each a spec
 decode row with placeholder drafts, which starts from a fresh page: on the GPU the reset runs
 inside the step, `kernels/common/triton_fresh.py`). The engines capture FULL CUDA graphs for
 uniform speculative batches (1 + k tokens per row); batches with prefill rows or rows
@@ -37,6 +37,7 @@ from .test_spec_cpu_engine import (
     GDN_NGRAM,
     GDN_ONE_TOKEN_PROMPTS,
     MTP_CASES,
+    NEMOTRON_H_MTP_CASES,
     NEW_TOKENS,
     ONE_TOKEN_NEW_TOKENS,
     _check_partly_accepted,
@@ -167,6 +168,29 @@ def test_mtp_spec_decode_on_gpu_is_lossless(runs, mtp_dir, mtp_prompts, case, ca
         capsys,
         name,
         mtp_dir,
+        mtp_prompts,
+        NEW_TOKENS,
+        {"enabled": True, **settings},
+        k,
+        drafter={"method": "mtp"},
+    )
+    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
+        "the MTP drafter did not run"
+    )
+    _check_partly_accepted(name, metrics, capsys, share=0.1)
+
+
+@pytest.mark.parametrize("case", list(NEMOTRON_H_MTP_CASES))
+def test_nemotron_h_mtp_spec_decode_on_gpu_is_lossless(runs, mtp_prompts, case, capsys):  # noqa: F811
+    """vLLM's NemotronHMTP drafter (one attention layer, tests/models/tiny.py) on the CPU
+    test's checkpoint and prompts; the windows run the Mamba-2 window launches."""
+    k, settings = NEMOTRON_H_MTP_CASES[case]
+    name = f"nemotron_h mtp (GPU) {case}"
+    metrics = _check_lossless(
+        runs,
+        capsys,
+        name,
+        runs.checkpoint("nemotron_h", mtp_head=True, **PEAKED),
         mtp_prompts,
         NEW_TOKENS,
         {"enabled": True, **settings},
