@@ -157,6 +157,7 @@ def profile_mode(model: str, mode: str, model_dir: Path, args: argparse.Namespac
         "replay": {**e2e.DEFAULT_REPLAY, **args.replay},
         "max_model_len": args.input_len + args.steps + 32,
         "max_num_seqs": args.batch_size,
+        "speculative": args.speculative,
         "enforce_eager": False,
         "compilation_config": args.compilation_config,
         "gpu_memory_utilization": args.gpu_memory_utilization,
@@ -237,7 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=48, help="decode steps profiled per mode")
-    p.add_argument("--modes", default="off,on")
+    p.add_argument("--modes", default="off,on", help=f"comma list of {', '.join(e2e.MODES)}")
+    p.add_argument(
+        "--speculative",
+        type=json.loads,
+        default=e2e.DEFAULT_SPEC,
+        metavar="JSON",
+        help="speculative_config of the *_spec modes (their steps are verify steps)",
+    )
     p.add_argument(
         "--replay-config",
         type=json.loads,
