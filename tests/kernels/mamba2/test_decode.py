@@ -211,14 +211,15 @@ def test_real_geometry_on_gpu(geom, lp, T):
 @pytest.mark.parametrize(
     "lp", [None, torch.bfloat16, torch.float16], ids=["hp", "lp_bf16", "lp_fp16"]
 )
-def test_real_geometry_lockstep_on_gpu(lp):
+@pytest.mark.parametrize("T", [1, 4])
+def test_real_geometry_lockstep_on_gpu(lp, T):
     check_kernel_matches_reference(
         lambda op: Mamba2Family(
             REAL["nemotron3_super"], act_dtype=torch.bfloat16, device="cuda", decode_op=op, seed=4
         ),
         _op(),
         L=16,
-        T=1,
+        T=T,
         lp=lp,
         out_tol=out_tolerance(lp, "cuda"),
         requests=6,
