@@ -3,11 +3,12 @@ one process on one GPU, per decode step and SSM layer, at real geometries.
 
 Measured: microseconds per decode step per layer for a batch of bs rows (plain decode,
 window T = 1, buffer_len L = 16, fp32 HP, bf16 activations, GDN exact flush). With
---window T (Mamba-2): speculative verify steps of T = 1 + k tokens per row, every draft
-accepted: vLLM's `selective_state_update` as MambaMixer2 calls it under speculative decoding
-(state indices [bs, T], one page per token: the state read from the accepted column and
-written to all T) against ours with the window launches (`--knob
-window_launches=split,fused`); a graph holds L / T steps, one flush per row:
+--window T: speculative verify steps of T = 1 + k tokens per row, every draft accepted,
+against vLLM's kernels as its layers call them under speculative decoding (state indices
+[bs, T], one page per token: the state read from the accepted column and written to all
+T): Mamba-2 `selective_state_update` vs ours with the window launches (`--knob
+window_launches=split,fused`), GDN `fused_sigmoid_gating_delta_rule_update` vs our window
+step (`--route fused,split`); a graph holds L / T steps, one flush per row:
   Mamba-2  ours `mamba2_replay_decode` vs vLLM `mamba_ssm.selective_state_update`, called
            as `MambaMixer2`'s decode path calls it (stride-0 expansions: TIE_HDIM path)
   GDN      ours `dispatch.gdn_decode` (route "auto", as the layer calls it, unless --route
@@ -273,6 +274,8 @@ def vllm_calls(geom, bs: int, nl: int, slots: torch.Tensor):
     )
 
     Hv, V, K = geom.num_v_heads, geom.head_v_dim, geom.head_k_dim
+    if WINDOW > 1:
+        return vllm_gdn_window_calls(geom, bs, nl)
     for _ in range(nl):
         t = make_inputs(geom, bs)
         out = torch.empty(bs, 1, Hv, V, dtype=ACT, device=DEV)
@@ -292,6 +295,52 @@ def vllm_calls(geom, bs: int, nl: int, slots: torch.Tensor):
         outs.append(out)
     # Fixed in that launcher (no tuning table): BV = min(next_pow2(V), 32), one warp.
     return calls, outs, {"BV": min(triton.next_power_of_2(V), 32), "num_warps": 1}
+
+
+def vllm_gdn_window_calls(geom, bs: int, nl: int):
+    """vLLM's GDN speculative verify (`fused_sigmoid_gating_delta_rule_update`, as
+    QwenGatedDeltaNetAttention calls it for spec rows: q/k/v as [1, tokens, heads, dim]
+    contiguous, T pages per row). It returns its output (no out= argument): the outputs are
+    read from the tensors it returned while the graph was captured."""
+    from vllm.third_party.flash_linear_attention.ops import (
+        fused_sigmoid_gating_delta_rule_update,
+    )
+
+    qsl, acc = window_rows(bs)
+    pages = window_slots(bs)
+    calls, returned = [], []
+    for _ in range(nl):
+        t = make_inputs(geom, bs * WINDOW)
+        kwargs = dict(
+            A_log=t["A_log"],
+            a=t["a"],
+            b=t["b"],
+            dt_bias=t["dt_bias"].to(ACT),
+            q=t["q"].unsqueeze(0).contiguous(),
+            k=t["k"].unsqueeze(0).contiguous(),
+            v=t["v"].unsqueeze(0).contiguous(),
+            initial_state=_pages(stock_specs(geom), bs * WINDOW + 1)["ssm"],
+            inplace_final_state=True,
+            cu_seqlens=qsl,
+            ssm_state_indices=pages,
+            num_accepted_tokens=acc,
+            use_qk_l2norm_in_kernel=True,
+        )
+        slot: dict = {}
+
+        def call(slot=slot, **kw):
+            slot["o"] = fused_sigmoid_gating_delta_rule_update(**kw)[0]
+
+        calls.append((call, (), kwargs))
+        returned.append(slot)
+    return calls, _Returned(returned), {"kernel": "fused_sigmoid_gating_delta_rule_update"}
+
+
+class _Returned(list):
+    """The outputs of calls that return them: iterating yields each call's last output."""
+
+    def __iter__(self):
+        return (slot["o"] for slot in super().__iter__())
 
 
 def window_slots(bs: int) -> torch.Tensor:
@@ -382,6 +431,7 @@ def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
             DEV,
             fold_inverse=True,  # --knob flush_inverse=1 may ask for them
         )
+        qsl, acc = window_rows(len(slots))
         kwargs = dict(
             buffer_len=BUFFER_LEN,
             window=WINDOW,
@@ -389,6 +439,8 @@ def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
             scale=geom.head_k_dim**-0.5,
             launch=launch,
             scratch=scratch,
+            query_start_loc=qsl,
+            num_accepted_tokens=acc,
         )
         names, fn = ("q", "k", "v", "a", "b", "A_log", "dt_bias"), gdn_decode
     return [(fn, (cache, *(t[n] for n in names), slots, out), kwargs) for cache, t, out in layers]
@@ -472,7 +524,7 @@ def route_ran(geom, bs: int, config: dict, has_lp: bool) -> str:
     route = config.get("route", "auto")
     launch = {} if route == "auto" else {"route": route}
     v_per_k = geom.num_v_heads // geom.num_k_heads
-    return plan_launch("auto", bs, v_per_k, True, launch, has_lp=has_lp)["route"]
+    return plan_launch("auto", bs, v_per_k, WINDOW == 1, launch, has_lp=has_lp)["route"]
 
 
 def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) -> dict:
@@ -606,14 +658,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         default=1,
         help="tokens per row and step: 1 (plain decode) or 1 + k (speculative verify, "
-        "Mamba-2 only; every draft accepted)",
+        "every draft accepted)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the bytes model; no GPU")
     args = p.parse_args(argv)
     if args.window < 1 or BUFFER_LEN % args.window:
         sys.exit(f"--window: 1 or a divisor of buffer_len {BUFFER_LEN}, got {args.window}")
-    if args.window > 1 and args.families != "mamba2":
-        sys.exit("--window > 1: Mamba-2 only (pass --families mamba2)")
     args.families = _csv(args.families, ("mamba2", "gdn"), "--families")
     args.geoms = [
         g for g in _csv(args.geoms, GEOMETRIES, "--geoms") if family(GEOMETRIES[g]) in args.families
