@@ -116,7 +116,11 @@ def test_stock_route_interleaved(row, device):
         decode_op=_op("split"),
         stock_route_op=gdn_stock.gdn_stock_route_decode,
     )
-    check_mixed_routes(fam, L=4, lp=lp)
+    # fold mode: HP sums the cached d, which follow the LP read (README, Flush: "HP then
+    # depends on LP"), so the final state carries LP rounding: the table's bound for it, as
+    # test_kernel_matches_reference_buffers's hp_tol. (With 2e-5 this slow row failed at
+    # 1.65e-4 on 2026-12-02, LP rounding.)
+    check_mixed_routes(fam, L=4, lp=lp, rounding=None if exact else lp)
     tol = out_tolerance(lp, device)
     check_kernel_matches_reference(
         lambda op: GDNFamily(
