@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_replayssm.config import GPU_PREFIX_MATCH_UNIT_ENV
+
 from ..models.compare import check_greedy, distinct_tokens
 from ..models.runs import BUFFER_LEN, GPU_ENGINE
 from ..models.tiny import CACHED_TOKENS
@@ -31,10 +33,19 @@ def _run(runs, kind: str, replayssm: dict, metrics: dict, **kw):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("unit", [None, 16], ids=["blocks", "unit16"])
 @pytest.mark.parametrize("kind", list(CASES))
-def test_prefix_caching_on_gpu(runs, kind, capsys):
+def test_prefix_caching_on_gpu(runs, kind, unit, capsys, monkeypatch):
+    """unit: vLLM's prefix_match_unit, as in the CPU test. With 16 (partial-block hits,
+    refused on GPUs until this case passes: `config.GPU_PREFIX_MATCH_UNIT_ENV` lets it
+    through, inherited by the engine processes) the requests' cached tokens must exceed the
+    whole blocks' and equal stock vLLM's."""
     block, stock_kw = CASES[kind]
     hits = workload(block)[3]
+    pc = {"enable_prefix_caching": True}
+    if unit is not None:
+        pc["prefix_match_unit"] = unit
+        monkeypatch.setenv(GPU_PREFIX_MATCH_UNIT_ENV, "1")
     # route "replay": the replay kernels at this batch size too (auto would pick the stock
     # route for two rows), so a hit's copied ring meets the plan / readout / flush launches.
     replay = {"enabled": True, "buffer_len": BUFFER_LEN, "lp_dtype": "bfloat16", "route": "replay"}
@@ -42,12 +53,13 @@ def test_prefix_caching_on_gpu(runs, kind, capsys):
     off = _run(runs, kind, replay, m_off)
     assert distinct_tokens(off) > 50, "reference outputs are not diverse"
     m_on: dict[str, float] = {}
-    on = _run(runs, kind, replay, m_on, enable_prefix_caching=True)
+    on = _run(runs, kind, replay, m_on, **pc)
     m_stock: dict[str, float] = {}
-    stock = _run(runs, kind, {"enabled": False}, m_stock, enable_prefix_caching=True, **stock_kw)
+    stock = _run(runs, kind, {"enabled": False}, m_stock, **pc, **stock_kw)
     with capsys.disabled():
         print(
-            f"\n{kind} (GPU): prefix cache hits per request {m_on[CACHED_TOKENS]:.0f} tokens, "
+            f"\n{kind} (GPU, unit {unit}): prefix cache hits per request "
+            f"{m_on[CACHED_TOKENS]:.0f} tokens, "
             f"counter {m_on['vllm:prefix_cache_hits']:.0f} (stock {m_stock[CACHED_TOKENS]:.0f}, "
             f"counter {m_stock['vllm:prefix_cache_hits']:.0f}; the workload offers {hits})"
         )
@@ -56,7 +68,9 @@ def test_prefix_caching_on_gpu(runs, kind, capsys):
     assert m_on[CACHED_TOKENS] >= hits
     assert m_stock[CACHED_TOKENS] >= hits
     assert m_on["vllm:prefix_cache_hits"] > 0
-    check_greedy(capsys, f"{kind} (GPU) prefix caching vs none", *_same_turns(off, on))
-    check_greedy(
-        capsys, f"{kind} (GPU) prefix caching vs stock prefix caching", *_same_turns(stock, on)
-    )
+    if unit is not None:
+        assert m_on[CACHED_TOKENS] > hits, "no partial-block hit"
+        assert m_stock[CACHED_TOKENS] == m_on[CACHED_TOKENS]
+    name = f"{kind} (GPU, unit {unit}) prefix caching"
+    check_greedy(capsys, f"{name} vs none", *_same_turns(off, on))
+    check_greedy(capsys, f"{name} vs stock prefix caching", *_same_turns(stock, on))
