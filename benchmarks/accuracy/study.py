@@ -396,6 +396,8 @@ def run_family(
 
     probe_dir = None
     if args.kl_in_engine:
+        if args.workdir is not None:  # a directory to create, as --json's parent is
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
         probe_dir = Path(tempfile.mkdtemp(prefix="replayssm-kl-", dir=args.workdir))
 
     def measure(llm: Any, forced: np.ndarray | None):
