@@ -1,6 +1,8 @@
-"""The speculative conv update of layers/conv.py against a direct causal conv over each
-row's committed token history, under random windows and acceptance (rejected drafts must
-leave no trace), starting from vLLM's CPU prefill layout (context in the first columns)."""
+"""The speculative conv update of layers/conv.py (torch, the CPU platform) and its one-launch
+Triton twin (kernels/common/triton_conv.py, GPUs; interpreted here) against a direct causal
+conv over each row's committed token history, under random windows and acceptance (rejected
+drafts must leave no trace), starting from vLLM's CPU prefill layout (context in the first
+columns)."""
 
 import random
 
@@ -8,6 +10,7 @@ import pytest
 import torch
 from torch.nn import functional
 
+from vllm_replayssm.kernels.common.triton_conv import spec_conv_update_triton
 from vllm_replayssm.layers.conv import (
     conv_context_to_back,
     conv_context_to_front,
@@ -15,6 +18,7 @@ from vllm_replayssm.layers.conv import (
 )
 
 NULL = 0
+IMPLS = {"torch": spec_conv_update, "triton": spec_conv_update_triton}
 
 
 def _direct(history: torch.Tensor, window: torch.Tensor, weight, bias) -> torch.Tensor:
@@ -27,9 +31,10 @@ def _direct(history: torch.Tensor, window: torch.Tensor, weight, bias) -> torch.
     return functional.silu(y).transpose(0, 1)
 
 
+@pytest.mark.parametrize("impl", list(IMPLS))
 @pytest.mark.parametrize("K,k", [(4, 1), (4, 3), (4, 5), (2, 3)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_spec_conv_update_matches_direct_conv(K, k, seed):
+def test_spec_conv_update_matches_direct_conv(K, k, seed, impl):
     rng = random.Random(seed)
     torch.manual_seed(seed)
     D, S, R = 6, 5, 3
@@ -52,9 +57,7 @@ def test_spec_conv_update_matches_direct_conv(K, k, seed):
         windows = [torch.randn(D, n) for n in q]
         x = torch.cat([w.transpose(0, 1) for w in windows])
         qsl = torch.tensor([0, *torch.cumsum(torch.tensor(q), 0).tolist()])
-        out = spec_conv_update(
-            x, state, slots, qsl, pending, committed, weight, bias, "silu", 1 + k
-        )
+        out = IMPLS[impl](x, state, slots, qsl, pending, committed, weight, bias, "silu", 1 + k)
         want = torch.cat([_direct(history[r], windows[r], weight, bias) for r in range(R)])
         torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
         pending = torch.tensor(q)
@@ -72,7 +75,8 @@ def test_context_front_back_roundtrip():
     torch.testing.assert_close(state, before)
 
 
-def test_padding_rows_and_tokens_leave_real_rows_alone():
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_padding_rows_and_tokens_leave_real_rows_alone(impl):
     """CUDA-graph padding: extra rows of 0 tokens on the NULL slot, extra tokens past the
     last row; the real rows' outputs and states equal an unpadded call."""
     torch.manual_seed(4)
@@ -89,7 +93,7 @@ def test_padding_rows_and_tokens_leave_real_rows_alone():
         x, plain_state, slots, qsl, pending, committed, weight, bias, "silu", 1 + k
     )
     padded_x = torch.cat([x, torch.randn(3, D)])
-    got = spec_conv_update(
+    got = IMPLS[impl](
         padded_x,
         state,
         torch.tensor([3, 5, NULL, NULL]),
@@ -104,3 +108,22 @@ def test_padding_rows_and_tokens_leave_real_rows_alone():
     torch.testing.assert_close(got[:5], want)
     assert not got[5:].any()
     torch.testing.assert_close(state[1:], plain_state[1:])  # slot 0 (NULL) may differ
+
+
+def test_triton_matches_torch_in_bf16():
+    """The served dtypes (bf16 inputs, weights and state): the same state bytes, outputs
+    within bf16 rounding (the Triton twin accumulates in fp32, torch's conv1d in bf16)."""
+    torch.manual_seed(5)
+    D, K, k, S = 70, 4, 3, 6  # D past one channel block
+    M = K - 1 + k
+    weight, bias = torch.randn(D, K).bfloat16(), torch.randn(D).bfloat16()
+    state = torch.randn(S, M, D).bfloat16().transpose(1, 2)
+    slots = torch.tensor([2, 5, NULL])
+    qsl = torch.tensor([0, 4, 5, 5])
+    pending, committed = torch.tensor([4, 1, 0]), torch.tensor([2, 1, 0])
+    x = torch.randn(7, D).bfloat16()
+    want_state = state.clone()
+    want = spec_conv_update(x, want_state, slots, qsl, pending, committed, weight, bias, "silu", 4)
+    got = spec_conv_update_triton(x, state, slots, qsl, pending, committed, weight, bias, "silu", 4)
+    assert torch.equal(state[1:], want_state[1:])
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

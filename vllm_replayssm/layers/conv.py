@@ -1,6 +1,7 @@
 """The short causal conv state of SSM layers on our page: its dim-first view
-(`conv_state_view`), and, under speculative decoding (torch; the CPU platform), the conv of
-a window on the one-page layout.
+(`conv_state_view`), and, under speculative decoding, the conv of a window on the one-page
+layout (torch on the CPU platform; on GPUs its one-launch Triton twin,
+`kernels/common/triton_conv.py`).
 
 The conv state of a slot holds M = K - 1 + k input columns (vLLM's width with k speculative
 tokens), in vLLM's GPU order: the newest column last. After a decode step of q tokens the
@@ -62,7 +63,9 @@ def spec_conv_update(
     window: int,
 ) -> torch.Tensor:
     """Conv outputs of R decode windows and the new conv states, with tensor ops only (no
-    host synchronisation, fixed shapes: usable inside CUDA graphs).
+    host synchronisation, fixed shapes: usable inside CUDA graphs). On CUDA tensors the
+    one-launch Triton twin runs instead (`kernels/common/triton_conv.py`: these ~25 ops each
+    cost a kernel's latency in every SSM layer of a speculative step).
 
     x: [num_tokens, D] window inputs, rows in query_start_loc order ([R + 1] int, from token
     0; rows of 0 tokens allowed, e.g. graph padding); conv_state: [S, D, M] dim-first view,
@@ -72,6 +75,21 @@ def spec_conv_update(
     (min(accepted, pending)); weight: [D, K]; bias: [D] or None; window: >= every row's
     token count. Returns [num_tokens, D] in x's dtype (tokens past query_start_loc[-1]: 0).
     """
+    if x.is_cuda:
+        from vllm_replayssm.kernels.common.triton_conv import spec_conv_update_triton
+
+        return spec_conv_update_triton(
+            x,
+            conv_state,
+            slots,
+            query_start_loc,
+            pending,
+            committed,
+            weight,
+            bias,
+            activation,
+            window,
+        )
     R, D, K = slots.shape[0], weight.shape[0], weight.shape[-1]
     M, N = conv_state.shape[-1], x.shape[0]
     dev = x.device

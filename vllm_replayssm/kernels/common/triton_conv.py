@@ -1,0 +1,174 @@
+"""The speculative conv update of `layers/conv.spec_conv_update` in one Triton launch (GPUs).
+
+The torch version is a chain of ~25 small tensor ops per layer and step (gathers, a
+grouped conv1d, a scatter); at small batches each costs a kernel's latency, which a
+speculative step pays in every SSM layer. Here one program per (row, channel block) loads
+its row's conv state columns and window inputs once, computes the window's conv outputs and
+writes the new state from registers (the same layout rule: the committed context ends at
+column e = clamp(M - pending + committed, K - 1, M), then the q window inputs; the new state
+is the last M columns of that sequence). Rows of 0 tokens (CUDA-graph padding, on the NULL
+slot) rewrite their state as the torch version does; tokens past the last row are zero.
+Fixed grid, no host synchronisation, no allocation besides the zeroed output. sm_90
+(Nemotron-3 Super's 10,240 conv channels, K = 4, k = 3): one warp per 64 channels, 80
+registers, no spills, 6 barriers (2 or 4 warps: 72 / 56 registers but 74 barriers, the
+column selections reducing across warps). Not yet measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.rows import require_row_contiguous
+
+
+@triton.jit
+def _spec_conv_kernel(
+    x_ptr,
+    state_ptr,
+    slots_ptr,
+    qsl_ptr,
+    pending_ptr,
+    committed_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    D,
+    stride_x_tok,
+    stride_x_d,
+    stride_s_slot,
+    stride_s_d,
+    stride_s_m,
+    stride_w_d,
+    stride_w_k,
+    stride_o_tok,
+    stride_o_d,
+    K: tl.constexpr,
+    M: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    o_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_d = o_d < D
+    slot = tl.load(slots_ptr + r).to(tl.int64)
+    bos = tl.load(qsl_ptr + r).to(tl.int64)
+    q = tl.load(qsl_ptr + r + 1).to(tl.int64) - bos
+    end = M - tl.load(pending_ptr + r).to(tl.int64) + tl.load(committed_ptr + r).to(tl.int64)
+    end = tl.minimum(tl.maximum(end, K - 1), M)
+    p_state = state_ptr + slot * stride_s_slot + o_d[:, None] * stride_s_d
+    o_m = tl.arange(0, BLOCK_M)
+    rows = tl.load(
+        p_state + o_m[None, :] * stride_s_m, mask=m_d[:, None] & (o_m < M)[None, :], other=0.0
+    ).to(tl.float32)  # [BLOCK_D, BLOCK_M]: the old state, read before any column is rewritten
+    o_w = tl.arange(0, BLOCK_W)
+    m_w = (o_w < q) & (o_w < WINDOW)
+    xw = (
+        tl.load(
+            x_ptr + (bos + o_w[None, :]) * stride_x_tok + o_d[:, None] * stride_x_d,
+            mask=m_d[:, None] & m_w[None, :],
+            other=0.0,
+        )
+        .to(state_ptr.dtype.element_ty)
+        .to(tl.float32)
+    )  # [BLOCK_D, BLOCK_W]: the window inputs as the state stores them
+
+    # Window token t reads sequence positions t .. t + K - 1 of [context (K - 1) | window],
+    # i.e. state column end - (K - 1) + j for j < K - 1, window input j - (K - 1) otherwise.
+    for t in tl.static_range(WINDOW):
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
+        for i in tl.static_range(K):
+            j = t + i
+            w_i = tl.load(w_ptr + o_d * stride_w_d + i * stride_w_k, mask=m_d, other=0.0)
+            if j < K - 1:
+                v = tl.sum(tl.where(o_m[None, :] == end - (K - 1) + j, rows, 0.0), axis=1)
+            else:
+                v = tl.sum(tl.where(o_w[None, :] == j - (K - 1), xw, 0.0), axis=1)
+            acc += w_i.to(tl.float32) * v
+        if SILU:
+            acc = acc / (1.0 + tl.exp(-acc))
+        tl.store(
+            out_ptr + (bos + t) * stride_o_tok + o_d * stride_o_d,
+            acc.to(out_ptr.dtype.element_ty),
+            mask=m_d & (t < q),
+        )
+
+    # New state: column c holds sequence position src = end + q - M + c of
+    # [committed columns 0 .. end - 1 | the q window inputs].
+    new = tl.zeros([BLOCK_D, BLOCK_M], dtype=tl.float32)
+    for c in tl.static_range(M):
+        src = end + q - M + c
+        col = tl.minimum(tl.maximum(src, 0), M - 1)
+        v_state = tl.sum(tl.where(o_m[None, :] == col, rows, 0.0), axis=1)
+        w_col = tl.minimum(tl.maximum(src - end, 0), WINDOW - 1)
+        v_x = tl.sum(tl.where(o_w[None, :] == w_col, xw, 0.0), axis=1)
+        new = tl.where(o_m[None, :] == c, tl.where(src < end, v_state, v_x)[:, None], new)
+    tl.store(
+        p_state + o_m[None, :] * stride_s_m,
+        new.to(state_ptr.dtype.element_ty),
+        mask=m_d[:, None] & (o_m < M)[None, :],
+    )
+
+
+def spec_conv_update_triton(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    pending: torch.Tensor,
+    committed: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    window: int,
+    block_d: int = 64,
+) -> torch.Tensor:
+    """`layers/conv.spec_conv_update` (same arguments and effects) in one launch."""
+    R, D, K = slots.shape[0], weight.shape[0], weight.shape[-1]
+    M, N = conv_state.shape[-1], x.shape[0]
+    out = torch.zeros_like(x)
+    if R == 0 or N == 0:
+        return out
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"unsupported conv activation {activation!r}")
+    if M < K - 1:
+        raise ValueError(f"conv state width {M} below the kernel's context {K - 1}")
+    require_row_contiguous(
+        slots=slots, query_start_loc=query_start_loc, pending=pending, committed=committed
+    )
+    w2 = weight.reshape(D, K)
+    grid = (R, triton.cdiv(D, block_d))
+    _spec_conv_kernel[grid](
+        x,
+        conv_state,
+        slots,
+        query_start_loc,
+        pending,
+        committed,
+        w2,
+        bias if bias is not None else w2,
+        out,
+        D,
+        *x.stride(),
+        *conv_state.stride(),
+        *w2.stride(),
+        *out.stride(),
+        K=K,
+        M=M,
+        WINDOW=window,
+        BLOCK_D=block_d,
+        BLOCK_M=pow2_block(M, 1),
+        BLOCK_W=pow2_block(window, 1),
+        HAS_BIAS=bias is not None,
+        SILU=activation in ("silu", "swish"),
+        num_warps=1,
+    )
+    return out
