@@ -80,3 +80,29 @@ def test_kv_cache_binding_sizes_the_starts():
     assert reserved is not None and reserved.shape == (5,) and not reserved.any()
     assert layer.spec_windows.starts(5, torch.device("cpu")) is reserved
     assert layer.kv_cache[0].shape == (5, 3)
+
+
+def test_triton_acceptance_matches_torch():
+    """The one-launch Triton twin (kernels/common/triton_acceptance.py, GPUs; interpreted
+    here) against the torch version: valid words with pending windows, garbage words, rows
+    whose positions went back (clamped to 0), NULL padding rows, more rows than a block."""
+    from vllm_replayssm.kernels.common.triton_acceptance import spec_acceptance
+
+    gen = torch.Generator().manual_seed(3)
+    S, R = 12, 70
+    meta = torch.zeros(S, META_LEN, dtype=torch.int32)
+    reset_meta(meta, torch.arange(S), L, T, stagger=True)
+    meta[:, PENDING] = torch.randint(0, T + 1, (S,), generator=gen, dtype=torch.int32)
+    meta[3] = 12345  # garbage: reads as nothing pending
+    meta[7, PENDING] = T + 1  # breaks the invariant too
+    spec = SpecWindows(L, T)
+    starts = spec.starts(S, meta.device)
+    starts.copy_(torch.randint(0, 40, (S,), generator=gen))
+    slots = torch.randint(0, S, (R,), generator=gen)
+    q = torch.randint(0, T + 1, (R,), generator=gen)
+    seq_lens = torch.randint(0, 50, (R,), generator=gen) + q
+    want = spec.acceptance(meta, slots, q, seq_lens)
+    got = spec_acceptance(meta, starts, slots, q, seq_lens, num_ring_rows=L + T, window=T)
+    for name, a, b in zip(("start", "accepted", "pending", "committed"), want, got, strict=True):
+        assert torch.equal(a, b), name
+    assert (want[2] == 0).any() and (want[3] > 0).any()  # both kinds of rows occur

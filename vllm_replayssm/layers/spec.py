@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid
+from vllm_replayssm.layout import ring_rows
 
 
 def capturing(device: torch.device) -> bool:
@@ -55,8 +56,20 @@ class SpecWindows:
         slots, q (tokens this step), seq_lens (request lengths after it): [R]. Returns
         (start, accepted, pending, committed), [R] int64 each; store `start` with
         `starts(...)[slots] = start` after the step."""
-        start = seq_lens.long() - q.long()
         window_start = self.starts(meta.shape[0], meta.device)
+        if meta.is_cuda:  # one launch instead of these ~15 small ops
+            from vllm_replayssm.kernels.common.triton_acceptance import spec_acceptance
+
+            return spec_acceptance(
+                meta,
+                window_start,
+                slots,
+                q,
+                seq_lens,
+                num_ring_rows=ring_rows(self.buffer_len, self.window),
+                window=self.window,
+            )
+        start = seq_lens.long() - q.long()
         accepted = (start - window_start[slots]).clamp(min=0)
         words = meta[slots]
         valid = meta_is_valid(words, self.buffer_len, self.window)

@@ -50,7 +50,7 @@ def row_tokens(qsl_ptr, pid_r, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _load_words(p_meta, stride_word, num_ring_rows, WINDOW: tl.constexpr):
+def load_words(p_meta, stride_word, num_ring_rows, WINDOW: tl.constexpr):
     """The row's cursor words (int64) and whether they satisfy the invariant of cursor.py."""
     o = tl.load(p_meta + W_ORIGIN * stride_word).to(tl.int64)
     n = tl.load(p_meta + W_COMMITTED * stride_word).to(tl.int64)
@@ -87,7 +87,7 @@ def plan_row(
     """Commit and the flush rule for one row (see cursor.py). Returns (origin, committed,
     capacity, fold_origin, fold_count, flush, lp_stale) after commit and flush; lp_stale:
     LP lags HP (a stock-route step) and no flush rewrites it this step."""
-    o, n, p, kap, fo, fn, magic, valid = _load_words(p_meta, stride_word, num_ring_rows, WINDOW)
+    o, n, p, kap, fo, fn, magic, valid = load_words(p_meta, stride_word, num_ring_rows, WINDOW)
     o = tl.where(valid, o, 0)
     n = tl.where(valid, n, 0)
     p = tl.where(valid, p, 0)
@@ -146,7 +146,7 @@ def stock_route_row(p_meta, stride_word, slot, num_ring_rows, stagger_mod, WINDO
     """Cursor of a stock-route step (one token, everything pending committed): returns
     (origin, committed count to fold first, capacity after the reset, reset needed). A row
     already in the stock steady state (empty ring, LP stale, reset words) needs no write."""
-    o, n, p, kap, fo, fn, magic, valid = _load_words(p_meta, stride_word, num_ring_rows, WINDOW)
+    o, n, p, kap, fo, fn, magic, valid = load_words(p_meta, stride_word, num_ring_rows, WINDOW)
     o = tl.where(valid, o, 0)
     n_c = tl.where(valid, n + p, 0)
     kap_reset = num_ring_rows - slot % stagger_mod
