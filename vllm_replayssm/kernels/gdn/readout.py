@@ -23,14 +23,13 @@ import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
-    T_META_LEN,
     T_PLAN_COUNT,
     T_PLAN_LEN,
-    T_PLAN_META,
     T_PLAN_ORIGIN,
     T_PLAN_READ_HP,
     T_PLAN_SLOT,
     T_PLAN_WRITE_ROW,
+    store_cursor_words,
 )
 from vllm_replayssm.kernels.gdn.plan import (
     T_COEF_ALPHA,
@@ -123,13 +122,10 @@ def _gdn_readout_kernel(
     )
     p_out = out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v
 
-    if pid == 0:  # noqa: SIM102 (the store is shaped by the row, not the program)
-        if slot32 != null_block_id:
-            o_w = tl.arange(0, T_META_LEN)
-            words = tl.load(p_plan + T_PLAN_META + o_w)
-            tl.store(
-                meta_ptr + slot32.to(tl.int64) * stride_meta_slot + o_w * stride_meta_word, words
-            )
+    if pid == 0:
+        store_cursor_words(
+            p_plan, meta_ptr, slot32, null_block_id, stride_meta_slot, stride_meta_word
+        )
     if slot32 == null_block_id:
         tl.store(p_out, tl.zeros([BLOCK_V], dtype=tl.float32), mask=m_v)
         return

@@ -77,7 +77,7 @@ def launch_config(
     Speculative windows (not yet measured on a GPU; sm_90 compile report at T = 4,
     Nemotron-3 Super, `benchmarks/kernels/sm90_mamba2.py`): the readout tile halved (16 x
     128 bf16: 128 registers; 8 x 128 fp32: 80), the flush tile 32 rows (64 rows: 255
-    registers and a 40-byte stack; 32: 136, no spill), the plan on four warps (its
+    registers and a 40-byte stack; 32: 141, no spill), the plan on four warps (its
     [heads, window, history] coefficient blocks: 96 registers)."""
     block_p = TILE_BYTES // (triton.next_power_of_2(dstate) * ckpt_itemsize)
     if window > 1:

@@ -46,9 +46,48 @@ from vllm_replayssm.kernels.mamba2.readout import read_window
 
 
 @triton.jit
-def _fold_dot(S, x_f, coef, B_f, decay, DOT_PRECISION: tl.constexpr):
-    """S e^{A Λ} + (X diag(w))ᵀ B at fp32 accuracy (module docstring). x_f: [BLOCK_P,
-    BLOCK_L] records; coef: [BLOCK_L] fold weights; B_f: [BLOCK_L, BLOCK_N] records."""
+def _flush_tile(
+    S,
+    p_hp,
+    p_lp,
+    p_rx,
+    p_rB,
+    fo,
+    fn,
+    coef,
+    decay,
+    num_ring_rows,
+    o_j,
+    o_p,
+    o_n,
+    m_p,
+    m_n,
+    m_pn,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_rB_row,
+    stride_rB_dstate,
+    HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Fold ring entries [fo, fo + fn) into one head's HP tile S ([BLOCK_P, BLOCK_N] fp32)
+    at fp32 accuracy, S e^{A Λ} + (X diag(w))ᵀ B (module docstring; coef: [BLOCK_L] fold
+    weights, decay: e^{A Λ}), write HP and LP from registers and return the new tile.
+    p_hp, p_lp: the tile's pointers; p_rx, p_rB: the head's x and the group's B records."""
+    rows = fo + o_j
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+    m_j = o_j < fn
+    x_f = tl.load(
+        p_rx + o_p[:, None] * stride_rx_dim + rows[None, :] * stride_rx_row,
+        mask=m_p[:, None] & m_j[None, :],
+        other=0.0,
+    )  # [BLOCK_P, BLOCK_L]
+    B_f = tl.load(
+        p_rB + rows[:, None] * stride_rB_row + o_n[None, :] * stride_rB_dstate,
+        mask=m_j[:, None] & m_n[None, :],
+        other=0.0,
+    )  # [BLOCK_L, BLOCK_N]
     a = x_f.to(tl.float32) * coef[None, :]
     if DOT_PRECISION == "bf16x3":
         # B records are bf16 (exact operands); a = hi + mid + lo in bf16 carries 24 bits,
@@ -62,6 +101,9 @@ def _fold_dot(S, x_f, coef, B_f, decay, DOT_PRECISION: tl.constexpr):
         S = tl.dot(a_lo, B_f, acc=S)
     else:
         S = tl.dot(a, B_f.to(tl.float32), acc=S * decay, input_precision=DOT_PRECISION)
+    tl.store(p_hp, S, mask=m_pn)
+    if HAS_LP:
+        store_lp(p_lp, S, m_pn, LP_IS_FP16)
     return S
 
 
@@ -165,36 +207,35 @@ def _mamba2_flush_kernel(
         S = tl.load(p_hp, mask=m_pn, other=0.0)  # [BLOCK_P, BLOCK_N]
         p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
         if flush != 0:
-            rows = fo + o_j
-            rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-            m_j = o_j < fn
-            x_f = tl.load(
-                p_rx + o_p[:, None] * stride_rx_dim + rows[None, :] * stride_rx_row,
-                mask=m_p[:, None] & m_j[None, :],
-                other=0.0,
-            )  # [BLOCK_P, BLOCK_L]
-            B_f = tl.load(
-                ring_B_ptr
-                + slot * stride_rB_slot
-                + g * stride_rB_group
-                + rows[:, None] * stride_rB_row
-                + o_n[None, :] * stride_rB_dstate,
-                mask=m_j[:, None] & m_n[None, :],
-                other=0.0,
-            )  # [BLOCK_L, BLOCK_N]
-            S = _fold_dot(S, x_f, coef, B_f, decay, DOT_PRECISION)
-            tl.store(p_hp, S, mask=m_pn)
-            if HAS_LP:
-                store_lp(
-                    lp_ptr
-                    + slot * stride_lp_slot
-                    + h * stride_lp_head
-                    + o_p[:, None] * stride_lp_dim
-                    + o_n[None, :] * stride_lp_dstate,
-                    S,
-                    m_pn,
-                    LP_IS_FP16,
-                )
+            S = _flush_tile(
+                S,
+                p_hp,
+                lp_ptr
+                + slot * stride_lp_slot
+                + h * stride_lp_head
+                + o_p[:, None] * stride_lp_dim
+                + o_n[None, :] * stride_lp_dstate,
+                p_rx,
+                ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group,
+                fo,
+                fn,
+                coef,
+                decay,
+                num_ring_rows,
+                o_j,
+                o_p,
+                o_n,
+                m_p,
+                m_n,
+                m_pn,
+                stride_rx_row,
+                stride_rx_dim,
+                stride_rB_row,
+                stride_rB_dstate,
+                HAS_LP,
+                LP_IS_FP16,
+                DOT_PRECISION,
+            )
             y = scale * tl.sum(S * c[None, :], axis=1)
         else:  # stale LP: read out from HP and the history, as the readout would from LP
             rows = o + o_j
@@ -319,38 +360,35 @@ def _mamba2_flush_window_kernel(
         S = tl.load(p_hp, mask=m_pn, other=0.0)  # [BLOCK_P, BLOCK_N]
         p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
         if flush != 0:
-            rows = fo + o_j
-            rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-            m_j = o_j < fn
-            x_f = tl.load(
-                p_rx + o_p[:, None] * stride_rx_dim + rows[None, :] * stride_rx_row,
-                mask=m_p[:, None] & m_j[None, :],
-                other=0.0,
-            )  # [BLOCK_P, BLOCK_L]
-            B_f = tl.load(
-                ring_B_ptr
-                + slot * stride_rB_slot
-                + g * stride_rB_group
-                + rows[:, None] * stride_rB_row
-                + o_n[None, :] * stride_rB_dstate,
-                mask=m_j[:, None] & m_n[None, :],
-                other=0.0,
-            )  # [BLOCK_L, BLOCK_N]
-            S = _fold_dot(
-                S, x_f, tl.load(p_coef + o_j), B_f, tl.load(p_coef + OFF_D), DOT_PRECISION
+            S = _flush_tile(
+                S,
+                p_hp,
+                lp_ptr
+                + slot * stride_lp_slot
+                + h * stride_lp_head
+                + o_p[:, None] * stride_lp_dim
+                + o_n[None, :] * stride_lp_dstate,
+                p_rx,
+                ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group,
+                fo,
+                fn,
+                tl.load(p_coef + o_j),
+                tl.load(p_coef + OFF_D),
+                num_ring_rows,
+                o_j,
+                o_p,
+                o_n,
+                m_p,
+                m_n,
+                m_pn,
+                stride_rx_row,
+                stride_rx_dim,
+                stride_rB_row,
+                stride_rB_dstate,
+                HAS_LP,
+                LP_IS_FP16,
+                DOT_PRECISION,
             )
-            tl.store(p_hp, S, mask=m_pn)
-            if HAS_LP:
-                store_lp(
-                    lp_ptr
-                    + slot * stride_lp_slot
-                    + h * stride_lp_head
-                    + o_p[:, None] * stride_lp_dim
-                    + o_n[None, :] * stride_lp_dstate,
-                    S,
-                    m_pn,
-                    LP_IS_FP16,
-                )
             x_h = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # the history is folded
         else:  # stale LP: read out from HP and the history, as the readout would from LP
             rows = o + o_j

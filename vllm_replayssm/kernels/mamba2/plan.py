@@ -31,28 +31,11 @@ import triton.language as tl
 
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
-    T_PLAN_COUNT,
-    T_PLAN_FLUSH,
-    T_PLAN_FOLD_COUNT,
-    T_PLAN_FOLD_ORIGIN,
     T_PLAN_LEN,
-    T_PLAN_META,
-    T_PLAN_ORIGIN,
-    T_PLAN_READ_HP,
     T_PLAN_SLOT,
-    T_PLAN_WRITE_ROW,
+    store_plan_row,
 )
 from vllm_replayssm.kernels.common.triton_cursor import (
-    MAGIC_WORD,
-    MAGIC_WORD_LP_STALE,
-    W_CAPACITY,
-    W_COMMITTED,
-    W_FOLD_COUNT,
-    W_FOLD_ORIGIN,
-    W_MAGIC,
-    W_ORIGIN,
-    W_PENDING,
-    W_TICKET,
     plan_row,
     row_tokens,
     softplus,
@@ -293,29 +276,23 @@ def _mamba2_plan_kernel(
     )
 
     if pid_g == 0:
-        read_hp = flush
-        if HAS_LP:  # a stale LP is never read: such rows read HP until their next flush
-            read_hp = flush | stale
-        tl.store(p_plan + T_PLAN_SLOT, slot32)
-        tl.store(p_plan + T_PLAN_ORIGIN, o_next)
-        tl.store(p_plan + T_PLAN_COUNT, n_next)
-        tl.store(p_plan + T_PLAN_WRITE_ROW, write_row)
-        tl.store(p_plan + T_PLAN_READ_HP, read_hp.to(tl.int32))
-        tl.store(p_plan + T_PLAN_FLUSH, flush.to(tl.int32))
-        tl.store(p_plan + T_PLAN_FOLD_ORIGIN, fo)
-        tl.store(p_plan + T_PLAN_FOLD_COUNT, fn)
-        p_words = p_plan + T_PLAN_META
-        tl.store(p_words + W_ORIGIN, o_next)
-        tl.store(p_words + W_COMMITTED, n_next)
-        tl.store(p_words + W_PENDING, 1)
-        tl.store(p_words + W_CAPACITY, kap)
-        tl.store(p_words + W_FOLD_ORIGIN, fo)
-        tl.store(p_words + W_FOLD_COUNT, fn)
-        tl.store(p_words + W_MAGIC, tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD))
-        tl.store(p_words + W_TICKET, 0)
-        if read_hp:
-            k = tl.atomic_add(hp_count_ptr, 1, sem="relaxed")
-            tl.store(hp_rows_ptr + k, r)
+        store_plan_row(
+            p_plan,
+            slot32,
+            o_next,
+            n_next,
+            write_row,
+            1,
+            kap,
+            fo,
+            fn,
+            flush,
+            stale,
+            hp_rows_ptr,
+            hp_count_ptr,
+            r,
+            HAS_LP,
+        )
 
 
 @triton.jit
@@ -518,29 +495,23 @@ def _mamba2_plan_window_kernel(
     )
 
     if pid_g == 0:
-        read_hp = flush
-        if HAS_LP:  # a stale LP is never read: such rows read HP until their next flush
-            read_hp = flush | stale
-        tl.store(p_plan + T_PLAN_SLOT, slot32)
-        tl.store(p_plan + T_PLAN_ORIGIN, o_next)
-        tl.store(p_plan + T_PLAN_COUNT, n_next)
-        tl.store(p_plan + T_PLAN_WRITE_ROW, first)
-        tl.store(p_plan + T_PLAN_READ_HP, read_hp.to(tl.int32))
-        tl.store(p_plan + T_PLAN_FLUSH, flush.to(tl.int32))
-        tl.store(p_plan + T_PLAN_FOLD_ORIGIN, fo)
-        tl.store(p_plan + T_PLAN_FOLD_COUNT, fn)
-        p_words = p_plan + T_PLAN_META
-        tl.store(p_words + W_ORIGIN, o_next)
-        tl.store(p_words + W_COMMITTED, n_next)
-        tl.store(p_words + W_PENDING, q.to(tl.int32))
-        tl.store(p_words + W_CAPACITY, kap)
-        tl.store(p_words + W_FOLD_ORIGIN, fo)
-        tl.store(p_words + W_FOLD_COUNT, fn)
-        tl.store(p_words + W_MAGIC, tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD))
-        tl.store(p_words + W_TICKET, 0)
-        if read_hp:
-            k = tl.atomic_add(hp_count_ptr, 1, sem="relaxed")
-            tl.store(hp_rows_ptr + k, r)
+        store_plan_row(
+            p_plan,
+            slot32,
+            o_next,
+            n_next,
+            first,
+            q.to(tl.int32),
+            kap,
+            fo,
+            fn,
+            flush,
+            stale,
+            hp_rows_ptr,
+            hp_count_ptr,
+            r,
+            HAS_LP,
+        )
 
 
 def mamba2_plan(

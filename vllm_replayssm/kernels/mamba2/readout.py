@@ -26,14 +26,13 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.plan_row import (
-    T_META_LEN,
     T_PLAN_COUNT,
     T_PLAN_LEN,
-    T_PLAN_META,
     T_PLAN_ORIGIN,
     T_PLAN_READ_HP,
     T_PLAN_SLOT,
     T_PLAN_WRITE_ROW,
+    store_cursor_words,
 )
 from vllm_replayssm.kernels.common.triton_cursor import row_tokens
 from vllm_replayssm.kernels.mamba2.plan import (
@@ -115,13 +114,10 @@ def _mamba2_readout_kernel(
     )
     p_out = out_ptr + r64 * stride_out_tok + h * stride_out_head + o_p * stride_out_dim
 
-    if pid == 0:  # noqa: SIM102 (the store is shaped by the row, not the program)
-        if slot32 != null_block_id:
-            o_w = tl.arange(0, T_META_LEN)
-            words = tl.load(p_plan + T_PLAN_META + o_w)
-            tl.store(
-                meta_ptr + slot32.to(tl.int64) * stride_meta_slot + o_w * stride_meta_word, words
-            )
+    if pid == 0:
+        store_cursor_words(
+            p_plan, meta_ptr, slot32, null_block_id, stride_meta_slot, stride_meta_word
+        )
     if slot32 == null_block_id:
         tl.store(p_out, tl.zeros([BLOCK_P], dtype=tl.float32), mask=m_p)
         return
@@ -275,13 +271,10 @@ def _mamba2_readout_window_kernel(
     )  # [BLOCK_T, BLOCK_P]
     p_out = out_ptr + bos * stride_out_tok + h * stride_out_head + o_p * stride_out_dim
 
-    if pid == 0:  # noqa: SIM102 (the store is shaped by the row, not the program)
-        if slot32 != null_block_id:
-            o_w = tl.arange(0, T_META_LEN)
-            words = tl.load(p_plan + T_PLAN_META + o_w)
-            tl.store(
-                meta_ptr + slot32.to(tl.int64) * stride_meta_slot + o_w * stride_meta_word, words
-            )
+    if pid == 0:
+        store_cursor_words(
+            p_plan, meta_ptr, slot32, null_block_id, stride_meta_slot, stride_meta_word
+        )
     if slot32 == null_block_id:
         tl.store(
             p_out + o_t[:, None] * stride_out_tok,
