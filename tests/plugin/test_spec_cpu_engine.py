@@ -241,26 +241,33 @@ def test_gdn_one_token_prompts_in_recycled_slots(runs, qwen_dir, capsys):
     check_greedy(capsys, "qwen3_next one-token prompts, k3_L16 vs plain", plain, ours)
 
 
-# --- Qwen3-Next with its MTP drafter ----------------------------------------------------------
-# vLLM's MTP drafter (an attention + MoE layer with KV cache of its own) proposes k tokens for
-# every running row on every step. add_mtp_head's head proposes what the target's token
-# embedding alone predicts, and the target is scaled to follow that about 40% of the time,
-# so these runs test acceptance and rollback with the drafter's own KV cache and metadata:
-# at least a tenth of the drafts must be accepted and a tenth rejected. The MTP layer
-# (index 0) must be MoE, so the target's layer 0 is too; all 4 experts are active per
-# token, so that batch shape noise cannot flip expert choices.
+# --- vLLM's MTP drafters ---------------------------------------------------------------------
+# vLLM's MTP drafter (layers with a KV cache of their own) proposes k tokens for every running
+# row on every step. add_mtp_head's head proposes what the target's token embedding alone
+# predicts, and the target is scaled to follow that often, so these runs test acceptance and
+# rollback with the drafter's own KV cache and metadata: at least a tenth of the drafts must
+# be accepted and a tenth rejected.
+# - Qwen3-Next (Qwen3NextMTP: an attention + MoE layer, followed about 40% of the time): the
+#   MTP layer (index 0) must be MoE, so the target's layer 0 is too; all 4 experts are
+#   active per token, so that batch shape noise cannot flip expert choices.
+# - NemotronH (NemotronHMTP, which vLLM 0.26 builds for a NemotronH config with
+#   num_nextn_predict_layers > 0): one attention layer (pattern "*", no Mamba-2 layer in
+#   the drafter); transformers' run of the target on these prompts followed it at 201 of 320
+#   greedy positions.
 
 MTP_CASES = {
     "k1_L2": (1, {"buffer_len": 2}),
     "k3_L16_hp_only": (3, {"buffer_len": 16, "lp_dtype": "none"}),
 }
+MTP_CHECKPOINTS = {  # per family: the tiny checkpoint's overrides beyond PEAKED
+    "qwen3_next": dict(mlp_only_layers=[1, 2, 3], num_experts_per_tok=4),
+    "nemotron_h": {},
+}
 
 
-@pytest.fixture(scope="module")
-def mtp_dir(runs):
-    return runs.checkpoint(
-        "qwen3_next", mtp_head=True, **PEAKED, mlp_only_layers=[1, 2, 3], num_experts_per_tok=4
-    )
+def mtp_checkpoint(runs, kind: str):
+    """The tiny `kind` checkpoint with an MTP head (built once per session by `runs`)."""
+    return runs.checkpoint(kind, mtp_head=True, **PEAKED, **MTP_CHECKPOINTS[kind])
 
 
 @pytest.fixture(scope="module")
@@ -270,43 +277,10 @@ def mtp_prompts():
 
 
 @pytest.mark.parametrize("case", list(MTP_CASES))
-def test_mtp_spec_decode_is_lossless(runs, mtp_dir, mtp_prompts, case, capsys):
+@pytest.mark.parametrize("kind", list(MTP_CHECKPOINTS))
+def test_mtp_spec_decode_is_lossless(runs, kind, mtp_prompts, case, capsys):
     k, settings = MTP_CASES[case]
-    plain = _run_greedy(runs, mtp_dir, mtp_prompts, {"enabled": True, "buffer_len": BUFFER_LEN})
-    metrics: dict[str, float] = {}
-    ours = _run_greedy(
-        runs,
-        mtp_dir,
-        mtp_prompts,
-        {"enabled": True, "debug_checks": True, **settings},
-        k,
-        metrics,
-        drafter={"method": "mtp"},
-    )
-    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
-        "the MTP drafter did not run"
-    )
-    _check_partly_accepted(f"qwen3_next mtp {case}", metrics, capsys, share=0.1)
-    check_greedy(capsys, f"qwen3_next mtp {case} vs non-speculative ReplaySSM", plain, ours)
-
-
-# --- NemotronH with its MTP drafter -----------------------------------------------------------
-# vLLM 0.26 builds NemotronHMTP for a NemotronH config with num_nextn_predict_layers > 0; the
-# tiny head (`tests/models/tiny.py:_add_nemotron_h_mtp_head`) is one attention layer (pattern
-# "*", no Mamba-2 layer in the drafter) proposing what the target's token embedding alone
-# predicts; transformers' run of the target on these prompts followed it at 201 of 320
-# greedy positions. Same rule and acceptance bounds as the Qwen3-Next MTP cases.
-
-NEMOTRON_H_MTP_CASES = {
-    "k1_L2": (1, {"buffer_len": 2}),
-    "k3_L16_hp_only": (3, {"buffer_len": 16, "lp_dtype": "none"}),
-}
-
-
-@pytest.mark.parametrize("case", list(NEMOTRON_H_MTP_CASES))
-def test_nemotron_h_mtp_spec_decode_is_lossless(runs, mtp_prompts, case, capsys):
-    k, settings = NEMOTRON_H_MTP_CASES[case]
-    model_dir = runs.checkpoint("nemotron_h", mtp_head=True, **PEAKED)
+    model_dir = mtp_checkpoint(runs, kind)
     plain = _run_greedy(runs, model_dir, mtp_prompts, {"enabled": True, "buffer_len": BUFFER_LEN})
     metrics: dict[str, float] = {}
     ours = _run_greedy(
@@ -321,5 +295,5 @@ def test_nemotron_h_mtp_spec_decode_is_lossless(runs, mtp_prompts, case, capsys)
     assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
         "the MTP drafter did not run"
     )
-    _check_partly_accepted(f"nemotron_h mtp {case}", metrics, capsys, share=0.1)
-    check_greedy(capsys, f"nemotron_h mtp {case} vs non-speculative ReplaySSM", plain, ours)
+    _check_partly_accepted(f"{kind} mtp {case}", metrics, capsys, share=0.1)
+    check_greedy(capsys, f"{kind} mtp {case} vs non-speculative ReplaySSM", plain, ours)

@@ -37,11 +37,11 @@ from .test_spec_cpu_engine import (
     GDN_NGRAM,
     GDN_ONE_TOKEN_PROMPTS,
     MTP_CASES,
-    NEMOTRON_H_MTP_CASES,
+    MTP_CHECKPOINTS,
     NEW_TOKENS,
     ONE_TOKEN_NEW_TOKENS,
     _check_partly_accepted,
-    mtp_dir,  # noqa: F401  (module fixture: the tiny Qwen3-Next with an MTP head)
+    mtp_checkpoint,
     mtp_prompts,  # noqa: F401
     qwen_dir,  # noqa: F401  (module fixture: the tiny Qwen3-Next with one MoE layer)
     qwen_prompts,  # noqa: F401
@@ -158,39 +158,17 @@ def test_gdn_one_token_prompts_on_gpu(runs, qwen_dir, capsys):  # noqa: F811
 
 
 @pytest.mark.parametrize("case", list(MTP_CASES))
-def test_mtp_spec_decode_on_gpu_is_lossless(runs, mtp_dir, mtp_prompts, case, capsys):  # noqa: F811
-    """vLLM's MTP drafter (its own attention + MoE layer and KV cache) on the CPU test's
-    checkpoint, whose drafts are accepted about 40% of the time; all 4 experts active."""
+@pytest.mark.parametrize("kind", list(MTP_CHECKPOINTS))
+def test_mtp_spec_decode_on_gpu_is_lossless(runs, kind, mtp_prompts, case, capsys):  # noqa: F811
+    """vLLM's MTP drafters (Qwen3NextMTP, NemotronHMTP) on the CPU test's checkpoints,
+    whose drafts are partly accepted (test_spec_cpu_engine.py)."""
     k, settings = MTP_CASES[case]
-    name = f"qwen3_next mtp (GPU) {case}"
+    name = f"{kind} mtp (GPU) {case}"
     metrics = _check_lossless(
         runs,
         capsys,
         name,
-        mtp_dir,
-        mtp_prompts,
-        NEW_TOKENS,
-        {"enabled": True, **settings},
-        k,
-        drafter={"method": "mtp"},
-    )
-    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
-        "the MTP drafter did not run"
-    )
-    _check_partly_accepted(name, metrics, capsys, share=0.1)
-
-
-@pytest.mark.parametrize("case", list(NEMOTRON_H_MTP_CASES))
-def test_nemotron_h_mtp_spec_decode_on_gpu_is_lossless(runs, mtp_prompts, case, capsys):  # noqa: F811
-    """vLLM's NemotronHMTP drafter (one attention layer, tests/models/tiny.py) on the CPU
-    test's checkpoint and prompts; the windows run the Mamba-2 window launches."""
-    k, settings = NEMOTRON_H_MTP_CASES[case]
-    name = f"nemotron_h mtp (GPU) {case}"
-    metrics = _check_lossless(
-        runs,
-        capsys,
-        name,
-        runs.checkpoint("nemotron_h", mtp_head=True, **PEAKED),
+        mtp_checkpoint(runs, kind),
         mtp_prompts,
         NEW_TOKENS,
         {"enabled": True, **settings},
