@@ -1,15 +1,17 @@
-"""backends/gdn.py: the request lengths travel in a dataclass field of our GDN metadata, so
-that the views the layer builds with dataclasses.replace keep them."""
+"""backends/gdn.py: the request lengths and the host-side split of speculative steps travel
+in dataclass fields of our GDN metadata, so that the views the layer builds with
+dataclasses.replace keep them."""
 
 import dataclasses
 
 import torch
-from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
+from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata, GDNAttentionMetadataBuilder
 
 from vllm_replayssm.backends.gdn import (
     ReplayGDNAttentionBackend,
     ReplayGDNAttentionMetadata,
     ReplayGDNAttentionMetadataBuilder,
+    spec_split,
 )
 
 
@@ -50,3 +52,48 @@ def test_replace_keeps_the_request_lengths():
 
 def test_backend_builds_our_metadata():
     assert ReplayGDNAttentionBackend.get_builder_cls() is ReplayGDNAttentionMetadataBuilder
+
+
+def _split(q, seq_lens, has_drafts):
+    qsl = torch.zeros(len(q) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(q), 0)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    mask = None if has_drafts is None else torch.tensor(has_drafts)
+    return spec_split(lens, qsl, lens.clone(), mask)
+
+
+def test_spec_split_of_a_mixed_step():
+    """Rows with drafts (4 tokens), one-token continuations, a new one-token request (no
+    state: a prefill row) and a prompt chunk: the lengths are gathered per kind in batch
+    order and the leading continuations counted, from CPU tensors alone."""
+    split = _split(
+        q=[4, 1, 4, 1, 1, 7],
+        seq_lens=[20, 31, 12, 9, 1, 7],
+        has_drafts=[True, False, True, False, False, False],
+    )
+    assert split.spec_seq_lens.tolist() == [20, 12]
+    assert split.non_spec_seq_lens.tolist() == [31, 9, 1, 7]
+    assert split.num_decode_rows == 2 and split.decode_rows_lead
+
+
+def test_spec_split_without_drafts_and_with_drafts_only():
+    split = _split(q=[1, 1, 5], seq_lens=[8, 3, 5], has_drafts=None)
+    assert split.spec_seq_lens is None
+    assert split.non_spec_seq_lens.tolist() == [8, 3, 5]
+    assert split.num_decode_rows == 2
+    assert _split(q=[4, 4], seq_lens=[9, 10], has_drafts=[True, True]) is None
+
+
+def test_spec_split_flags_a_continuation_after_a_prefill_chunk():
+    split = _split(q=[1, 6, 1], seq_lens=[5, 6, 9], has_drafts=None)
+    assert split.num_decode_rows == 1 and not split.decode_rows_lead
+
+
+def test_builder_passes_the_counts_by_name():
+    """vLLM's capture path calls build(0, m, accepted, drafts) by position; ours names
+    them for vLLM's build (a *args passthrough lost the drafts for our split)."""
+    import inspect
+
+    params = list(inspect.signature(ReplayGDNAttentionMetadataBuilder.build).parameters)
+    stock = list(inspect.signature(GDNAttentionMetadataBuilder.build).parameters)
+    assert params == stock

@@ -1,6 +1,8 @@
-"""The GDN metadata with the request lengths (`replay_seq_lens`), which the speculative
-ReplaySSM step needs to derive each row's accepted count from positions: vLLM's GDN
-metadata keeps acceptance only for rows that have drafts in this step."""
+"""The GDN metadata with what the speculative ReplaySSM step needs beyond vLLM's: the
+request lengths (`replay_seq_lens`), from which each row's accepted count is derived (vLLM's
+GDN metadata keeps acceptance only for rows that have drafts in this step), and, for steps
+that mix rows with and without drafts, how they split (`replay_spec_split`), decided on the
+host from the builder's CPU tensors so that the layer never reads a device tensor back."""
 
 from __future__ import annotations
 
@@ -15,33 +17,123 @@ from vllm.v1.attention.backends.gdn_attn import (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class SpecSplit:
+    """A speculative step's rows without drafts, split on the host (vLLM counts them all as
+    prefills when some row has drafts).
+
+    spec_seq_lens: [rows with drafts] request lengths after the step, in vLLM's spec-row
+    order, on the metadata's device (None when no row has drafts); non_spec_seq_lens: the
+    same for the rows without drafts; num_decode_rows: how many of those lead with one token
+    and a stored state (a request's continuation: the layer decodes them; the rest are
+    prefill chunks); decode_rows_lead: False when such a row follows a prefill chunk (vLLM
+    orders decode rows first; the layer refuses the batch)."""
+
+    spec_seq_lens: torch.Tensor | None
+    non_spec_seq_lens: torch.Tensor
+    num_decode_rows: int
+    decode_rows_lead: bool
+
+
 @dataclasses.dataclass
 class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
     """vLLM's GDN metadata plus `replay_seq_lens`: [num_reqs] int, tokens of each request
-    after this step, in batch order (spec and non-spec rows alike). A dataclass field, so
-    that `dataclasses.replace` (the layer's prefill-only views) keeps it."""
+    after this step, in batch order (spec and non-spec rows alike), and `replay_spec_split`
+    (`SpecSplit`; None unless speculative decoding is on and the step has rows without
+    drafts). Dataclass fields, so that `dataclasses.replace` (the layer's prefill-only
+    views) keeps them."""
 
     replay_seq_lens: torch.Tensor | None = None
+    replay_spec_split: SpecSplit | None = None
 
     @classmethod
     def extend(
-        cls, md: GDNAttentionMetadata, replay_seq_lens: torch.Tensor
+        cls,
+        md: GDNAttentionMetadata,
+        replay_seq_lens: torch.Tensor,
+        replay_spec_split: SpecSplit | None = None,
     ) -> ReplayGDNAttentionMetadata:
-        """`md`'s fields (shared, not copied) plus `replay_seq_lens`."""
+        """`md`'s fields (shared, not copied) plus ours."""
         fields = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
-        return cls(**fields, replay_seq_lens=replay_seq_lens)
+        return cls(**fields, replay_seq_lens=replay_seq_lens, replay_spec_split=replay_spec_split)
+
+
+def spec_split(
+    seq_lens: torch.Tensor,
+    query_start_loc_cpu: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    has_drafts_cpu: torch.Tensor | None,
+) -> SpecSplit | None:
+    """The split of a step's R rows. seq_lens: [R] request lengths after the step (any
+    device); query_start_loc_cpu: [R + 1]; seq_lens_cpu: [R] on the CPU (vLLM's upper bound
+    will do: it overstates only continuing requests, whose seq_len - q > 0 either way);
+    has_drafts_cpu: [R] bool, vLLM's spec-row mask (None: no row has drafts). None when
+    every row has drafts. Reads only CPU tensors; the device gathers take index tensors
+    copied from pinned memory, without synchronising."""
+    num_rows = seq_lens.shape[0]
+    has_drafts = (
+        torch.zeros(num_rows, dtype=torch.bool)
+        if has_drafts_cpu is None
+        else has_drafts_cpu[:num_rows].bool()
+    )
+    if bool(has_drafts.all()):
+        return None
+    q = (query_start_loc_cpu[1 : num_rows + 1] - query_start_loc_cpu[:num_rows]).long()
+    plain = torch.nonzero(~has_drafts).squeeze(1)
+    # One token and something computed before it: a request's continuation.
+    decode_like = (q[plain] == 1) & (seq_lens_cpu[:num_rows].long()[plain] - q[plain] > 0)
+    nd = int(decode_like.long().cumprod(0).sum())
+    spec = None
+    if bool(has_drafts.any()):
+        spec = seq_lens.index_select(0, _to_device(torch.nonzero(has_drafts).squeeze(1), seq_lens))
+    return SpecSplit(
+        spec_seq_lens=spec,
+        non_spec_seq_lens=seq_lens.index_select(0, _to_device(plain, seq_lens)),
+        num_decode_rows=nd,
+        decode_rows_lead=not bool(decode_like[nd:].any()),
+    )
+
+
+def _to_device(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`index` (CPU) on `like`'s device, copied asynchronously from pinned memory."""
+    if like.device.type == "cpu":
+        return index
+    return index.pin_memory().to(like.device, non_blocking=True)
 
 
 class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
     """vLLM's builder (the runner passes it acceptance counts by isinstance), building
     `ReplayGDNAttentionMetadata`."""
 
-    def build(
-        self, common_prefix_len: int, common_attn_metadata: Any, *args: Any, **kwargs: Any
+    def build(  # type: ignore[override]
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: Any,
+        num_accepted_tokens: torch.Tensor | None = None,
+        num_decode_draft_tokens_cpu: torch.Tensor | None = None,
+        fast_build: bool = False,
     ) -> ReplayGDNAttentionMetadata:
-        md = super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)
+        # vLLM's own capture path passes the counts by position: name every parameter.
+        md = super().build(
+            common_prefix_len,
+            common_attn_metadata,
+            num_accepted_tokens=num_accepted_tokens,
+            num_decode_draft_tokens_cpu=num_decode_draft_tokens_cpu,
+            fast_build=fast_build,
+        )
         m = common_attn_metadata
-        return ReplayGDNAttentionMetadata.extend(md, m.seq_lens[: m.num_reqs])
+        seq_lens = m.seq_lens[: m.num_reqs]
+        split = None
+        if self.use_spec_decode and (md.num_decodes or md.num_prefills):
+            upper = m.seq_lens_cpu_upper_bound
+            split = spec_split(
+                seq_lens,
+                m.query_start_loc_cpu,
+                upper if upper is not None else m.seq_lens.cpu(),
+                # vLLM's spec-row mask (none when no row has drafts)
+                None if md.spec_sequence_masks is None else num_decode_draft_tokens_cpu >= 0,
+            )
+        return ReplayGDNAttentionMetadata.extend(md, seq_lens, split)
 
 
 class ReplayGDNAttentionBackend(GDNAttentionBackend):

@@ -368,17 +368,18 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         op on a prefill-only view of the metadata, then the prefill hook. A batch of spec rows
         alone (on GPUs, the uniform batches that run as CUDA graphs; padding rows last, with
         NULL slots and no tokens) takes only shape-derived decisions and tensor ops; batches
-        with other rows select them on the host."""
+        with other rows are split on the host by the metadata builder (`backends/gdn.py`'s
+        `SpecSplit`: a device read-back per layer stalled eager steps); only prefill chunks
+        read their lengths back (`_prefill_view_gpu`)."""
         dev = mixed_qkv.device
         seq_lens = md.replay_seq_lens.long()
-        spec_only = md.num_decodes == 0 and md.num_prefills == 0
+        split = md.replay_spec_split  # backends/gdn.py: None when every row has drafts
         if md.spec_sequence_masks is not None:
             ns = int(md.num_spec_decodes)
             if md.spec_token_indx is not None:
                 spec_tok = md.spec_token_indx.long()
             else:  # spec rows only: their tokens lead
                 spec_tok = torch.arange(int(md.num_spec_decode_tokens), device=dev)
-            spec_mask = md.spec_sequence_masks.bool()
             self._decode_rows_spec(
                 mixed_qkv,
                 b,
@@ -387,35 +388,34 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 spec_tok,
                 md.spec_state_indices_tensor[:ns, 0],
                 md.spec_query_start_loc[: ns + 1],
-                seq_lens[:ns] if spec_only else seq_lens[spec_mask][:ns],
+                seq_lens[:ns] if split is None else split.spec_seq_lens.long(),
             )
-            if spec_only:
+            if split is None:
                 return
-            ns_seq = seq_lens[~spec_mask]
             ns_tok = (
                 md.non_spec_token_indx.long()
                 if md.non_spec_token_indx is not None
                 else torch.zeros(0, dtype=torch.long, device=dev)
             )
         else:
-            ns_seq = seq_lens
             ns_tok = torch.arange(int(md.num_actual_tokens), device=dev)
         rows = md.num_decodes + md.num_prefills
         if rows == 0 or ns_tok.numel() == 0:
             return
+        # Decided on the host by the builder (no device read-back): the leading rows of one
+        # token that continue a request decode, the rest are prefill chunks.
+        if not split.decode_rows_lead:
+            raise RuntimeError("replayssm: one-token continuation rows after prefill rows")
+        ns_seq = split.non_spec_seq_lens.long()
+        nd = split.num_decode_rows
         slots = md.non_spec_state_indices_tensor[:rows]
         qsl = md.non_spec_query_start_loc[: rows + 1].long()
-        q = qsl[1:] - qsl[:-1]
         has_init = (
             torch.ones(rows, dtype=torch.bool, device=dev)
             if md.has_initial_state is None
             else md.has_initial_state[:rows].bool()
         )
-        decode_like = (q == 1) & has_init
-        nd = int(decode_like.long().cumprod(0).sum())  # the leading decode rows (batch order)
-        if bool(decode_like[nd:].any()):
-            raise RuntimeError("replayssm: one-token continuation rows after prefill rows")
-        ndt = int(qsl[nd])
+        ndt = nd  # one token each
         if nd:
             self._decode_rows_spec(
                 mixed_qkv, b, a, core_attn_out, ns_tok[:ndt], slots[:nd], qsl[: nd + 1], ns_seq[:nd]
