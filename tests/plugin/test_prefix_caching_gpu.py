@@ -4,8 +4,9 @@ after another and concurrently, a hit with one token left, a second turn hitting
 that decode steps completed) with FULL CUDA graphs for pure decode batches, vLLM's GPU
 kernels for prefill chunks and vLLM's Triton page copies. ReplaySSM with prefix caching
 against ReplaySSM without it and against stock vLLM with prefix caching (the GPU engine
-test's rule: every divergence a near-tie); the requests' cached-token counts must cover
-every hit the workload offers, and vLLM's hit counter must have counted hits."""
+tests' rule: every divergence a near-tie of the reference or, where its bf16 gap is wider,
+of transformers' fp32 model on the shared context); the requests' cached-token counts must
+cover every hit the workload offers, and vLLM's hit counter must have counted hits."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 from vllm_replayssm.config import GPU_PREFIX_MATCH_UNIT_ENV
 
 from ..models.compare import check_greedy, distinct_tokens
-from ..models.runs import BUFFER_LEN, GPU_ENGINE
-from ..models.tiny import CACHED_TOKENS
+from ..models.runs import BUFFER_LEN, GPU_ENGINE, PEAKED
+from ..models.tiny import CACHED_TOKENS, TeacherForcedOracle
 from .test_prefix_caching_cpu import CASES, _same_turns, workload
 from .test_prefix_caching_cpu import _run as run_workload
 
@@ -72,5 +73,22 @@ def test_prefix_caching_on_gpu(runs, kind, unit, capsys, monkeypatch):
         assert m_on[CACHED_TOKENS] > hits, "no partial-block hit"
         assert m_stock[CACHED_TOKENS] == m_on[CACHED_TOKENS]
     name = f"{kind} (GPU, unit {unit}) prefix caching"
-    check_greedy(capsys, f"{name} vs none", *_same_turns(off, on))
-    check_greedy(capsys, f"{name} vs stock prefix caching", *_same_turns(stock, on))
+    # Runs of different batch shapes round fp32 near-ties their own way (on the H200 the
+    # Qwen3-Next unit-16 run parted from stock at a bf16 gap of 0.25 + 1 ulp, as ReplaySSM
+    # without caching did from it): the fp32 model on the shared context judges such gaps.
+    oracle = TeacherForcedOracle(runs.checkpoint(kind, **PEAKED))
+    for ref_name, ref in (("none", off), ("stock prefix caching", stock)):
+        check_greedy(
+            capsys,
+            f"{name} vs {ref_name}",
+            *_same_turns(ref, on),
+            prompts=_turn_prompts(block, ref),
+            oracle=oracle,
+        )
+
+
+def _turn_prompts(block: int, reference) -> list[list[int]]:
+    """The workload's prompts as `reference` saw them: the follow-ups hold its own first
+    outputs (`tiny.greedy_outputs`)."""
+    prompts, _, follow_ups, _ = workload(block)
+    return prompts + [[*prompts[i], *reference[i][0], *extra] for i, extra in follow_ups]
