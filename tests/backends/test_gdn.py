@@ -74,6 +74,18 @@ def test_spec_split_of_a_mixed_step():
     assert split.spec_seq_lens.tolist() == [20, 12]
     assert split.non_spec_seq_lens.tolist() == [31, 9, 1, 7]
     assert split.num_decode_rows == 2 and split.decode_rows_lead
+    # the prefill chunks: the new one-token request (no state) and the prompt chunk
+    assert split.prefill_query_start_loc_cpu.tolist() == [0, 1, 8]
+    assert split.prefill_init_rows.tolist() == []
+
+
+def test_spec_split_of_prefill_chunks_with_a_state_and_padding():
+    """A continued prompt chunk (a stored state), a first chunk, then zero-length padding
+    rows, which count as neither."""
+    split = _split(q=[1, 5, 3, 0, 0], seq_lens=[12, 21, 3, 0, 0], has_drafts=None)
+    assert split.num_decode_rows == 1
+    assert split.prefill_query_start_loc_cpu.tolist() == [0, 5, 8]
+    assert split.prefill_init_rows.tolist() == [0]
 
 
 def test_spec_split_without_drafts_and_with_drafts_only():

@@ -27,12 +27,17 @@ class SpecSplit:
     same for the rows without drafts; num_decode_rows: how many of those lead with one token
     and a stored state (a request's continuation: the layer decodes them; the rest are
     prefill chunks); decode_rows_lead: False when such a row follows a prefill chunk (vLLM
-    orders decode rows first; the layer refuses the batch)."""
+    orders decode rows first; the layer refuses the batch). The prefill chunks (the rows
+    without drafts after the decode rows, zero-length padding excluded):
+    prefill_query_start_loc_cpu [P + 1] int32 over their tokens, from 0; prefill_init_rows
+    [<= P] int64, on the metadata's device, which of them continue a stored state."""
 
     spec_seq_lens: torch.Tensor | None
     non_spec_seq_lens: torch.Tensor
     num_decode_rows: int
     decode_rows_lead: bool
+    prefill_query_start_loc_cpu: torch.Tensor
+    prefill_init_rows: torch.Tensor
 
 
 @dataclasses.dataclass
@@ -80,9 +85,14 @@ def spec_split(
         return None
     q = (query_start_loc_cpu[1 : num_rows + 1] - query_start_loc_cpu[:num_rows]).long()
     plain = torch.nonzero(~has_drafts).squeeze(1)
+    q_plain = q[plain]
+    has_init = seq_lens_cpu[:num_rows].long()[plain] - q_plain > 0
     # One token and something computed before it: a request's continuation.
-    decode_like = (q[plain] == 1) & (seq_lens_cpu[:num_rows].long()[plain] - q[plain] > 0)
+    decode_like = (q_plain == 1) & has_init
     nd = int(decode_like.long().cumprod(0).sum())
+    npf = int((q_plain > 0).sum()) - nd  # zero-length padding rows come last
+    prefill_qsl = torch.zeros(max(npf, 0) + 1, dtype=torch.int32)
+    torch.cumsum(q_plain[nd : nd + npf], 0, out=prefill_qsl[1:])
     spec = None
     if bool(has_drafts.any()):
         spec = seq_lens.index_select(0, _to_device(torch.nonzero(has_drafts).squeeze(1), seq_lens))
@@ -91,6 +101,8 @@ def spec_split(
         non_spec_seq_lens=seq_lens.index_select(0, _to_device(plain, seq_lens)),
         num_decode_rows=nd,
         decode_rows_lead=not bool(decode_like[nd:].any()),
+        prefill_query_start_loc_cpu=prefill_qsl,
+        prefill_init_rows=_to_device(torch.nonzero(has_init[nd : nd + npf]).squeeze(1), seq_lens),
     )
 
 

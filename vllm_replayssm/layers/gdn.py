@@ -408,6 +408,12 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             raise RuntimeError("replayssm: one-token continuation rows after prefill rows")
         ns_seq = split.non_spec_seq_lens.long()
         nd = split.num_decode_rows
+        if split.prefill_query_start_loc_cpu.numel() - 1 != rows - nd:
+            raise RuntimeError(
+                f"replayssm: the builder's split has {nd} decode rows and "
+                f"{split.prefill_query_start_loc_cpu.numel() - 1} prefill chunks; vLLM's "
+                f"metadata {rows} rows without drafts"
+            )
         slots = md.non_spec_state_indices_tensor[:rows]
         qsl = md.non_spec_query_start_loc[: rows + 1].long()
         has_init = (
@@ -430,9 +436,9 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 attn_metadata,
                 ns_tok[ndt:],
                 slots[nd:rows],
-                qsl[nd:] - ndt,
                 has_init[nd:],
                 ns_seq[nd:rows],
+                split,
             )
 
     def _decode_rows_spec(
@@ -523,19 +529,23 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         attn_metadata,
         tokens,
         slots,
-        qsl,
         has_init,
         seq_lens,
+        split,
     ) -> None:
         """Prefill chunks: vLLM's op (CPU) or its prefill path (GPU, `_prefill_view_gpu`) on a
         prefill-only view (its conv keeps the context in the first K - 1 columns; ours keeps
-        it last), then the prefill hook."""
+        it last), then the prefill hook. Their token counts and which of them continue a
+        stored state come from the builder's host-side split (`split`: no device read-back);
+        has_init: the same on the device, for vLLM's view."""
         cfg = self.replay
         cpu = current_platform.is_cpu()
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=cpu)
         K = self._conv_weight_2d().shape[-1]
         conv = conv_state_view(self.kv_cache)
-        conv_context_to_front(conv, slots[has_init].long(), K)
+        qsl_cpu = split.prefill_query_start_loc_cpu
+        qsl = qsl_cpu if cpu else qsl_cpu.pin_memory().to(slots.device, non_blocking=True)
+        conv_context_to_front(conv, slots.index_select(0, split.prefill_init_rows).long(), K)
         npf, npt = slots.shape[0], tokens.shape[0]
         view = dataclasses.replace(
             md,
@@ -560,7 +570,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             (npt, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype, device=core_attn_out.device
         )
         if not cpu:
-            view = _prefill_view_gpu(view, qsl, has_init, slots)
+            view = _prefill_view_gpu(view, qsl_cpu, has_init, slots)
         attn_metadata[self.prefix] = view
         try:
             if cpu:
@@ -624,12 +634,12 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         return out.squeeze(-1)
 
 
-def _prefill_view_gpu(view, qsl: torch.Tensor, has_init: torch.Tensor, slots: torch.Tensor):
+def _prefill_view_gpu(view, qsl_cpu: torch.Tensor, has_init: torch.Tensor, slots: torch.Tensor):
     """`view` (prefill rows only) with the prefill inputs vLLM's GPU path reads from its
     metadata, rebuilt for these rows as its builder builds them for all non-spec rows: the
     FLA chunk indices and offsets, the Triton conv's chunk metadata, and the prefill
-    tensors. qsl: [npf + 1] over the view's tokens; has_init, slots: [npf]. Reads qsl on the
-    host (batches with prefill rows run eagerly)."""
+    tensors. qsl_cpu: [npf + 1] over the view's tokens, on the host (the builder's split);
+    has_init, slots: [npf] on the device."""
     from vllm.third_party.flash_linear_attention.ops.index import (
         prepare_chunk_indices,
         prepare_chunk_offsets,
@@ -638,8 +648,8 @@ def _prefill_view_gpu(view, qsl: torch.Tensor, has_init: torch.Tensor, slots: to
     from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
 
     dev = slots.device
-    qsl_cpu = qsl.to("cpu", torch.int32)
-    qsl_dev = qsl.to(dev, torch.int32)
+    qsl_cpu = qsl_cpu.to(torch.int32)
+    qsl_dev = qsl_cpu.pin_memory().to(dev, non_blocking=True)
     nums_dict, batch_ptr, token_chunk_offset_ptr = compute_causal_conv1d_metadata(
         qsl_cpu, device=dev
     )
