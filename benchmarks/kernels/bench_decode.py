@@ -376,8 +376,8 @@ def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tens
 # replay launches take `kernels/gdn/decode.launch_config`'s through --knob.
 GDN_ROUTE_KNOBS = {
     "stock": {"block_v", "num_warps"},
-    "fused": {"block_v", "num_warps", "heads_per_program", "num_stages"},
-    "split": {"block_v", "num_warps", "heads_per_program", "num_stages"},
+    "fused": {"block_v", "num_warps", "heads_per_program", "num_stages", "window_plan"},
+    "split": {"block_v", "num_warps", "heads_per_program", "num_stages", "window_plan"},
 }
 
 
@@ -636,8 +636,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[],
         metavar="NAME=V1,V2",
         help="replay launch knob values to try (repeatable; both families' "
-        "decode.launch_config), e.g. readout_block_p=16,32, readout_block_v=16,32 or "
-        "flush_warps=4,8",
+        "decode.launch_config; the GDN window step's window_plan=0,1), e.g. "
+        "readout_block_p=16,32, readout_block_v=16,32 or flush_warps=4,8",
     )
     p.add_argument(
         "--heads-per-program",

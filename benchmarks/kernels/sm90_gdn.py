@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from vllm_replayssm.kernels.gdn import flush, plan, readout
+from vllm_replayssm.kernels.gdn import flush, plan, readout, window
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -40,17 +40,19 @@ TORCH_TO_TRITON = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float1
 TORCH_TO_TRITON[torch.int32] = "*i32"
 
 
-def _tensors(lp: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """Every tensor a launcher passes, on the meta device, keyed by its argument prefix."""
-    specs = gdn_state_specs(GEOM, L, 1, torch.bfloat16, lp, True, (8192, 3), torch.bfloat16)
+def _tensors(lp: torch.dtype | None, window: int = 1) -> dict[str, torch.Tensor]:
+    """Every tensor a launcher passes, on the meta device, keyed by its argument prefix
+    (`window` tokens per row: the speculative window step's page and token tensors)."""
+    specs = gdn_state_specs(GEOM, L, window, torch.bfloat16, lp, True, (8192, 3), torch.bfloat16)
     raw = torch.empty(4 * page_size_bytes(specs), dtype=torch.uint8, device="meta")
     cache = GDNReplayCache.from_views(carve(raw, specs))
     scratch = plan.GDNScratch.allocate(
         R, GEOM.num_v_heads, GEOM.num_k_heads, GEOM.head_k_dim, L, "meta", fold_inverse=True
     )
     Hk, Hv, K, V = GEOM.num_k_heads, GEOM.num_v_heads, GEOM.head_k_dim, GEOM.head_v_dim
-    qkv = torch.empty(R, 2 * Hk * K + Hv * V, dtype=torch.bfloat16, device="meta")
-    ba = torch.empty(R, 2 * Hv, dtype=torch.bfloat16, device="meta")
+    n_tok = R * window
+    qkv = torch.empty(n_tok, 2 * Hk * K + Hv * V, dtype=torch.bfloat16, device="meta")
+    ba = torch.empty(n_tok, 2 * Hv, dtype=torch.bfloat16, device="meta")
     t = {
         "hp": cache.hp,
         "lp": cache.lp if cache.lp is not None else cache.hp,
@@ -61,13 +63,21 @@ def _tensors(lp: torch.dtype | None) -> dict[str, torch.Tensor]:
         "rd": cache.ring_d,
         "rv": cache.ring_v,
         "meta": cache.meta,
-        "q": qkv[:, : Hk * K].view(R, Hk, K),  # vLLM's packed projection: strided views
-        "k": qkv[:, Hk * K : 2 * Hk * K].view(R, Hk, K),
-        "v": qkv[:, 2 * Hk * K :].view(R, Hv, V),
+        "q": qkv[:, : Hk * K].view(n_tok, Hk, K),  # vLLM's packed projection: strided views
+        "k": qkv[:, Hk * K : 2 * Hk * K].view(n_tok, Hk, K),
+        "v": qkv[:, 2 * Hk * K :].view(n_tok, Hv, V),
         "a": ba[:, :Hv],
         "b": ba[:, Hv:],
-        "out": torch.empty(R, Hv, V, dtype=torch.bfloat16, device="meta"),
+        "out": torch.empty(n_tok, Hv, V, dtype=torch.bfloat16, device="meta"),
         "kq": scratch.kq,
+        # the window step's key-head products (window.gdn_window_decode's scratch)
+        "gram": torch.empty(
+            R,
+            Hk,
+            2 * max(2, window) * (plan.history_block(L) + max(2, window)),
+            dtype=torch.float32,
+            device="meta",
+        ),
     }
     return t, scratch
 
@@ -89,6 +99,7 @@ PTRS = {  # pointer argument -> tensor prefix
     "b_ptr": "b",
     "out_ptr": "out",
     "kq_ptr": "kq",
+    "gram_ptr": "gram",
 }
 SCALARS = {
     "scale": GEOM.head_k_dim**-0.5,
@@ -103,13 +114,16 @@ SCALARS = {
     "hp_rows_ptr": "*i32",
     "hp_count_ptr": "*i32",
     "winv_ptr": "*fp32",
+    "qsl_ptr": "*i32",
+    "acc_ptr": "*i32",
+    "num_programs_per_row": 512,
 }
 
 
-def kernel_args(kernel, lp: torch.dtype | None) -> dict:
+def kernel_args(kernel, lp: torch.dtype | None, window: int = 1) -> dict:
     """Argument values of a kernel's non-constexpr parameters, from the meta tensors: a
     pointer's dtype, a stride_<prefix>_<dim> its stride (dims in the tensor's order)."""
-    t, scratch = _tensors(lp)
+    t, scratch = _tensors(lp, window)
     strides = {
         "coef": scratch.coef.stride()[:2],
         "winv": scratch.fold_inverse.stride()[:2],
@@ -122,6 +136,8 @@ def kernel_args(kernel, lp: torch.dtype | None) -> dict:
         name = p.name
         if name in PTRS:
             out[name] = TORCH_TO_TRITON[t[PTRS[name]].dtype]
+        elif name == "num_ring_rows":
+            out[name] = ring_rows(L, window)
         elif name in SCALARS:
             out[name] = SCALARS[name]
         elif name.startswith("stride_"):
@@ -228,6 +244,65 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     return out
 
 
+def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
+    """The speculative window step (`window.py`, ngram k = 3: T = 4) at bs >= 64 (all value
+    heads of a key head per program, 16-row value tiles, bf16 LP): the readout with and
+    without the window plan, the plan, the flush-only launch."""
+    Hk, Hv, K, V = GEOM.num_k_heads, GEOM.num_v_heads, GEOM.head_k_dim, GEOM.head_v_dim
+    kern = window._gdn_window_kernel
+    base = dict(
+        head_k_dim=K,
+        head_v_dim=V,
+        v_per_k=Hv // Hk,
+        WINDOW=T,
+        BLOCK_W=T,
+        BLOCK_V=16,
+        BLOCK_K=K,
+        BLOCK_H=plan.history_block(L),
+        HAS_LP=True,
+        LP_IS_FP16=False,
+        EXACT_FLUSH=True,
+        HAS_ACC=True,
+        IS_VARLEN=True,
+        HEADS_PER_PROGRAM=Hv // Hk,
+        NUM_STAGES=1,
+    )
+    out = [
+        (
+            f"window {T} plan",
+            window._gdn_window_plan_kernel,
+            kernel_args(window._gdn_window_plan_kernel, torch.bfloat16, T),
+            dict(
+                head_k_dim=K,
+                WINDOW=T,
+                BLOCK_W=T,
+                BLOCK_K=K,
+                BLOCK_H=plan.history_block(L),
+                HAS_ACC=True,
+                IS_VARLEN=True,
+            ),
+            1,
+        )
+    ]
+    for name, mode, planned in (
+        ("readout, planned", window.READOUT, True),
+        ("readout, unplanned", window.READOUT, False),
+        ("fused, planned", window.FUSED, True),
+        ("fused, unplanned", window.FUSED, False),
+        ("flush only", window.FLUSH_ONLY, False),
+    ):
+        out.append(
+            (
+                f"window {T} {name}",
+                kern,
+                kernel_args(kern, torch.bfloat16, T),
+                dict(base, MODE=mode, PLANNED=planned),
+                1,
+            )
+        )
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tool", required=True, help="path of sm90_report.py")
@@ -236,14 +311,14 @@ def main() -> None:
     spec = importlib.util.spec_from_file_location("sm90_report", args.tool)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    for name, kernel, kargs, constexprs, warps in variants():
+    for name, kernel, kargs, constexprs, warps in variants() + window_variants():
         row = tool.compile_sm90(
             kernel,
             kargs,
             constexprs,
             num_warps=warps,
             num_stages=1,
-            tag=name.split()[0],
+            tag="_".join(name.replace(",", "").split()[:3]),
             out_dir=args.out_dir,
         )
         print(f"{name:42s} warps={warps}", json.dumps({k: row.get(k) for k in KEYS}))

@@ -24,8 +24,8 @@ from ..tables import table
 from .test_reference import GEOMS
 
 
-def _op(route):
-    return functools.partial(gdn_window.gdn_window_decode, route=route)
+def _op(route, window_plan=False):
+    return functools.partial(gdn_window.gdn_window_decode, route=route, window_plan=window_plan)
 
 
 LP = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -34,6 +34,11 @@ CASES = {
     "ar_fold_split": dict(L=4, T=1, lp=None, spec=False, exact=False, route="split"),
     "ar_lp_fp16_split": dict(L=4, T=1, lp=torch.float16, spec=False, route="split"),
     "spec_T3_split": dict(L=5, T=3, lp=None, spec=True, route="split"),
+    # the key-head products by the window plan launch (window_plan, off by default)
+    "spec_T3_split_planned": dict(L=5, T=3, lp=None, spec=True, route="split", plan=True),
+    "spec_T2_lp_fp16_fused_planned": dict(
+        L=4, T=2, lp=torch.float16, spec=True, route="fused", plan=True
+    ),
     "spec_T2_lp_fp16_churn_fused": dict(
         L=4, T=2, lp=torch.float16, spec=True, churn=True, route="fused"
     ),
@@ -48,7 +53,7 @@ def test_kernel_matches_naive(row, device):
     c = CASES[case]
     fam = GDNFamily(
         GEOMS[row["geom"]],
-        decode_op=_op(c["route"]),
+        decode_op=_op(c["route"], c.get("plan", False)),
         device=device,
         seed=3,
         exact_flush=c.get("exact", True),

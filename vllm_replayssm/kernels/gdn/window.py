@@ -106,6 +106,131 @@ def _flush_head(
 
 
 @triton.jit
+def _history_products(
+    p_rk, row_h, m_hist, k_w, q_w, o_t, o_k, m_k, stride_rk_row, stride_rk_k, WINDOW: tl.constexpr
+):
+    """Gram products of the normalised history keys with the window's normalised keys and
+    scaled queries: ([BLOCK_W, BLOCK_H] k_j . k_i, [BLOCK_W, BLOCK_H] k_j . q_i); masked
+    history rows give zeros."""
+    k_h = l2norm_rows(
+        tl.load(
+            p_rk + row_h[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
+            mask=m_hist[:, None] & m_k[None, :],
+            other=0.0,
+        ).to(tl.float32)
+    )
+    gk = tl.zeros([k_w.shape[0], k_h.shape[0]], dtype=tl.float32)
+    gq = tl.zeros([k_w.shape[0], k_h.shape[0]], dtype=tl.float32)
+    for i in tl.static_range(WINDOW):
+        gk = tl.where(
+            o_t[:, None] == i, tl.sum(k_h * _pick(k_w, o_t, i)[None, :], axis=1)[None, :], gk
+        )
+        gq = tl.where(
+            o_t[:, None] == i, tl.sum(k_h * _pick(q_w, o_t, i)[None, :], axis=1)[None, :], gq
+        )
+    return gk, gq
+
+
+@triton.jit
+def _gdn_window_plan_kernel(
+    ring_k_ptr,
+    meta_ptr,
+    q_ptr,
+    k_ptr,
+    state_indices_ptr,
+    qsl_ptr,
+    acc_ptr,
+    gram_ptr,
+    scale,
+    null_block_id,
+    num_ring_rows,
+    stride_rk_slot,
+    stride_rk_head,
+    stride_rk_row,
+    stride_rk_k,
+    stride_meta_slot,
+    stride_meta_word,
+    stride_q_tok,
+    stride_q_head,
+    stride_q_k,
+    stride_k_tok,
+    stride_k_head,
+    stride_k_k,
+    stride_gram_row,
+    stride_gram_head,
+    head_k_dim: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_ACC: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """The window step's key-head work, once per (key head, row) instead of in every
+    (value tile, value heads) program of the readout: the history keys loaded and
+    normalised, their products with the window's keys and queries and the window's own Gram
+    products stored as gram[row, key head] = ([BLOCK_W, BLOCK_H] k_j . k_i, then k_j . q_i,
+    then [BLOCK_W, BLOCK_W] k_i . k_j, then q_i . k_j), and the window's k records
+    appended. Reads the cursor words (nobody writes them in this launch)."""
+    pid_k = tl.program_id(0)
+    pid_r = tl.program_id(1).to(tl.int64)
+    slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
+    if slot == null_block_id:
+        return
+    bos, q = row_tokens(qsl_ptr, pid_r, IS_VARLEN)
+    o, n, _kap, _fo, _fn, _flush, _stale = plan_row(
+        meta_ptr + slot * stride_meta_slot,
+        stride_meta_word,
+        acc_ptr,
+        pid_r,
+        q,
+        num_ring_rows,
+        WINDOW,
+        HAS_ACC,
+    )
+    o_k = tl.arange(0, BLOCK_K)
+    m_k = o_k < head_k_dim
+    o_h = tl.arange(0, BLOCK_H)
+    m_hist = o_h < n
+    row_h = (o + o_h) % num_ring_rows
+    o_t = tl.arange(0, BLOCK_W)
+    m_t = o_t < q
+    tok = bos + o_t
+    m_tk = m_t[:, None] & m_k[None, :]
+    k_w_raw = tl.load(
+        k_ptr + tok[:, None] * stride_k_tok + pid_k * stride_k_head + o_k[None, :] * stride_k_k,
+        mask=m_tk,
+        other=0.0,
+    )
+    q_raw = tl.load(
+        q_ptr + tok[:, None] * stride_q_tok + pid_k * stride_q_head + o_k[None, :] * stride_q_k,
+        mask=m_tk,
+        other=0.0,
+    )
+    p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
+    k_w = l2norm_rows(k_w_raw.to(tl.float32))
+    q_w = l2norm_rows(q_raw.to(tl.float32)) * scale
+    gk, gq = _history_products(
+        p_rk, row_h, m_hist, k_w, q_w, o_t, o_k, m_k, stride_rk_row, stride_rk_k, WINDOW
+    )
+    kk = tl.zeros([BLOCK_W, BLOCK_W], dtype=tl.float32)
+    qk = tl.zeros([BLOCK_W, BLOCK_W], dtype=tl.float32)
+    for j in tl.static_range(WINDOW):
+        k_j = _pick(k_w, o_t, j)
+        kk = tl.where(o_t[None, :] == j, tl.sum(k_w * k_j[None, :], axis=1)[:, None], kk)
+        qk = tl.where(o_t[None, :] == j, tl.sum(q_w * k_j[None, :], axis=1)[:, None], qk)
+    p_base = gram_ptr + pid_r * stride_gram_row + pid_k * stride_gram_head
+    p_gram = p_base + o_t[:, None] * BLOCK_H + o_h[None, :]
+    tl.store(p_gram, gk)
+    tl.store(p_gram + BLOCK_W * BLOCK_H, gq)
+    p_ww = p_base + 2 * BLOCK_W * BLOCK_H + o_t[:, None] * BLOCK_W + o_t[None, :]
+    tl.store(p_ww, kk)
+    tl.store(p_ww + BLOCK_W * BLOCK_W, qk)
+    row_w = (o + n + o_t) % num_ring_rows
+    tl.store(p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k, k_w_raw, mask=m_tk)
+
+
+@triton.jit
 def _gdn_window_kernel(
     hp_ptr,
     lp_ptr,
@@ -126,6 +251,7 @@ def _gdn_window_kernel(
     qsl_ptr,
     acc_ptr,
     out_ptr,
+    gram_ptr,
     scale,
     null_block_id,
     num_programs_per_row,
@@ -174,6 +300,8 @@ def _gdn_window_kernel(
     stride_out_tok,
     stride_out_head,
     stride_out_v,
+    stride_gram_row,
+    stride_gram_head,
     head_k_dim: tl.constexpr,
     head_v_dim: tl.constexpr,
     v_per_k: tl.constexpr,
@@ -190,6 +318,7 @@ def _gdn_window_kernel(
     MODE: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    PLANNED: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_hb = tl.program_id(1).to(tl.int64)
@@ -267,13 +396,6 @@ def _gdn_window_kernel(
     o_h = tl.arange(0, BLOCK_H)
     m_hist = o_h < n
     row_h = (o + o_h) % num_ring_rows
-    k_h = l2norm_rows(
-        tl.load(
-            p_rk + row_h[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-            mask=m_hist[:, None] & m_k[None, :],
-            other=0.0,
-        ).to(tl.float32)
-    )
     o_t = tl.arange(0, BLOCK_W)
     m_t = o_t < q
     tok = bos + o_t
@@ -296,23 +418,38 @@ def _gdn_window_kernel(
         )
         * scale
     )
-    # Gram products of the history keys with window keys / queries: [BLOCK_W, BLOCK_H].
-    gk = tl.zeros([BLOCK_W, BLOCK_H], dtype=tl.float32)
-    gq = tl.zeros([BLOCK_W, BLOCK_H], dtype=tl.float32)
-    for i in tl.static_range(WINDOW):
-        gk = tl.where(
-            o_t[:, None] == i, tl.sum(k_h * _pick(k_w, o_t, i)[None, :], axis=1)[None, :], gk
-        )
-        gq = tl.where(
-            o_t[:, None] == i, tl.sum(k_h * _pick(q_w, o_t, i)[None, :], axis=1)[None, :], gq
-        )
     row_w = (o + n + o_t) % num_ring_rows
-    if (pid_v == 0) & (h0 % v_per_k == 0):  # append k once per key head
-        tl.store(
-            p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-            k_w_raw,
-            mask=m_t[:, None] & m_k[None, :],
+    if PLANNED:  # the window plan's products (it also appended the window's k records)
+        p_gram = (
+            gram_ptr
+            + pid_r * stride_gram_row
+            + pid_k * stride_gram_head
+            + o_t[:, None] * BLOCK_H
+            + o_h[None, :]
         )
+        gk = tl.load(p_gram)
+        gq = tl.load(p_gram + BLOCK_W * BLOCK_H)
+        # the window's own Gram products: [BLOCK_W (i), BLOCK_W (j)] k_i . k_j, q_i . k_j
+        p_ww = (
+            gram_ptr
+            + pid_r * stride_gram_row
+            + pid_k * stride_gram_head
+            + 2 * BLOCK_W * BLOCK_H
+            + o_t[:, None] * BLOCK_W
+            + o_t[None, :]
+        )
+        kk_w = tl.load(p_ww)
+        qk_w = tl.load(p_ww + BLOCK_W * BLOCK_W)
+    else:
+        gk, gq = _history_products(
+            p_rk, row_h, m_hist, k_w, q_w, o_t, o_k, m_k, stride_rk_row, stride_rk_k, WINDOW
+        )
+        if (pid_v == 0) & (h0 % v_per_k == 0):  # append k once per key head
+            tl.store(
+                p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
+                k_w_raw,
+                mask=m_t[:, None] & m_k[None, :],
+            )
 
     for h in tl.range(h0, h0 + HEADS_PER_PROGRAM, num_stages=NUM_STAGES):
         p_rg = ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head
@@ -419,12 +556,21 @@ def _gdn_window_kernel(
             d_i = beta_i * (_pick(v_w, o_t, i) - tl.exp(G_i) * u)
             o_i = tl.exp(G_i) * w
             for j in tl.static_range(i):
-                k_j = _pick(k_w, o_t, j)
                 d_j = _pick(d_w, o_t, j)
                 G_ij = tl.exp(G_i - _pick1(G_w, o_t, j))
-                d_i -= (beta_i * G_ij * tl.sum(k_i * k_j, axis=0)) * d_j
-                o_i += (G_ij * tl.sum(k_j * q_i, axis=0)) * d_j
-            o_i += tl.sum(k_i * q_i, axis=0) * d_i
+                if PLANNED:
+                    kk_ij = _pick1(_pick(kk_w, o_t, i), o_t, j)
+                    qk_ij = _pick1(_pick(qk_w, o_t, i), o_t, j)
+                else:
+                    k_j = _pick(k_w, o_t, j)
+                    kk_ij = tl.sum(k_i * k_j, axis=0)
+                    qk_ij = tl.sum(k_j * q_i, axis=0)
+                d_i -= (beta_i * G_ij * kk_ij) * d_j
+                o_i += (G_ij * qk_ij) * d_j
+            if PLANNED:
+                o_i += _pick1(_pick(qk_w, o_t, i), o_t, i) * d_i
+            else:
+                o_i += tl.sum(k_i * q_i, axis=0) * d_i
             d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
             p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
             tl.store(p_out + o_v * stride_out_v, o_i, mask=m_v & (i < q))
@@ -471,6 +617,7 @@ def gdn_window_decode(
     num_warps: int = 1,
     heads_per_program: int = 1,
     num_stages: int = 1,
+    window_plan: bool = False,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -478,7 +625,14 @@ def gdn_window_decode(
     Launch configuration (`dispatch.launch_config` chooses it for the layers): route
     "fused" (one launch) or "split" (flush, then readout); block_v, the value-dim tile;
     num_warps; heads_per_program, a divisor of the value heads per key head; num_stages, the
-    head loop's pipelining. The defaults are the small-batch row of that table.
+    head loop's pipelining; window_plan, a first launch that computes the key-head products
+    (history keys . window keys and queries, the window's Gram products) once per (key head,
+    row) into a scratch the step allocates ([R, Hk, 2 BLOCK_W (BLOCK_H + BLOCK_W)] fp32; from
+    the graph pool under CUDA-graph capture) instead of in every readout program and value
+    head: off until measured on a GPU (sm_90 compiles the planned readout to the same 255
+    registers; `benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob
+    window_plan=0,1`). The defaults are the small-batch row of
+    that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -519,6 +673,37 @@ def gdn_window_decode(
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
+    gram = None
+    if window_plan:
+        bw, bh = pow2_block(window, 1), pow2_block(buffer_len)
+        gram = torch.empty((R, Hk, 2 * bw * (bh + bw)), dtype=torch.float32, device=v.device)
+        _gdn_window_plan_kernel[(Hk, R)](
+            cache.ring_k,
+            cache.meta,
+            q,
+            k,
+            state_indices,
+            query_start_loc if query_start_loc is not None else state_indices,
+            num_accepted_tokens if num_accepted_tokens is not None else state_indices,
+            gram,
+            scale,
+            null_block_id,
+            num_ring_rows,
+            *cache.ring_k.stride(),
+            *cache.meta.stride(),
+            *q.stride(),
+            *k.stride(),
+            gram.stride(0),
+            gram.stride(1),
+            head_k_dim=K,
+            WINDOW=window,
+            BLOCK_W=pow2_block(window, 1),
+            BLOCK_K=pow2_block(K),
+            BLOCK_H=pow2_block(buffer_len),
+            HAS_ACC=num_accepted_tokens is not None,
+            IS_VARLEN=query_start_loc is not None,
+            num_warps=1,
+        )
     for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
         _launch(
             grid,
@@ -547,6 +732,7 @@ def gdn_window_decode(
             num_ring_rows,
             window,
             buffer_len,
+            gram,
         )
 
 
@@ -577,6 +763,7 @@ def _launch(
     num_ring_rows,
     window,
     buffer_len,
+    gram,
 ) -> None:
     _gdn_window_kernel[grid](
         cache.hp,
@@ -598,6 +785,7 @@ def _launch(
         query_start_loc if query_start_loc is not None else state_indices,
         num_accepted_tokens if num_accepted_tokens is not None else state_indices,
         out,
+        gram if gram is not None else cache.ring_g,  # not read without the plan
         scale,
         null_block_id,
         grid[0] * grid[1],
@@ -616,6 +804,7 @@ def _launch(
         *a.stride(),
         *b.stride(),
         *out.stride(),
+        *(gram.stride()[:2] if gram is not None else (0, 0)),
         head_k_dim=K,
         head_v_dim=V,
         v_per_k=v_per_k,
@@ -632,6 +821,7 @@ def _launch(
         MODE=mode,
         HEADS_PER_PROGRAM=cfg["heads_per_program"],
         NUM_STAGES=cfg["num_stages"],
+        PLANNED=gram is not None,
         num_warps=cfg["num_warps"],
     )
 
