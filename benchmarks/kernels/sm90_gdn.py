@@ -23,7 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from vllm_replayssm.kernels.gdn import flush, plan, readout, window
+from vllm_replayssm.kernels.gdn import flush, plan, readout
+from vllm_replayssm.kernels.gdn import window as gdn_window
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -70,15 +71,13 @@ def _tensors(lp: torch.dtype | None, window: int = 1) -> dict[str, torch.Tensor]
         "b": ba[:, Hv:],
         "out": torch.empty(n_tok, Hv, V, dtype=torch.bfloat16, device="meta"),
         "kq": scratch.kq,
-        # the window step's key-head products (window.gdn_window_decode's scratch)
-        "gram": torch.empty(
-            R,
-            Hk,
-            2 * max(2, window) * (plan.history_block(L) + max(2, window)),
-            dtype=torch.float32,
-            device="meta",
-        ),
     }
+    if window > 1:  # the window plan's scratch (window.gdn_window_decode allocates it)
+        bw, bh = max(2, window), plan.history_block(L)
+        t["kq"] = torch.empty(R, Hk, 2 * bw * K, dtype=torch.float32, device="meta")
+        t["coef"] = torch.empty(
+            R, Hv, gdn_window.window_coef_len(bw, bh), dtype=torch.float32, device="meta"
+        )
     return t, scratch
 
 
@@ -99,7 +98,6 @@ PTRS = {  # pointer argument -> tensor prefix
     "b_ptr": "b",
     "out_ptr": "out",
     "kq_ptr": "kq",
-    "gram_ptr": "gram",
 }
 SCALARS = {
     "scale": GEOM.head_k_dim**-0.5,
@@ -125,7 +123,7 @@ def kernel_args(kernel, lp: torch.dtype | None, window: int = 1) -> dict:
     pointer's dtype, a stride_<prefix>_<dim> its stride (dims in the tensor's order)."""
     t, scratch = _tensors(lp, window)
     strides = {
-        "coef": scratch.coef.stride()[:2],
+        "coef": scratch.coef.stride()[:2],  # the window step's own below, from t
         "winv": scratch.fold_inverse.stride()[:2],
         **{p: x.stride() for p, x in t.items()},
     }
@@ -249,7 +247,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
     heads of a key head per program, 16-row value tiles, bf16 LP): the readout with and
     without the window plan, the plan, the flush-only launch."""
     Hk, Hv, K, V = GEOM.num_k_heads, GEOM.num_v_heads, GEOM.head_k_dim, GEOM.head_v_dim
-    kern = window._gdn_window_kernel
+    kern = gdn_window._gdn_window_kernel
     base = dict(
         head_k_dim=K,
         head_v_dim=V,
@@ -270,26 +268,29 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
     out = [
         (
             f"window {T} plan",
-            window._gdn_window_plan_kernel,
-            kernel_args(window._gdn_window_plan_kernel, torch.bfloat16, T),
+            gdn_window._gdn_window_plan_kernel,
+            kernel_args(gdn_window._gdn_window_plan_kernel, torch.bfloat16, T),
             dict(
+                v_per_k=Hv // Hk,
                 head_k_dim=K,
                 WINDOW=T,
                 BLOCK_W=T,
                 BLOCK_K=K,
                 BLOCK_H=plan.history_block(L),
+                BLOCK_HG=Hv // Hk,
                 HAS_ACC=True,
                 IS_VARLEN=True,
+                EXACT_FLUSH=True,
             ),
             1,
         )
     ]
     for name, mode, planned in (
-        ("readout, planned", window.READOUT, True),
-        ("readout, unplanned", window.READOUT, False),
-        ("fused, planned", window.FUSED, True),
-        ("fused, unplanned", window.FUSED, False),
-        ("flush only", window.FLUSH_ONLY, False),
+        ("readout, planned", gdn_window.READOUT, True),
+        ("readout, unplanned", gdn_window.READOUT, False),
+        ("fused, planned", gdn_window.FUSED, True),
+        ("fused, unplanned", gdn_window.FUSED, False),
+        ("flush only", gdn_window.FLUSH_ONLY, False),
     ):
         out.append(
             (

@@ -25,6 +25,9 @@ from .test_reference import GEOMS
 
 
 def _op(route, window_plan=False):
+    """route: "fused", "split", or "split_planned" (split with the window plan launch)."""
+    if route == "split_planned":
+        route, window_plan = "split", True
     return functools.partial(gdn_window.gdn_window_decode, route=route, window_plan=window_plan)
 
 
@@ -75,7 +78,7 @@ def test_kernel_matches_naive(row, device):
     "row",
     table(
         {
-            "route": {"split": "split", "fused": "fused"},
+            "route": {"split": "split", "fused": "fused", "split_planned": "split_planned"},
             "flush": {"exact": True, "fold": False},
             "lp": LP,
             "T": {"T1": 1, "T3": 3},
@@ -157,7 +160,7 @@ REAL = {
 @pytest.mark.parametrize("geom", list(REAL))
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 @pytest.mark.parametrize("T", [1, 4])
-@pytest.mark.parametrize("route", ["fused", "split"])
+@pytest.mark.parametrize("route", ["fused", "split", "split_planned"])
 def test_real_geometry_on_gpu(geom, lp, T, route):
     fam = GDNFamily(
         REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=1, decode_op=_op(route)

@@ -131,19 +131,39 @@ def _history_products(
     return gk, gq
 
 
+def window_coef_len(block_w: int, block_h: int) -> int:
+    """Per (row, value head) words of the window plan's coefficients: c_u, c_w, β [BLOCK_W]
+    each, the history coefficients A_h, B_h [BLOCK_W, BLOCK_H] and the window's own A_w, B_w
+    [BLOCK_W, BLOCK_W] (`_gdn_window_plan_kernel`)."""
+    return 3 * block_w + 2 * block_w * block_h + 2 * block_w * block_w
+
+
 @triton.jit
 def _gdn_window_plan_kernel(
+    ring_g_ptr,
+    ring_beta_ptr,
     ring_k_ptr,
     meta_ptr,
     q_ptr,
     k_ptr,
+    a_ptr,
+    b_ptr,
+    A_log_ptr,
+    dt_bias_ptr,
     state_indices_ptr,
     qsl_ptr,
     acc_ptr,
-    gram_ptr,
+    kq_ptr,
+    coef_ptr,
     scale,
     null_block_id,
     num_ring_rows,
+    stride_rg_slot,
+    stride_rg_head,
+    stride_rg_row,
+    stride_rbeta_slot,
+    stride_rbeta_head,
+    stride_rbeta_row,
     stride_rk_slot,
     stride_rk_head,
     stride_rk_row,
@@ -156,22 +176,39 @@ def _gdn_window_plan_kernel(
     stride_k_tok,
     stride_k_head,
     stride_k_k,
-    stride_gram_row,
-    stride_gram_head,
+    stride_a_tok,
+    stride_a_head,
+    stride_b_tok,
+    stride_b_head,
+    stride_kq_row,
+    stride_kq_head,
+    stride_coef_row,
+    stride_coef_head,
+    v_per_k: tl.constexpr,
     head_k_dim: tl.constexpr,
     WINDOW: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    BLOCK_HG: tl.constexpr,
     HAS_ACC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    EXACT_FLUSH: tl.constexpr,
 ):
-    """The window step's key-head work, once per (key head, row) instead of in every
-    (value tile, value heads) program of the readout: the history keys loaded and
-    normalised, their products with the window's keys and queries and the window's own Gram
-    products stored as gram[row, key head] = ([BLOCK_W, BLOCK_H] k_j . k_i, then k_j . q_i,
-    then [BLOCK_W, BLOCK_W] k_i . k_j, then q_i . k_j), and the window's k records
-    appended. Reads the cursor words (nobody writes them in this launch)."""
+    """The window step's plan, one program per (key head, row): everything but the state
+    tile's products, once per row instead of in every (value tile, head block) readout
+    program. Reads the cursor words (nobody writes them in this launch) and the history
+    records; stores the window's normalised keys and scaled queries (kq[row, key head] =
+    [2, BLOCK_W, BLOCK_K]) and per value head the coefficients of
+
+        d_i = β_i v_i − c_u,i (S0·k_i) − Σ_l A_h[i, l] d_l − Σ_{j<i} A_w[i, j] d_j
+        o_i = c_w,i (S0·q_i) + Σ_l B_h[i, l] d_l + Σ_{j≤i} B_w[i, j] d_j
+
+    over the history records d_l and the window's own corrected values (c_w,i = e^{G_i + Γn},
+    c_u,i = β_i c_w,i, A_h = β_i e^{G_i} w_l (k_l·k_i), B_h = e^{G_i} w_l (k_l·q_i), A_w =
+    β_i e^{G_i − G_j} (k_j·k_i), B_w = e^{G_i − G_j} (k_j·q_i); `window_coef_len` words);
+    appends the window's g, β (exact flush) and k records. Flush rows get an empty
+    history: the readout reads their folded checkpoint."""
     pid_k = tl.program_id(0)
     pid_r = tl.program_id(1).to(tl.int64)
     slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
@@ -207,27 +244,160 @@ def _gdn_window_plan_kernel(
         mask=m_tk,
         other=0.0,
     )
-    p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
     k_w = l2norm_rows(k_w_raw.to(tl.float32))
     q_w = l2norm_rows(q_raw.to(tl.float32)) * scale
+    p_kq = kq_ptr + pid_r * stride_kq_row + pid_k * stride_kq_head
+    tl.store(p_kq + o_t[:, None] * BLOCK_K + o_k[None, :], k_w)
+    tl.store(p_kq + (BLOCK_W + o_t[:, None]) * BLOCK_K + o_k[None, :], q_w)
+    p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
     gk, gq = _history_products(
         p_rk, row_h, m_hist, k_w, q_w, o_t, o_k, m_k, stride_rk_row, stride_rk_k, WINDOW
     )
-    kk = tl.zeros([BLOCK_W, BLOCK_W], dtype=tl.float32)
-    qk = tl.zeros([BLOCK_W, BLOCK_W], dtype=tl.float32)
+    kk = tl.zeros([BLOCK_W, BLOCK_W], dtype=tl.float32)  # [i, j] k_j . k_i
+    qk = tl.zeros([BLOCK_W, BLOCK_W], dtype=tl.float32)  # [i, j] k_j . q_i
     for j in tl.static_range(WINDOW):
         k_j = _pick(k_w, o_t, j)
         kk = tl.where(o_t[None, :] == j, tl.sum(k_w * k_j[None, :], axis=1)[:, None], kk)
         qk = tl.where(o_t[None, :] == j, tl.sum(q_w * k_j[None, :], axis=1)[:, None], qk)
-    p_base = gram_ptr + pid_r * stride_gram_row + pid_k * stride_gram_head
-    p_gram = p_base + o_t[:, None] * BLOCK_H + o_h[None, :]
-    tl.store(p_gram, gk)
-    tl.store(p_gram + BLOCK_W * BLOCK_H, gq)
-    p_ww = p_base + 2 * BLOCK_W * BLOCK_H + o_t[:, None] * BLOCK_W + o_t[None, :]
-    tl.store(p_ww, kk)
-    tl.store(p_ww + BLOCK_W * BLOCK_W, qk)
+
+    # Per value head of this key head: decays and gates, then the coefficients.
+    o_hg = tl.arange(0, BLOCK_HG)
+    m_hg = o_hg < v_per_k
+    h = pid_k * v_per_k + o_hg
+    keep = m_hg[:, None] & m_hist[None, :]
+    g_h = tl.load(
+        ring_g_ptr
+        + slot * stride_rg_slot
+        + h[:, None] * stride_rg_head
+        + row_h[None, :] * stride_rg_row,
+        mask=keep,
+        other=0.0,
+    )  # [BLOCK_HG, BLOCK_H]
+    gam_n = tl.sum(g_h, axis=1)
+    w_h = tl.where(keep, tl.exp(tl.where(keep, gam_n[:, None] - tl.cumsum(g_h, axis=1), 0.0)), 0.0)
+    neg_A = -tl.exp(tl.load(A_log_ptr + h, mask=m_hg, other=0.0).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + h, mask=m_hg, other=0.0).to(tl.float32)
+    m_ht = m_hg[:, None] & m_t[None, :]
+    a_w = tl.load(
+        a_ptr + tok[None, :] * stride_a_tok + h[:, None] * stride_a_head, mask=m_ht, other=0.0
+    ).to(tl.float32)
+    b_raw = tl.load(
+        b_ptr + tok[None, :] * stride_b_tok + h[:, None] * stride_b_head, mask=m_ht, other=0.0
+    )
+    g_w = tl.where(m_ht, neg_A[:, None] * softplus(a_w + dt_bias[:, None]), 0.0)  # [HG, W]
+    beta_w = beta_gate(b_raw)
+    G_w = tl.cumsum(g_w, axis=1)
+    e_G = tl.exp(G_w)
+    c_w = e_G * tl.exp(gam_n)[:, None]
+    c_u = beta_w * c_w
+    a_h = (beta_w * e_G)[:, :, None] * w_h[:, None, :] * gk[None, :, :]  # [HG, W, H]
+    b_h = e_G[:, :, None] * w_h[:, None, :] * gq[None, :, :]
+    le = (o_t[None, :] <= o_t[:, None])[None, :, :]  # [1, i, j]: j <= i
+    lt = (o_t[None, :] < o_t[:, None])[None, :, :]
+    e_ij = tl.where(le, tl.exp(tl.where(le, G_w[:, :, None] - G_w[:, None, :], 0.0)), 0.0)
+    a_w = tl.where(lt, beta_w[:, :, None] * e_ij * kk[None, :, :], 0.0)  # [HG, W, W]
+    b_w = tl.where(le, e_ij * qk[None, :, :], 0.0)
+
+    p_c = coef_ptr + pid_r * stride_coef_row + h[:, None] * stride_coef_head  # [HG, 1]
+    m_c = m_hg[:, None]
+    tl.store(p_c + o_t[None, :], c_u, mask=m_c)
+    tl.store(p_c + BLOCK_W + o_t[None, :], c_w, mask=m_c)
+    tl.store(p_c + 2 * BLOCK_W + o_t[None, :], beta_w, mask=m_c)
+    p_c3 = p_c[:, :, None] + 3 * BLOCK_W
+    m_c3 = m_hg[:, None, None]
+    p_hist = p_c3 + o_t[None, :, None] * BLOCK_H + o_h[None, None, :]
+    tl.store(p_hist, a_h, mask=m_c3)
+    tl.store(p_hist + BLOCK_W * BLOCK_H, b_h, mask=m_c3)
+    p_win = p_c3 + 2 * BLOCK_W * BLOCK_H + o_t[None, :, None] * BLOCK_W + o_t[None, None, :]
+    tl.store(p_win, a_w, mask=m_c3)
+    tl.store(p_win + BLOCK_W * BLOCK_W, b_w, mask=m_c3)
+
+    # The window's row-shared records at logical n .. n + q - 1.
     row_w = (o + n + o_t) % num_ring_rows
+    tl.store(
+        ring_g_ptr
+        + slot * stride_rg_slot
+        + h[:, None] * stride_rg_head
+        + row_w[None, :] * stride_rg_row,
+        g_w,
+        mask=m_ht,
+    )
+    if EXACT_FLUSH:
+        tl.store(
+            ring_beta_ptr
+            + slot * stride_rbeta_slot
+            + h[:, None] * stride_rbeta_head
+            + row_w[None, :] * stride_rbeta_row,
+            beta_w,
+            mask=m_ht,
+        )
     tl.store(p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k, k_w_raw, mask=m_tk)
+
+
+@triton.jit
+def _readout_planned(
+    S,
+    d_h,
+    p_kq,
+    p_c,
+    p_v,
+    p_out,
+    p_rd,
+    p_rv,
+    bos,
+    q,
+    first_row,
+    num_ring_rows,
+    o_t,
+    o_h,
+    o_k,
+    m_v,
+    stride_v_tok,
+    stride_out_tok,
+    stride_rd_row,
+    stride_rv_row,
+    WINDOW: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    EXACT_FLUSH: tl.constexpr,
+):
+    """One value head's window from its checkpoint tile S [BLOCK_V, BLOCK_K] and history
+    records d_h [BLOCK_H, BLOCK_V] with the window plan's vectors (p_kq) and coefficients
+    (p_c, `_gdn_window_plan_kernel`), token by token: each token's key, query, v and
+    coefficient rows are loaded where they are used, so only the tile, the history and the
+    window's corrected values stay live. Stores the outputs and the d (and v) records."""
+    c_ah = 3 * BLOCK_W
+    c_bh = c_ah + BLOCK_W * BLOCK_H
+    c_aw = c_bh + BLOCK_W * BLOCK_H
+    c_bw = c_aw + BLOCK_W * BLOCK_W
+    d_w = tl.zeros([BLOCK_W, S.shape[0]], dtype=tl.float32)
+    for i in tl.static_range(WINDOW):
+        m_i = m_v & (i < q)
+        k_i = tl.load(p_kq + i * BLOCK_K + o_k)
+        q_i = tl.load(p_kq + (BLOCK_W + i) * BLOCK_K + o_k)
+        v_raw = tl.load(p_v + (bos + i) * stride_v_tok, mask=m_i, other=0.0)
+        a_row = tl.load(p_c + c_ah + i * BLOCK_H + o_h)
+        b_row = tl.load(p_c + c_bh + i * BLOCK_H + o_h)
+        d_i = (
+            tl.load(p_c + 2 * BLOCK_W + i) * v_raw.to(tl.float32)
+            - tl.load(p_c + i) * tl.sum(S * k_i[None, :], axis=1)
+            - tl.sum(a_row[:, None] * d_h, axis=0)
+        )
+        o_i = tl.load(p_c + BLOCK_W + i) * tl.sum(S * q_i[None, :], axis=1) + tl.sum(
+            b_row[:, None] * d_h, axis=0
+        )
+        for j in tl.static_range(i):
+            d_j = _pick(d_w, o_t, j)
+            d_i -= tl.load(p_c + c_aw + i * BLOCK_W + j) * d_j
+            o_i += tl.load(p_c + c_bw + i * BLOCK_W + j) * d_j
+        o_i += tl.load(p_c + c_bw + i * BLOCK_W + i) * d_i
+        d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
+        tl.store(p_out + (bos + i) * stride_out_tok, o_i, mask=m_i)
+        row = (first_row + i) % num_ring_rows
+        tl.store(p_rd + row * stride_rd_row, d_i, mask=m_i)
+        if EXACT_FLUSH:
+            tl.store(p_rv + row * stride_rv_row, v_raw, mask=m_i)
 
 
 @triton.jit
@@ -251,7 +421,8 @@ def _gdn_window_kernel(
     qsl_ptr,
     acc_ptr,
     out_ptr,
-    gram_ptr,
+    kq_ptr,
+    coef_ptr,
     scale,
     null_block_id,
     num_programs_per_row,
@@ -300,8 +471,10 @@ def _gdn_window_kernel(
     stride_out_tok,
     stride_out_head,
     stride_out_v,
-    stride_gram_row,
-    stride_gram_head,
+    stride_kq_row,
+    stride_kq_head,
+    stride_coef_row,
+    stride_coef_head,
     head_k_dim: tl.constexpr,
     head_v_dim: tl.constexpr,
     v_per_k: tl.constexpr,
@@ -399,48 +572,29 @@ def _gdn_window_kernel(
     o_t = tl.arange(0, BLOCK_W)
     m_t = o_t < q
     tok = bos + o_t
-    k_w_raw = tl.load(
-        k_ptr + tok[:, None] * stride_k_tok + pid_k * stride_k_head + o_k[None, :] * stride_k_k,
-        mask=m_t[:, None] & m_k[None, :],
-        other=0.0,
-    )
-    k_w = l2norm_rows(k_w_raw.to(tl.float32))
-    q_w = (
-        l2norm_rows(
-            tl.load(
-                q_ptr
-                + tok[:, None] * stride_q_tok
-                + pid_k * stride_q_head
-                + o_k[None, :] * stride_q_k,
-                mask=m_t[:, None] & m_k[None, :],
-                other=0.0,
-            ).to(tl.float32)
-        )
-        * scale
-    )
-    row_w = (o + n + o_t) % num_ring_rows
-    if PLANNED:  # the window plan's products (it also appended the window's k records)
-        p_gram = (
-            gram_ptr
-            + pid_r * stride_gram_row
-            + pid_k * stride_gram_head
-            + o_t[:, None] * BLOCK_H
-            + o_h[None, :]
-        )
-        gk = tl.load(p_gram)
-        gq = tl.load(p_gram + BLOCK_W * BLOCK_H)
-        # the window's own Gram products: [BLOCK_W (i), BLOCK_W (j)] k_i . k_j, q_i . k_j
-        p_ww = (
-            gram_ptr
-            + pid_r * stride_gram_row
-            + pid_k * stride_gram_head
-            + 2 * BLOCK_W * BLOCK_H
-            + o_t[:, None] * BLOCK_W
-            + o_t[None, :]
-        )
-        kk_w = tl.load(p_ww)
-        qk_w = tl.load(p_ww + BLOCK_W * BLOCK_W)
+    if PLANNED:  # the window plan computed them and appended the row-shared records
+        p_kq = kq_ptr + pid_r * stride_kq_row + pid_k * stride_kq_head
     else:
+        k_w_raw = tl.load(
+            k_ptr + tok[:, None] * stride_k_tok + pid_k * stride_k_head + o_k[None, :] * stride_k_k,
+            mask=m_t[:, None] & m_k[None, :],
+            other=0.0,
+        )
+        k_w = l2norm_rows(k_w_raw.to(tl.float32))
+        q_w = (
+            l2norm_rows(
+                tl.load(
+                    q_ptr
+                    + tok[:, None] * stride_q_tok
+                    + pid_k * stride_q_head
+                    + o_k[None, :] * stride_q_k,
+                    mask=m_t[:, None] & m_k[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+            )
+            * scale
+        )
+        row_w = (o + n + o_t) % num_ring_rows
         gk, gq = _history_products(
             p_rk, row_h, m_hist, k_w, q_w, o_t, o_k, m_k, stride_rk_row, stride_rk_k, WINDOW
         )
@@ -516,81 +670,101 @@ def _gdn_window_kernel(
             else:
                 S = tl.load(p_hp, mask=m_vk, other=0.0)
 
-        g_h = tl.load(p_rg + row_h * stride_rg_row, mask=m_hist, other=0.0)
-        gam_n = tl.sum(g_h, axis=0)
-        w_h = tl.where(m_hist, tl.exp(gam_n - tl.cumsum(g_h, axis=0)), 0.0)  # [BLOCK_H]
         d_h = tl.load(
             p_rd + row_h[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
             mask=m_hist[:, None] & m_v[None, :],
             other=0.0,
         ).to(tl.float32)
-        decay_n = tl.exp(gam_n)
-        neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
-        dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
-        a_w = tl.load(a_ptr + tok * stride_a_tok + h * stride_a_head, mask=m_t, other=0.0).to(
-            tl.float32
-        )
-        b_raw = tl.load(b_ptr + tok * stride_b_tok + h * stride_b_head, mask=m_t, other=0.0)
-        g_w = tl.where(m_t, neg_A * softplus(a_w + dt_bias), 0.0)
-        beta_w = beta_gate(b_raw)
-        G_w = tl.cumsum(g_w, axis=0)
-        v_w_raw = tl.load(
-            v_ptr + tok[:, None] * stride_v_tok + h * stride_v_head + o_v[None, :] * stride_v_v,
-            mask=m_t[:, None] & m_v[None, :],
-            other=0.0,
-        )
-        v_w = v_w_raw.to(tl.float32)
-        d_w = tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32)
-        for i in tl.static_range(WINDOW):
-            k_i = _pick(k_w, o_t, i)
-            q_i = _pick(q_w, o_t, i)
-            # u = S_n k_i, w = S_n q_i, S_n = e^{Gamma_n} S + sum_j w_h[j] d_j k_j^T.
-            u = tl.sum(S * k_i[None, :], axis=1) * decay_n + tl.sum(
-                (w_h * _pick(gk, o_t, i))[:, None] * d_h, axis=0
+        if PLANNED:
+            _readout_planned(
+                S,
+                d_h,
+                p_kq,
+                coef_ptr + pid_r * stride_coef_row + h * stride_coef_head,
+                v_ptr + h * stride_v_head + o_v * stride_v_v,
+                out_ptr + h * stride_out_head + o_v * stride_out_v,
+                p_rd + o_v * stride_rd_v,
+                p_rv + o_v * stride_rv_v,
+                bos,
+                q,
+                o + n,
+                num_ring_rows,
+                o_t,
+                o_h,
+                o_k,
+                m_v,
+                stride_v_tok,
+                stride_out_tok,
+                stride_rd_row,
+                stride_rv_row,
+                WINDOW,
+                BLOCK_W,
+                BLOCK_K,
+                BLOCK_H,
+                EXACT_FLUSH,
             )
-            w = tl.sum(S * q_i[None, :], axis=1) * decay_n + tl.sum(
-                (w_h * _pick(gq, o_t, i))[:, None] * d_h, axis=0
+        else:
+            g_h = tl.load(p_rg + row_h * stride_rg_row, mask=m_hist, other=0.0)
+            gam_n = tl.sum(g_h, axis=0)
+            w_h = tl.where(m_hist, tl.exp(gam_n - tl.cumsum(g_h, axis=0)), 0.0)  # [BLOCK_H]
+            decay_n = tl.exp(gam_n)
+            neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
+            dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+            a_w = tl.load(a_ptr + tok * stride_a_tok + h * stride_a_head, mask=m_t, other=0.0).to(
+                tl.float32
             )
-            G_i = _pick1(G_w, o_t, i)
-            beta_i = _pick1(beta_w, o_t, i)
-            d_i = beta_i * (_pick(v_w, o_t, i) - tl.exp(G_i) * u)
-            o_i = tl.exp(G_i) * w
-            for j in tl.static_range(i):
-                d_j = _pick(d_w, o_t, j)
-                G_ij = tl.exp(G_i - _pick1(G_w, o_t, j))
-                if PLANNED:
-                    kk_ij = _pick1(_pick(kk_w, o_t, i), o_t, j)
-                    qk_ij = _pick1(_pick(qk_w, o_t, i), o_t, j)
-                else:
+            b_raw = tl.load(b_ptr + tok * stride_b_tok + h * stride_b_head, mask=m_t, other=0.0)
+            g_w = tl.where(m_t, neg_A * softplus(a_w + dt_bias), 0.0)
+            beta_w = beta_gate(b_raw)
+            G_w = tl.cumsum(g_w, axis=0)
+            v_w_raw = tl.load(
+                v_ptr + tok[:, None] * stride_v_tok + h * stride_v_head + o_v[None, :] * stride_v_v,
+                mask=m_t[:, None] & m_v[None, :],
+                other=0.0,
+            )
+            v_w = v_w_raw.to(tl.float32)
+            d_w = tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32)
+            for i in tl.static_range(WINDOW):
+                k_i = _pick(k_w, o_t, i)
+                q_i = _pick(q_w, o_t, i)
+                # u = S_n k_i, w = S_n q_i, S_n = e^{Gamma_n} S + sum_j w_h[j] d_j k_j^T.
+                u = tl.sum(S * k_i[None, :], axis=1) * decay_n + tl.sum(
+                    (w_h * _pick(gk, o_t, i))[:, None] * d_h, axis=0
+                )
+                w = tl.sum(S * q_i[None, :], axis=1) * decay_n + tl.sum(
+                    (w_h * _pick(gq, o_t, i))[:, None] * d_h, axis=0
+                )
+                G_i = _pick1(G_w, o_t, i)
+                beta_i = _pick1(beta_w, o_t, i)
+                d_i = beta_i * (_pick(v_w, o_t, i) - tl.exp(G_i) * u)
+                o_i = tl.exp(G_i) * w
+                for j in tl.static_range(i):
+                    d_j = _pick(d_w, o_t, j)
+                    G_ij = tl.exp(G_i - _pick1(G_w, o_t, j))
                     k_j = _pick(k_w, o_t, j)
-                    kk_ij = tl.sum(k_i * k_j, axis=0)
-                    qk_ij = tl.sum(k_j * q_i, axis=0)
-                d_i -= (beta_i * G_ij * kk_ij) * d_j
-                o_i += (G_ij * qk_ij) * d_j
-            if PLANNED:
-                o_i += _pick1(_pick(qk_w, o_t, i), o_t, i) * d_i
-            else:
+                    d_i -= (beta_i * G_ij * tl.sum(k_i * k_j, axis=0)) * d_j
+                    o_i += (G_ij * tl.sum(k_j * q_i, axis=0)) * d_j
                 o_i += tl.sum(k_i * q_i, axis=0) * d_i
-            d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
-            p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
-            tl.store(p_out + o_v * stride_out_v, o_i, mask=m_v & (i < q))
+                d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
+                p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
+                tl.store(p_out + o_v * stride_out_v, o_i, mask=m_v & (i < q))
 
-        # Append the window's records at logical n .. n + q - 1.
-        tl.store(
-            p_rd + row_w[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
-            d_w,
-            mask=m_t[:, None] & m_v[None, :],
-        )
-        if EXACT_FLUSH:
+            # Append the window's records at logical n .. n + q - 1.
             tl.store(
-                p_rv + row_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v,
-                v_w_raw,
+                p_rd + row_w[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
+                d_w,
                 mask=m_t[:, None] & m_v[None, :],
             )
-        if pid_v == 0:
-            tl.store(p_rg + row_w * stride_rg_row, g_w, mask=m_t)
             if EXACT_FLUSH:
-                tl.store(p_rbeta + row_w * stride_rbeta_row, beta_w, mask=m_t)
+                tl.store(
+                    p_rv + row_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v,
+                    v_w_raw,
+                    mask=m_t[:, None] & m_v[None, :],
+                )
+            if pid_v == 0:
+                tl.store(p_rg + row_w * stride_rg_row, g_w, mask=m_t)
+                if EXACT_FLUSH:
+                    tl.store(p_rbeta + row_w * stride_rbeta_row, beta_w, mask=m_t)
     finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn, stale)
 
 
@@ -625,12 +799,14 @@ def gdn_window_decode(
     Launch configuration (`dispatch.launch_config` chooses it for the layers): route
     "fused" (one launch) or "split" (flush, then readout); block_v, the value-dim tile;
     num_warps; heads_per_program, a divisor of the value heads per key head; num_stages, the
-    head loop's pipelining; window_plan, a first launch that computes the key-head products
-    (history keys . window keys and queries, the window's Gram products) once per (key head,
-    row) into a scratch the step allocates ([R, Hk, 2 BLOCK_W (BLOCK_H + BLOCK_W)] fp32; from
-    the graph pool under CUDA-graph capture) instead of in every readout program and value
-    head: off until measured on a GPU (sm_90 compiles the planned readout to the same 255
-    registers; `benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob
+    head loop's pipelining; window_plan, a first launch (`_gdn_window_plan_kernel`, one
+    program per (key head, row)) that computes everything but the checkpoint tile's products
+    into scratch the step allocates (the window's normalised keys and queries, [R, Hk, 2
+    BLOCK_W BLOCK_K], and per value head the readout's coefficients, [R, Hv,
+    window_coef_len]; fp32, from the graph pool under CUDA-graph capture) and appends the
+    row-shared records, so that the readout programs load each token's vectors and
+    coefficients where they use them instead of deriving them from the ring: off until
+    measured on a GPU (`benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob
     window_plan=0,1`). The defaults are the small-batch row of
     that table.
     """
@@ -673,35 +849,52 @@ def gdn_window_decode(
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
-    gram = None
+    plan = None
     if window_plan:
-        bw, bh = pow2_block(window, 1), pow2_block(buffer_len)
-        gram = torch.empty((R, Hk, 2 * bw * (bh + bw)), dtype=torch.float32, device=v.device)
+        bw, bk, bh = pow2_block(window, 1), pow2_block(K), pow2_block(buffer_len)
+        f32 = dict(dtype=torch.float32, device=v.device)
+        plan = (
+            torch.empty((R, Hk, 2 * bw * bk), **f32),
+            torch.empty((R, Hv, window_coef_len(bw, bh)), **f32),
+        )
         _gdn_window_plan_kernel[(Hk, R)](
+            cache.ring_g,
+            beta,
             cache.ring_k,
             cache.meta,
             q,
             k,
+            a,
+            b,
+            A_log,
+            dt_bias,
             state_indices,
             query_start_loc if query_start_loc is not None else state_indices,
             num_accepted_tokens if num_accepted_tokens is not None else state_indices,
-            gram,
+            *plan,
             scale,
             null_block_id,
             num_ring_rows,
+            *cache.ring_g.stride(),
+            *beta.stride(),
             *cache.ring_k.stride(),
             *cache.meta.stride(),
             *q.stride(),
             *k.stride(),
-            gram.stride(0),
-            gram.stride(1),
+            *a.stride(),
+            *b.stride(),
+            *plan[0].stride()[:2],
+            *plan[1].stride()[:2],
+            v_per_k=Hv // Hk,
             head_k_dim=K,
             WINDOW=window,
-            BLOCK_W=pow2_block(window, 1),
-            BLOCK_K=pow2_block(K),
-            BLOCK_H=pow2_block(buffer_len),
+            BLOCK_W=bw,
+            BLOCK_K=bk,
+            BLOCK_H=bh,
+            BLOCK_HG=max(2, triton.next_power_of_2(Hv // Hk)),
             HAS_ACC=num_accepted_tokens is not None,
             IS_VARLEN=query_start_loc is not None,
+            EXACT_FLUSH=cache.exact_flush,
             num_warps=1,
         )
     for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
@@ -732,7 +925,7 @@ def gdn_window_decode(
             num_ring_rows,
             window,
             buffer_len,
-            gram,
+            plan,
         )
 
 
@@ -763,7 +956,7 @@ def _launch(
     num_ring_rows,
     window,
     buffer_len,
-    gram,
+    plan,
 ) -> None:
     _gdn_window_kernel[grid](
         cache.hp,
@@ -785,7 +978,7 @@ def _launch(
         query_start_loc if query_start_loc is not None else state_indices,
         num_accepted_tokens if num_accepted_tokens is not None else state_indices,
         out,
-        gram if gram is not None else cache.ring_g,  # not read without the plan
+        *(plan if plan is not None else (cache.ring_g, cache.ring_g)),  # read with a plan only
         scale,
         null_block_id,
         grid[0] * grid[1],
@@ -804,7 +997,7 @@ def _launch(
         *a.stride(),
         *b.stride(),
         *out.stride(),
-        *(gram.stride()[:2] if gram is not None else (0, 0)),
+        *(plan[0].stride()[:2] + plan[1].stride()[:2] if plan is not None else (0, 0, 0, 0)),
         head_k_dim=K,
         head_v_dim=V,
         v_per_k=v_per_k,
@@ -821,7 +1014,7 @@ def _launch(
         MODE=mode,
         HEADS_PER_PROGRAM=cfg["heads_per_program"],
         NUM_STAGES=cfg["num_stages"],
-        PLANNED=gram is not None,
+        PLANNED=plan is not None,
         num_warps=cfg["num_warps"],
     )
 
