@@ -369,8 +369,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         alone (on GPUs, the uniform batches that run as CUDA graphs; padding rows last, with
         NULL slots and no tokens) takes only shape-derived decisions and tensor ops; batches
         with other rows are split on the host by the metadata builder (`backends/gdn.py`'s
-        `SpecSplit`: a device read-back per layer stalled eager steps); only prefill chunks
-        read their lengths back (`_prefill_view_gpu`)."""
+        `SpecSplit`, prefill chunks' offsets included): no device read-back, which would
+        stall every such step once per layer."""
         dev = mixed_qkv.device
         seq_lens = md.replay_seq_lens.long()
         split = md.replay_spec_split  # backends/gdn.py: None when every row has drafts
@@ -570,7 +570,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             (npt, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype, device=core_attn_out.device
         )
         if not cpu:
-            view = _prefill_view_gpu(view, qsl_cpu, has_init, slots)
+            view = _prefill_view_gpu(view, qsl_cpu, qsl, has_init, slots)
         attn_metadata[self.prefix] = view
         try:
             if cpu:
@@ -634,12 +634,14 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         return out.squeeze(-1)
 
 
-def _prefill_view_gpu(view, qsl_cpu: torch.Tensor, has_init: torch.Tensor, slots: torch.Tensor):
+def _prefill_view_gpu(
+    view, qsl_cpu: torch.Tensor, qsl: torch.Tensor, has_init: torch.Tensor, slots: torch.Tensor
+):
     """`view` (prefill rows only) with the prefill inputs vLLM's GPU path reads from its
     metadata, rebuilt for these rows as its builder builds them for all non-spec rows: the
     FLA chunk indices and offsets, the Triton conv's chunk metadata, and the prefill
-    tensors. qsl_cpu: [npf + 1] over the view's tokens, on the host (the builder's split);
-    has_init, slots: [npf] on the device."""
+    tensors. qsl_cpu / qsl: [npf + 1] over the view's tokens, on the host (the builder's
+    split) and its copy on the device; has_init, slots: [npf] on the device."""
     from vllm.third_party.flash_linear_attention.ops.index import (
         prepare_chunk_indices,
         prepare_chunk_offsets,
@@ -648,8 +650,7 @@ def _prefill_view_gpu(view, qsl_cpu: torch.Tensor, has_init: torch.Tensor, slots
     from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
 
     dev = slots.device
-    qsl_cpu = qsl_cpu.to(torch.int32)
-    qsl_dev = qsl_cpu.pin_memory().to(dev, non_blocking=True)
+    qsl_dev = qsl.to(torch.int32)
     nums_dict, batch_ptr, token_chunk_offset_ptr = compute_causal_conv1d_metadata(
         qsl_cpu, device=dev
     )
