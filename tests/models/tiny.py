@@ -237,6 +237,14 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
     return out_dir
 
 
+def follow_up_prompts(
+    prompts: list[list[int]], outputs: list[list[int]], follow_ups: list[tuple[int, list[int]]]
+) -> list[list[int]]:
+    """The second turns of `greedy_outputs`' follow_ups [(i, extra)]: prompt i, its output
+    (`outputs[i]`, token ids) and `extra`."""
+    return [[*prompts[i], *outputs[i], *extra] for i, extra in follow_ups]
+
+
 def greedy_outputs(
     model_dir: Path | str,
     prompts: list[list[int]],
@@ -322,11 +330,8 @@ def greedy_outputs(
             outs += llm.generate(wave, params, use_tqdm=False)
             start += size
         if follow_ups:
-            turns = [
-                {"prompt_token_ids": [*prompts[i], *outs[i].outputs[0].token_ids, *extra]}
-                for i, extra in follow_ups
-            ]
-            outs += llm.generate(turns, params, use_tqdm=False)
+            turns = follow_up_prompts(prompts, [o.outputs[0].token_ids for o in outs], follow_ups)
+            outs += llm.generate([{"prompt_token_ids": t} for t in turns], params, use_tqdm=False)
         found = llm.apply_model(ssm_layers)[0] if in_process or layers is not None else []
         if layers is not None:
             layers.extend(found)

@@ -16,7 +16,7 @@ from vllm_replayssm.config import GPU_PREFIX_MATCH_UNIT_ENV
 
 from ..models.compare import check_greedy, distinct_tokens
 from ..models.runs import BUFFER_LEN, GPU_ENGINE, PEAKED
-from ..models.tiny import CACHED_TOKENS, TeacherForcedOracle
+from ..models.tiny import CACHED_TOKENS, TeacherForcedOracle, follow_up_prompts
 from .test_prefix_caching_cpu import CASES, _same_turns, workload
 from .test_prefix_caching_cpu import _run as run_workload
 
@@ -89,6 +89,6 @@ def test_prefix_caching_on_gpu(runs, kind, unit, capsys, monkeypatch):
 
 def _turn_prompts(block: int, reference) -> list[list[int]]:
     """The workload's prompts as `reference` saw them: the follow-ups hold its own first
-    outputs (`tiny.greedy_outputs`)."""
+    outputs."""
     prompts, _, follow_ups, _ = workload(block)
-    return prompts + [[*prompts[i], *reference[i][0], *extra] for i, extra in follow_ups]
+    return prompts + follow_up_prompts(prompts, [toks for toks, _ in reference], follow_ups)

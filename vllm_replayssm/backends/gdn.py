@@ -95,22 +95,23 @@ def spec_split(
     torch.cumsum(q_plain[nd : nd + npf], 0, out=prefill_qsl[1:])
     spec = None
     if bool(has_drafts.any()):
-        spec = seq_lens.index_select(0, _to_device(torch.nonzero(has_drafts).squeeze(1), seq_lens))
+        spec = seq_lens.index_select(0, to_device(torch.nonzero(has_drafts).squeeze(1), seq_lens))
     return SpecSplit(
         spec_seq_lens=spec,
-        non_spec_seq_lens=seq_lens.index_select(0, _to_device(plain, seq_lens)),
+        non_spec_seq_lens=seq_lens.index_select(0, to_device(plain, seq_lens)),
         num_decode_rows=nd,
         decode_rows_lead=not bool(decode_like[nd:].any()),
         prefill_query_start_loc_cpu=prefill_qsl,
-        prefill_init_rows=_to_device(torch.nonzero(has_init[nd : nd + npf]).squeeze(1), seq_lens),
+        prefill_init_rows=to_device(torch.nonzero(has_init[nd : nd + npf]).squeeze(1), seq_lens),
     )
 
 
-def _to_device(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`index` (CPU) on `like`'s device, copied asynchronously from pinned memory."""
+def to_device(host: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`host` (a CPU tensor) on `like`'s device, copied asynchronously from pinned memory
+    (no synchronisation); `host` itself when `like` is on the CPU."""
     if like.device.type == "cpu":
-        return index
-    return index.pin_memory().to(like.device, non_blocking=True)
+        return host
+    return host.pin_memory().to(like.device, non_blocking=True)
 
 
 class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):

@@ -28,7 +28,7 @@ from vllm.utils.torch_utils import (
     direct_register_custom_op,
 )
 
-from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend
+from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend, to_device
 from vllm_replayssm.cpu_amx import vllm_uses_amx
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
@@ -544,7 +544,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         K = self._conv_weight_2d().shape[-1]
         conv = conv_state_view(self.kv_cache)
         qsl_cpu = split.prefill_query_start_loc_cpu
-        qsl = qsl_cpu if cpu else qsl_cpu.pin_memory().to(slots.device, non_blocking=True)
+        qsl = to_device(qsl_cpu, slots)
         conv_context_to_front(conv, slots.index_select(0, split.prefill_init_rows).long(), K)
         npf, npt = slots.shape[0], tokens.shape[0]
         view = dataclasses.replace(
