@@ -376,10 +376,17 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         split = md.replay_spec_split  # backends/gdn.py: None when every row has drafts
         if md.spec_sequence_masks is not None:
             ns = int(md.num_spec_decodes)
-            if md.spec_token_indx is not None:
+            if md.num_prefills == 0 and md.num_decodes == 0:
+                # Spec rows only: their tokens lead (vLLM's spec_token_indx is then
+                # arange(n)), read and written in place.
+                n_spec = (
+                    md.spec_token_indx.shape[0]
+                    if md.spec_token_indx is not None
+                    else int(md.num_spec_decode_tokens)
+                )
+                spec_tok = slice(0, n_spec)
+            else:
                 spec_tok = md.spec_token_indx.long()
-            else:  # spec rows only: their tokens lead
-                spec_tok = torch.arange(int(md.num_spec_decode_tokens), device=dev)
             self._decode_rows_spec(
                 mixed_qkv,
                 b,
@@ -444,10 +451,12 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
     def _decode_rows_spec(
         self, mixed_qkv, b, a, core_attn_out, tokens, slots, qsl, seq_lens
     ) -> None:
-        """Rows of up to 1 + k tokens (`tokens` [n] indices into the step's tokens, `qsl`
-        [R + 1] over them, `seq_lens` [R] the requests' lengths after this step). A row whose
-        request has nothing computed (a new one-token request: a spec row with placeholder
-        drafts, or a one-token row) starts from a fresh page (`layers/fresh.py`)."""
+        """Rows of up to 1 + k tokens (`tokens`: [n] indices into the step's tokens, or a
+        slice of them when they are contiguous, as in the uniform batches that CUDA graphs
+        replay: views then, no gathers, the outputs written in place; `qsl` [R + 1] over them,
+        `seq_lens` [R] the requests' lengths after this step). A row whose request has nothing
+        computed (a new one-token request: a spec row with placeholder drafts, or a one-token
+        row) starts from a fresh page (`layers/fresh.py`)."""
         cfg = self.replay
         cache = gdn_cache_from_kv(
             self.kv_cache, self.replay_specs, state_k_major=current_platform.is_cpu()
@@ -479,7 +488,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             self.activation,
             self.replay_window,
         )
-        n = tokens.shape[0]
+        n = x.shape[0]
         kd, vd = self.key_dim // self.tp_size, self.value_dim // self.tp_size
         qq, kk, vv = (
             t.reshape(n, -1, d)
@@ -489,8 +498,15 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 strict=True,
             )
         )
-        out = torch.zeros(
-            (n, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype, device=core_attn_out.device
+        in_place = isinstance(tokens, slice)
+        out = (
+            core_attn_out[tokens]
+            if in_place
+            else torch.zeros(
+                (n, *core_attn_out.shape[1:]),
+                dtype=core_attn_out.dtype,
+                device=core_attn_out.device,
+            )
         )
         self.step_counters.step(
             cache.meta,
@@ -516,7 +532,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             ),
             accepted,
         )
-        core_attn_out.index_copy_(0, tokens, out)
+        if not in_place:
+            core_attn_out.index_copy_(0, tokens, out)
         self.spec_windows.starts(cache.meta.shape[0], mixed_qkv.device)[slots] = start
 
     def _prefill_rows_spec(
