@@ -50,6 +50,9 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
 
     replay_seq_lens: torch.Tensor | None = None
     replay_spec_split: SpecSplit | None = None
+    # The prefill-only view of this step's prefill chunks, built by the first GDN layer of
+    # the group that needs it and reused by the others (layers/gdn.py).
+    replay_prefill_view: Any = None
 
     @classmethod
     def extend(

@@ -404,10 +404,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 if md.non_spec_token_indx is not None
                 else torch.zeros(0, dtype=torch.long, device=dev)
             )
-        else:
-            ns_tok = torch.arange(int(md.num_actual_tokens), device=dev)
+        else:  # no row has drafts: the step's leading tokens, read and written in place
+            ns_tok = slice(0, int(md.num_actual_tokens))
         rows = md.num_decodes + md.num_prefills
-        if rows == 0 or ns_tok.numel() == 0:
+        if rows == 0 or _num_tokens(ns_tok) == 0:
             return
         # Decided on the host by the builder (no device read-back): the leading rows of one
         # token that continue a request decode, the rest are prefill chunks.
@@ -431,7 +431,14 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         ndt = nd  # one token each
         if nd:
             self._decode_rows_spec(
-                mixed_qkv, b, a, core_attn_out, ns_tok[:ndt], slots[:nd], qsl[: nd + 1], ns_seq[:nd]
+                mixed_qkv,
+                b,
+                a,
+                core_attn_out,
+                _sub_tokens(ns_tok, 0, ndt),
+                slots[:nd],
+                qsl[: nd + 1],
+                ns_seq[:nd],
             )
         if nd < rows:
             self._prefill_rows_spec(
@@ -441,7 +448,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 core_attn_out,
                 md,
                 attn_metadata,
-                ns_tok[ndt:],
+                _sub_tokens(ns_tok, ndt),
                 slots[nd:rows],
                 has_init[nd:],
                 ns_seq[nd:rows],
@@ -554,40 +561,31 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         prefill-only view (its conv keeps the context in the first K - 1 columns; ours keeps
         it last), then the prefill hook. Their token counts and which of them continue a
         stored state come from the builder's host-side split (`split`: no device read-back);
-        has_init: the same on the device, for vLLM's view."""
+        has_init: the same on the device, for vLLM's view. tokens: [n] indices, or a slice
+        (contiguous tokens: views, outputs written in place). The view is built by the
+        first GDN layer of the step's metadata group and kept on `md` for the others (the
+        same rows; on GPUs its chunk metadata is host work that vLLM's builder does once per
+        step)."""
         cfg = self.replay
         cpu = current_platform.is_cpu()
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=cpu)
         K = self._conv_weight_2d().shape[-1]
         conv = conv_state_view(self.kv_cache)
-        qsl_cpu = split.prefill_query_start_loc_cpu
-        qsl = to_device(qsl_cpu, slots)
         conv_context_to_front(conv, slots.index_select(0, split.prefill_init_rows).long(), K)
-        npf, npt = slots.shape[0], tokens.shape[0]
-        view = dataclasses.replace(
-            md,
-            num_prefills=npf,
-            num_prefill_tokens=npt,
-            num_decodes=0,
-            num_decode_tokens=0,
-            num_spec_decodes=0,
-            num_spec_decode_tokens=0,
-            num_actual_tokens=npt,
-            has_initial_state=has_init,
-            spec_query_start_loc=None,
-            non_spec_query_start_loc=qsl.to(md.non_spec_query_start_loc.dtype),
-            spec_state_indices_tensor=None,
-            non_spec_state_indices_tensor=slots,
-            spec_sequence_masks=None,
-            spec_token_indx=None,
-            non_spec_token_indx=None,
-            num_accepted_tokens=None,
+        npt = _num_tokens(tokens)
+        view = md.replay_prefill_view
+        if view is None:
+            view = md.replay_prefill_view = _prefill_view(md, split, slots, has_init, npt, cpu)
+        in_place = isinstance(tokens, slice)
+        out = (
+            core_attn_out[tokens]
+            if in_place
+            else torch.zeros(
+                (npt, *core_attn_out.shape[1:]),
+                dtype=core_attn_out.dtype,
+                device=core_attn_out.device,
+            )
         )
-        out = torch.zeros(
-            (npt, *core_attn_out.shape[1:]), dtype=core_attn_out.dtype, device=core_attn_out.device
-        )
-        if not cpu:
-            view = _prefill_view_gpu(view, qsl_cpu, qsl, has_init, slots)
         attn_metadata[self.prefix] = view
         try:
             if cpu:
@@ -607,7 +605,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 )
         finally:
             attn_metadata[self.prefix] = md
-        core_attn_out.index_copy_(0, tokens, out)
+        if not in_place:
+            core_attn_out.index_copy_(0, tokens, out)
         conv_context_to_back(conv, slots.long(), K)
         apply_prefill_hook(
             cache.hp,
@@ -649,6 +648,51 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         )
         conv_state[state_indices] = rows
         return out.squeeze(-1)
+
+
+def _num_tokens(tokens: torch.Tensor | slice) -> int:
+    """Tokens named by `tokens` (indices, or a slice with both ends set)."""
+    if isinstance(tokens, slice):
+        return tokens.stop - tokens.start
+    return tokens.shape[0]
+
+
+def _sub_tokens(tokens: torch.Tensor | slice, start: int, stop: int | None = None):
+    """tokens[start:stop] for index tensors and slices alike (a slice stays a slice)."""
+    if not isinstance(tokens, slice):
+        return tokens[start:stop]
+    end = tokens.stop if stop is None else min(tokens.start + stop, tokens.stop)
+    return slice(tokens.start + start, end)
+
+
+def _prefill_view(md, split, slots: torch.Tensor, has_init: torch.Tensor, npt: int, cpu: bool):
+    """vLLM's metadata `md` narrowed to the step's prefill chunks (`split`, their `slots`
+    and `has_init` [npf] on the device, npt tokens): what vLLM's prefill op reads."""
+    qsl_cpu = split.prefill_query_start_loc_cpu
+    qsl = to_device(qsl_cpu, slots)
+    view = dataclasses.replace(
+        md,
+        num_prefills=slots.shape[0],
+        num_prefill_tokens=npt,
+        num_decodes=0,
+        num_decode_tokens=0,
+        num_spec_decodes=0,
+        num_spec_decode_tokens=0,
+        num_actual_tokens=npt,
+        has_initial_state=has_init,
+        spec_query_start_loc=None,
+        non_spec_query_start_loc=qsl.to(md.non_spec_query_start_loc.dtype),
+        spec_state_indices_tensor=None,
+        non_spec_state_indices_tensor=slots,
+        spec_sequence_masks=None,
+        spec_token_indx=None,
+        non_spec_token_indx=None,
+        num_accepted_tokens=None,
+        replay_prefill_view=None,
+    )
+    if cpu:
+        return view
+    return _prefill_view_gpu(view, qsl_cpu, qsl, has_init, slots)
 
 
 def _prefill_view_gpu(
