@@ -1,0 +1,411 @@
+"""Where an e2e generate's time goes, step by step: which steps ran as CUDA graphs, how long
+each took on the host and on the GPU, and what compiled.
+
+`bench_decode_e2e.py` gives tokens per second; `timeline_decode.py` a profiled window of
+graph steps. Neither says how many steps ran eagerly (prefill, and speculative steps whose
+rows do not all have the same number of drafts: FULL_DECODE_ONLY graphs only uniform
+batches), what those cost, or whether a graph step waits on the GPU. This tool runs the e2e
+benchmark's engine (same model geometry, dummy weights, engine arguments) with vLLM's engine
+core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so that it can watch the steps),
+one child process per mode, and generates as the benchmark does: a warm-up of
+--warmup-tokens, then --repeats x (first token, --output-len tokens) of --batch-size prompts.
+Per engine step it records:
+
+- wall time of `EngineCore.step` (schedule, forward, sampling, drafting, bookkeeping);
+- the CUDA-graph runtime mode vLLM's dispatcher chose (FULL, PIECEWISE or NONE);
+- GPU time of the model forward (CUDA events around `GPUModelRunner._model_forward`);
+- host time of the model runner's phases (`_prepare_inputs`, `_build_attention_metadata`,
+  `_sample`, `_bookkeeping_sync`, `propose_draft_token_ids`, ...), and on GPUs of the SSM
+  layers' forward (eager steps only: a graph replay runs no Python);
+- scheduled tokens, rows and the draft-length histogram;
+
+plus every Triton compile (kernel name and phase). With --cprofile, one more generate of
+--cprofile-tokens tokens runs under cProfile (written next to the JSON).
+
+    source .gpu/activate.sh && python benchmarks/e2e/steps_decode.py --model qwen3_next \
+        --layers 48 --batch-size 64 --modes off_spec,on_spec
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks import common
+from benchmarks.e2e import bench_decode_e2e as e2e
+
+RUNNER_PHASES = (
+    "_update_states",
+    "_prepare_inputs",
+    "_build_attention_metadata",
+    "_preprocess",
+    "_sample",
+    "_bookkeeping_sync",
+    "propose_draft_token_ids",
+    "_update_states_after_model_execute",
+    "_calc_spec_decode_metadata",
+    "_model_forward",
+)
+
+
+class StepRecorder:
+    """Hooks on vLLM's engine core, cudagraph dispatcher, model runner and SSM layers (this
+    process), recording one entry per engine step that scheduled tokens."""
+
+    def __init__(self) -> None:
+        self.phase = "startup"
+        self.steps: list[dict] = []
+        self.compiles: list[dict] = []
+        self._cg: tuple | None = None
+        self._host: dict[str, float] = {}
+        self._events: list = []
+        self._layer_s = 0.0
+
+    def install(self) -> None:
+        import torch
+        import triton
+        from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
+            QwenGatedDeltaNetAttention,
+        )
+        from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+        from vllm.v1.engine.core import EngineCore
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        rec = self
+
+        def compiled(*_args, **kwargs):
+            fn = kwargs.get("fn")  # triton's JitFunctionInfo
+            name = getattr(fn, "name", None) or str(fn)
+            rec.compiles.append({"phase": rec.phase, "name": name, "after_steps": len(rec.steps)})
+
+        triton.knobs.runtime.jit_post_compile_hook = compiled
+
+        dispatch = CudagraphDispatcher.dispatch
+
+        def dispatch_hook(self, num_tokens, *args, **kwargs):
+            mode, desc = dispatch(self, num_tokens, *args, **kwargs)
+            rec._cg = (mode.name, num_tokens)
+            return mode, desc
+
+        CudagraphDispatcher.dispatch = dispatch_hook
+
+        def timed(cls, name, key):
+            fn = getattr(cls, name)
+
+            def hook(self, *args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return fn(self, *args, **kwargs)
+                finally:
+                    rec._host[key] = rec._host.get(key, 0.0) + time.perf_counter() - t0
+
+            setattr(cls, name, hook)
+
+        for name in RUNNER_PHASES:
+            if hasattr(GPUModelRunner, name) and name != "_model_forward":
+                timed(GPUModelRunner, name, name)
+        # On GPUs only (the e2e engines run without torch.compile there; on the CPU platform
+        # vLLM compiles the model, and a hook inside it changes what is compiled).
+        if torch.cuda.is_available():
+            for cls in (MambaMixer2, QwenGatedDeltaNetAttention):
+                timed(cls, "forward", "ssm_layers")
+
+        model_forward = GPUModelRunner._model_forward
+
+        def forward_hook(self, *args, **kwargs):
+            if not torch.cuda.is_available():
+                return model_forward(self, *args, **kwargs)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            try:
+                return model_forward(self, *args, **kwargs)
+            finally:
+                rec._host["_model_forward"] = (
+                    rec._host.get("_model_forward", 0.0) + time.perf_counter() - t0
+                )
+                end.record()
+                rec._events.append((start, end))
+
+        GPUModelRunner._model_forward = forward_hook
+
+        step = EngineCore.step
+
+        def step_hook(self):
+            scheduled: list = []
+            schedule = self.scheduler.schedule
+
+            def schedule_hook(*args, **kwargs):
+                scheduled.append(schedule(*args, **kwargs))
+                return scheduled[-1]
+
+            self.scheduler.schedule = schedule_hook
+            rec._cg, rec._host, rec._events = None, {}, []
+            t0 = time.perf_counter()
+            try:
+                return step(self)
+            finally:
+                wall = time.perf_counter() - t0
+                self.scheduler.schedule = schedule
+                rec.record(scheduled[0] if scheduled else None, wall)
+
+        EngineCore.step = step_hook
+
+    def record(self, so: Any, wall_s: float) -> None:
+        if so is None or not so.total_num_scheduled_tokens:
+            return
+        drafts = [len(v) for v in so.scheduled_spec_decode_tokens.values()]
+        gpu = sum(a.elapsed_time(b) for a, b in self._events) if self._events else None
+        self.steps.append(
+            {
+                "phase": self.phase,
+                "wall_ms": wall_s * 1e3,
+                "tokens": so.total_num_scheduled_tokens,
+                "rows": len(so.num_scheduled_tokens),
+                "drafts": {str(k): drafts.count(k) for k in sorted(set(drafts))},
+                "cudagraph": self._cg[0] if self._cg else None,
+                "forward_gpu_ms": gpu,
+                "host_ms": {k: v * 1e3 for k, v in self._host.items()},
+            }
+        )
+
+    def summary(self) -> dict:
+        out: dict[str, Any] = {}
+        for phase in dict.fromkeys(s["phase"] for s in self.steps):
+            steps = [s for s in self.steps if s["phase"] == phase]
+            by_mode: dict[str, Any] = {}
+            for mode in dict.fromkeys(str(s["cudagraph"]) for s in steps):
+                group = [s for s in steps if str(s["cudagraph"]) == mode]
+                keys = sorted({k for s in group for k in s["host_ms"]})
+                by_mode[mode] = {
+                    "steps": len(group),
+                    "wall_ms_sum": sum(s["wall_ms"] for s in group),
+                    "wall_ms_median": statistics.median(s["wall_ms"] for s in group),
+                    "forward_gpu_ms_median": statistics.median(
+                        s["forward_gpu_ms"] or 0.0 for s in group
+                    ),
+                    "host_ms_median": {
+                        k: statistics.median(s["host_ms"].get(k, 0.0) for s in group) for k in keys
+                    },
+                }
+            out[phase] = {
+                "steps": len(steps),
+                "wall_ms_sum": sum(s["wall_ms"] for s in steps),
+                "compiles": [c["name"] for c in self.compiles if c["phase"] == phase],
+                "by_cudagraph_mode": by_mode,
+            }
+        return out
+
+
+def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -> dict:
+    """One engine (this process) for `mode`: warm-up, timed generates, optional cProfile."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import torch
+
+    rec = StepRecorder()
+    rec.install()
+    on_gpu = torch.cuda.is_available()
+    spec = {
+        "model": args.model,
+        "mode": mode,
+        "model_dir": str(model_dir),
+        "replay": {**e2e.DEFAULT_REPLAY, **args.replay},
+        "max_model_len": args.input_len + args.output_len + 16,
+        "max_num_seqs": args.batch_size,
+        "speculative": args.speculative,
+        "enforce_eager": False,
+        "compilation_config": args.compilation_config if on_gpu else None,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "kv_cache_memory_bytes": 1 << 30,
+    }
+    kwargs = e2e.engine_kwargs(spec, on_gpu)
+    from vllm import LLM
+
+    tag = f"{args.model}/{mode}"
+    e2e.log(f"engine start {json.dumps(kwargs['additional_config'])}", tag)
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    result: dict[str, Any] = {"mode": mode, "kwargs": kwargs}
+    result["startup_s"] = time.perf_counter() - t0
+    bs = args.batch_size
+    rec.phase = "warmup"
+    warm = e2e.make_prompts(bs, args.input_len, vocab, args.seed + 1)
+    result["warmup_s"] = e2e.timed_generate(llm, warm, args.warmup_tokens)[0]
+    prompts = e2e.make_prompts(bs, args.input_len, vocab, args.seed)
+    for r in range(args.repeats):
+        rec.phase = f"first{r}"
+        result[f"first{r}_s"] = e2e.timed_generate(llm, prompts, 1)[0]
+        rec.phase = f"full{r}"
+        result[f"full{r}_s"] = e2e.timed_generate(llm, prompts, args.output_len)[0]
+        e2e.log(f"repeat {r}: full generate {result[f'full{r}_s']:.3f} s", tag)
+    if args.cprofile:
+        import cProfile
+        import pstats
+
+        rec.phase = "cprofile"
+        prof = cProfile.Profile()
+        prof.enable()
+        e2e.timed_generate(llm, prompts, args.cprofile_tokens)
+        prof.disable()
+        buf = io.StringIO()
+        stats = pstats.Stats(prof, stream=buf)
+        stats.sort_stats("tottime").print_stats(60)
+        stats.sort_stats("cumulative").print_stats(100)
+        result["cprofile"] = buf.getvalue()
+    result["summary"] = rec.summary()
+    result["compiles"] = rec.compiles
+    result["steps"] = rec.steps
+    llm.llm_engine.engine_core.shutdown()
+    return result
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=e2e.MODELS, default="qwen3_next")
+    p.add_argument("--layers", type=int, default=48)
+    p.add_argument("--tiny", action="store_true", help="the e2e benchmark's tiny geometry (CPU)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--warmup-tokens", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--modes", default="off_spec,on_spec", help=f"comma list of {e2e.MODES}")
+    p.add_argument("--speculative", type=json.loads, default=e2e.DEFAULT_SPEC, metavar="JSON")
+    p.add_argument(
+        "--replay-config",
+        type=json.loads,
+        default={},
+        dest="replay",
+        help="keys merged onto the replayssm dict of the e2e benchmark",
+    )
+    p.add_argument(
+        "--compilation-config",
+        type=json.loads,
+        default={
+            "mode": 0,
+            "cudagraph_mode": "FULL_DECODE_ONLY",
+            "max_cudagraph_capture_size": 1024,
+        },
+    )
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cprofile", action="store_true", help="one more generate under cProfile")
+    p.add_argument("--cprofile-tokens", type=int, default=12)
+    p.add_argument("--json", default=None)
+    p.add_argument("--mode-json", default=None, help=argparse.SUPPRESS)  # child process
+    args = p.parse_args(argv)
+    args.modes = [m for m in args.modes.split(",") if m]
+    if not args.modes or any(m not in e2e.MODES for m in args.modes):
+        p.error(f"--modes must name some of {list(e2e.MODES)}")
+    if args.output_len < 2 or args.warmup_tokens < 1 or args.repeats < 1:
+        p.error("--output-len >= 2, --warmup-tokens >= 1 and --repeats >= 1")
+    return args
+
+
+def table(modes: list[dict]) -> str:
+    rows = []
+    for m in modes:
+        for phase, s in m["summary"].items():
+            if not phase.startswith("full"):
+                continue
+            for cg, g in s["by_cudagraph_mode"].items():
+                host = g["host_ms_median"]
+                rows.append(
+                    [
+                        m["mode"],
+                        phase,
+                        cg,
+                        g["steps"],
+                        f"{g['wall_ms_median']:.1f}",
+                        f"{g['forward_gpu_ms_median']:.1f}",
+                        f"{host.get('ssm_layers', 0.0):.1f}",
+                        f"{host.get('_prepare_inputs', 0.0):.1f}",
+                        f"{host.get('_bookkeeping_sync', 0.0):.1f}",
+                        f"{g['wall_ms_sum']:.0f}",
+                    ]
+                )
+    head = [
+        "mode",
+        "phase",
+        "cudagraph",
+        "steps",
+        "step ms (median)",
+        "forward GPU ms",
+        "SSM layers host ms",
+        "prepare_inputs ms",
+        "bookkeeping ms",
+        "sum ms",
+    ]
+    return common.format_table(head, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="replayssm-steps-") as tmp:
+        model_dir, config = e2e.write_model_dir(
+            args.model,
+            Path(tmp),
+            tiny=args.tiny,
+            layers=args.layers,
+            max_model_len=args.input_len + args.output_len + 16,
+        )
+        if args.mode_json:  # child: one mode, this process
+            result = run_mode(args, args.modes[0], model_dir, config["vocab_size"])
+            Path(args.mode_json).write_text(json.dumps(result, default=str))
+            return 0
+        sha, dirty = common.git_commit()
+        payload: dict[str, Any] = {
+            "benchmark": "benchmarks/e2e/steps_decode.py",
+            "command": shlex.join(["python", *sys.argv]),
+            "commit": sha,
+            "dirty": dirty,
+            "machine": common.machine_info(),
+            "settings": {k: v for k, v in vars(args).items() if k != "mode_json"},
+            "model_config": config,
+            "modes": [],
+        }
+        child_args = argv if argv is not None else sys.argv[1:]
+        for mode in args.modes:  # one process per mode: an engine keeps its GPU memory
+            part = Path(tmp) / f"{mode}.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), *child_args]
+            cmd += ["--modes", mode, "--mode-json", str(part)]
+            done = subprocess.run(cmd, check=False)
+            if done.returncode != 0 or not part.is_file():
+                print(f"# FAILED {args.model}/{mode}: child exited {done.returncode}")
+                return 1
+            payload["modes"].append(json.loads(part.read_text()))
+    print(f"# {args.model} {args.layers} layers bs {args.batch_size}: steps of the full generates")
+    print(table(payload["modes"]))
+    path = (
+        Path(args.json)
+        if args.json
+        else common.default_json_path(
+            f"steps-{args.model}-{args.layers}layers-bs{args.batch_size}", payload["machine"]
+        )
+    )
+    for m in payload["modes"]:
+        text = m.pop("cprofile", None)
+        if text:
+            side = path.with_name(f"{path.stem}-{m['mode']}-cprofile.txt")
+            side.write_text(text)
+            m["cprofile_file"] = side.name
+    common.write_json(path, payload)
+    print(f"# wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
