@@ -819,6 +819,30 @@ def _csv(text: str, allowed: tuple[str, ...] | None, flag: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def add_engine_json_args(p: argparse.ArgumentParser, compilation: dict | None = None) -> None:
+    """The engine options that the tools beside this benchmark (profile_decode.py,
+    timeline_decode.py, steps_decode.py) take as JSON: --speculative (args.speculative,
+    default DEFAULT_SPEC), --replay-config (args.replay, merged onto DEFAULT_REPLAY) and,
+    when `compilation` is given, --compilation-config (args.compilation_config, default
+    `compilation`)."""
+    p.add_argument(
+        "--speculative",
+        type=json.loads,
+        default=DEFAULT_SPEC,
+        metavar="JSON",
+        help="speculative_config of the *_spec modes (their steps are verify steps)",
+    )
+    p.add_argument(
+        "--replay-config",
+        type=json.loads,
+        default={},
+        dest="replay",
+        help="keys merged onto the replayssm dict of the e2e benchmark",
+    )
+    if compilation is not None:
+        p.add_argument("--compilation-config", type=json.loads, default=compilation)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter

@@ -118,20 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=32, help="profiled decode steps")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--modes", default="off,on", help=f"comma list of {', '.join(e2e.MODES)}")
-    p.add_argument(
-        "--speculative",
-        type=json.loads,
-        default=e2e.DEFAULT_SPEC,
-        metavar="JSON",
-        help="speculative_config of the *_spec modes (default: the e2e benchmark's)",
-    )
-    p.add_argument(
-        "--replay-config",
-        type=json.loads,
-        default={},
-        dest="replay",
-        help="keys merged onto the replayssm dict of the e2e benchmark",
-    )
+    e2e.add_engine_json_args(p)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--top", type=int, default=25)

@@ -283,22 +283,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup-tokens", type=int, default=20)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--modes", default="off_spec,on_spec", help=f"comma list of {e2e.MODES}")
-    p.add_argument("--speculative", type=json.loads, default=e2e.DEFAULT_SPEC, metavar="JSON")
-    p.add_argument(
-        "--replay-config",
-        type=json.loads,
-        default={},
-        dest="replay",
-        help="keys merged onto the replayssm dict of the e2e benchmark",
-    )
-    p.add_argument(
-        "--compilation-config",
-        type=json.loads,
-        default={
-            "mode": 0,
-            "cudagraph_mode": "FULL_DECODE_ONLY",
-            "max_cudagraph_capture_size": 1024,
-        },
+    e2e.add_engine_json_args(
+        p, {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "max_cudagraph_capture_size": 1024}
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--seed", type=int, default=0)

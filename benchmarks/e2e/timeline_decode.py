@@ -239,25 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=48, help="decode steps profiled per mode")
     p.add_argument("--modes", default="off,on", help=f"comma list of {', '.join(e2e.MODES)}")
-    p.add_argument(
-        "--speculative",
-        type=json.loads,
-        default=e2e.DEFAULT_SPEC,
-        metavar="JSON",
-        help="speculative_config of the *_spec modes (their steps are verify steps)",
-    )
-    p.add_argument(
-        "--replay-config",
-        type=json.loads,
-        default={},
-        dest="replay",
-        help="keys merged onto the replayssm dict of the e2e benchmark",
-    )
-    p.add_argument(
-        "--compilation-config",
-        type=json.loads,
-        default={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
-    )
+    e2e.add_engine_json_args(p, {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
