@@ -505,16 +505,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 strict=True,
             )
         )
-        in_place = isinstance(tokens, slice)
-        out = (
-            core_attn_out[tokens]
-            if in_place
-            else torch.zeros(
-                (n, *core_attn_out.shape[1:]),
-                dtype=core_attn_out.dtype,
-                device=core_attn_out.device,
-            )
-        )
+        out = _outputs_of(core_attn_out, tokens)
         self.step_counters.step(
             cache.meta,
             slots,
@@ -539,8 +530,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             ),
             accepted,
         )
-        if not in_place:
-            core_attn_out.index_copy_(0, tokens, out)
+        _put_outputs(core_attn_out, tokens, out)
         self.spec_windows.starts(cache.meta.shape[0], mixed_qkv.device)[slots] = start
 
     def _prefill_rows_spec(
@@ -576,16 +566,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         view = md.replay_prefill_view
         if view is None:
             view = md.replay_prefill_view = _prefill_view(md, split, slots, has_init, npt, cpu)
-        in_place = isinstance(tokens, slice)
-        out = (
-            core_attn_out[tokens]
-            if in_place
-            else torch.zeros(
-                (npt, *core_attn_out.shape[1:]),
-                dtype=core_attn_out.dtype,
-                device=core_attn_out.device,
-            )
-        )
+        out = _outputs_of(core_attn_out, tokens)
         attn_metadata[self.prefix] = view
         try:
             if cpu:
@@ -605,8 +586,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 )
         finally:
             attn_metadata[self.prefix] = md
-        if not in_place:
-            core_attn_out.index_copy_(0, tokens, out)
+        _put_outputs(core_attn_out, tokens, out)
         conv_context_to_back(conv, slots.long(), K)
         apply_prefill_hook(
             cache.hp,
@@ -663,6 +643,20 @@ def _sub_tokens(tokens: torch.Tensor | slice, start: int, stop: int | None = Non
         return tokens[start:stop]
     end = tokens.stop if stop is None else min(tokens.start + stop, tokens.stop)
     return slice(tokens.start + start, end)
+
+
+def _outputs_of(core_attn_out: torch.Tensor, tokens: torch.Tensor | slice) -> torch.Tensor:
+    """Where rows write the outputs of `tokens`: core_attn_out's own rows for a slice (in
+    place), else a zeroed [n, Hv, V] buffer that `_put_outputs` scatters back."""
+    if isinstance(tokens, slice):
+        return core_attn_out[tokens]
+    return core_attn_out.new_zeros((tokens.shape[0], *core_attn_out.shape[1:]))
+
+
+def _put_outputs(core_attn_out: torch.Tensor, tokens: torch.Tensor | slice, out) -> None:
+    """The other half of `_outputs_of`: scatter `out` back unless it was written in place."""
+    if not isinstance(tokens, slice):
+        core_attn_out.index_copy_(0, tokens, out)
 
 
 def _prefill_view(md, split, slots: torch.Tensor, has_init: torch.Tensor, npt: int, cpu: bool):
