@@ -11,6 +11,7 @@ from vllm_replayssm.backends.gdn import (
     ReplayGDNAttentionBackend,
     ReplayGDNAttentionMetadata,
     ReplayGDNAttentionMetadataBuilder,
+    plain_prefill_view,
     spec_split,
 )
 
@@ -48,6 +49,36 @@ def test_replace_keeps_the_request_lengths():
     view = dataclasses.replace(md, num_decodes=0, num_decode_tokens=0, num_actual_tokens=5)
     assert type(view) is ReplayGDNAttentionMetadata
     assert view.replay_seq_lens is seq_lens and view.num_actual_tokens == 5
+
+
+def test_plain_prefill_view_keeps_the_prefill_rows():
+    """A plain step of two decode rows and two prefill chunks (5 and 9 tokens): the view
+    that vLLM's prefill path reads is the prefill rows' alone, the conv's chunk metadata
+    included (vLLM built it over every row: its first programs would read the decode
+    rows' tokens)."""
+    md = dataclasses.replace(
+        _stock_metadata(),
+        num_prefills=2,
+        num_prefill_tokens=14,
+        num_actual_tokens=16,
+        has_initial_state=torch.tensor([True, True, False, True]),
+        non_spec_query_start_loc=torch.tensor([0, 1, 2, 7, 16], dtype=torch.int32),
+        non_spec_state_indices_tensor=torch.tensor([3, 4, 5, 6], dtype=torch.int32),
+        prefill_query_start_loc=torch.tensor([0, 5, 14], dtype=torch.int32),
+        prefill_state_indices=torch.tensor([5, 6], dtype=torch.int32),
+        prefill_has_initial_state=torch.tensor([False, True]),
+    )
+    view = plain_prefill_view(md, torch.tensor([0, 1, 2, 7, 16], dtype=torch.int32))
+    assert (view.num_decodes, view.num_decode_tokens) == (0, 0)
+    assert (view.num_prefills, view.num_prefill_tokens, view.num_actual_tokens) == (2, 14, 14)
+    assert view.non_spec_query_start_loc.tolist() == [0, 5, 14]
+    assert view.non_spec_state_indices_tensor.tolist() == [5, 6]
+    assert view.has_initial_state.tolist() == [False, True]
+    # the conv's programs (8 tokens each): one for the first chunk, two for the second
+    assert view.nums_dict[8]["nums"].tolist() == [1, 2]
+    assert view.batch_ptr[:3].tolist() == [0, 1, 1]
+    assert view.token_chunk_offset_ptr[:3].tolist() == [0, 0, 1]
+    assert md.non_spec_query_start_loc.tolist() == [0, 1, 2, 7, 16]  # md itself unchanged
 
 
 def test_backend_builds_our_metadata():

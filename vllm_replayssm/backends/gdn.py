@@ -1,8 +1,10 @@
-"""The GDN metadata with what the speculative ReplaySSM step needs beyond vLLM's: the
-request lengths (`replay_seq_lens`), from which each row's accepted count is derived (vLLM's
-GDN metadata keeps acceptance only for rows that have drafts in this step), and, for steps
-that mix rows with and without drafts, how they split (`replay_spec_split`), decided on the
-host from the builder's CPU tensors so that the layer never reads a device tensor back."""
+"""The GDN metadata with what the ReplaySSM steps need beyond vLLM's: the request lengths
+(`replay_seq_lens`), from which each row's accepted count is derived (vLLM's GDN metadata
+keeps acceptance only for rows that have drafts in this step); for speculative steps that
+mix rows with and without drafts, how they split (`replay_spec_split`); and for plain GPU
+steps that mix decode and prefill rows, vLLM's metadata narrowed to the prefill rows
+(`replay_prefill_view`). Both are decided on the host from the builder's CPU tensors, so
+that the layer never reads a device tensor back."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from vllm.v1.attention.backends.gdn_attn import (
     GDNAttentionMetadata,
     GDNAttentionMetadataBuilder,
 )
+from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +53,9 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
 
     replay_seq_lens: torch.Tensor | None = None
     replay_spec_split: SpecSplit | None = None
-    # The prefill-only view of this step's prefill chunks, built by the first GDN layer of
-    # the group that needs it and reused by the others (layers/gdn.py).
+    # The prefill-only view of this step's prefill rows: for plain GPU steps with decode and
+    # prefill rows, built here (`plain_prefill_view`); for speculative steps, by the first
+    # GDN layer of the group that needs it and reused by the others (layers/gdn.py).
     replay_prefill_view: Any = None
 
     @classmethod
@@ -60,10 +64,45 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
         md: GDNAttentionMetadata,
         replay_seq_lens: torch.Tensor,
         replay_spec_split: SpecSplit | None = None,
+        replay_prefill_view: GDNAttentionMetadata | None = None,
     ) -> ReplayGDNAttentionMetadata:
         """`md`'s fields (shared, not copied) plus ours."""
         fields = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
-        return cls(**fields, replay_seq_lens=replay_seq_lens, replay_spec_split=replay_spec_split)
+        return cls(
+            **fields,
+            replay_seq_lens=replay_seq_lens,
+            replay_spec_split=replay_spec_split,
+            replay_prefill_view=replay_prefill_view,
+        )
+
+
+def plain_prefill_view(
+    md: GDNAttentionMetadata, query_start_loc_cpu: torch.Tensor
+) -> GDNAttentionMetadata:
+    """vLLM's metadata `md` of a plain step with decode and prefill rows (no drafts; decode
+    rows first, one token each) narrowed to its prefill rows, for vLLM's prefill path: the
+    decode rows decode by replay (layers/gdn.py). vLLM's builder already peels the decode
+    rows off for its chunk kernel (prefill_query_start_loc, prefill_state_indices,
+    prefill_has_initial_state, chunk_indices and chunk_offsets are the prefill rows'); the
+    conv's chunk metadata covers every row, so it is rebuilt here from the prefill rows'
+    query_start_loc on the host. query_start_loc_cpu: [R + 1], the step's, on the CPU."""
+    nd = md.num_decodes
+    qsl_cpu = query_start_loc_cpu[nd:] - nd
+    nums_dict, batch_ptr, token_chunk_offset_ptr = compute_causal_conv1d_metadata(
+        qsl_cpu, device=md.prefill_query_start_loc.device
+    )
+    return dataclasses.replace(
+        md,
+        num_decodes=0,
+        num_decode_tokens=0,
+        num_actual_tokens=md.num_prefill_tokens,
+        has_initial_state=md.prefill_has_initial_state,
+        non_spec_query_start_loc=md.prefill_query_start_loc,
+        non_spec_state_indices_tensor=md.prefill_state_indices,
+        nums_dict=nums_dict,
+        batch_ptr=batch_ptr,
+        token_chunk_offset_ptr=token_chunk_offset_ptr,
+    )
 
 
 def spec_split(
@@ -139,7 +178,14 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         )
         m = common_attn_metadata
         seq_lens = m.seq_lens[: m.num_reqs]
-        split = None
+        split = view = None
+        if (
+            not self.use_spec_decode
+            and md.num_decodes
+            and md.num_prefills
+            and seq_lens.device.type != "cpu"  # the CPU path runs its own split
+        ):
+            view = plain_prefill_view(md, m.query_start_loc_cpu)
         if self.use_spec_decode and (md.num_decodes or md.num_prefills):
             upper = m.seq_lens_cpu_upper_bound
             split = spec_split(
@@ -149,7 +195,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
                 # vLLM's spec-row mask (none when no row has drafts)
                 None if md.spec_sequence_masks is None else num_decode_draft_tokens_cpu >= 0,
             )
-        return ReplayGDNAttentionMetadata.extend(md, seq_lens, split)
+        return ReplayGDNAttentionMetadata.extend(md, seq_lens, split, view)
 
 
 class ReplayGDNAttentionBackend(GDNAttentionBackend):

@@ -117,10 +117,12 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
     def _forward_core(
         self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor
     ):
-        """Pure decode batches: the stock conv update, then one ReplaySSM step (`gdn_decode`:
-        Triton, route by `replayssm.route` and batch size). Batches with prefill rows (design
-        3.6, v1): decode rows are materialised, vLLM's own path runs every row from HP, and
-        the prefill hook resets every row it wrote."""
+        """Decode rows (vLLM's, one token each, first in the batch): the stock conv update,
+        then one ReplaySSM step (`gdn_decode`: Triton, route by `replayssm.route` and batch
+        size). Prefill rows: vLLM's own path on the prefill-only view the builder made
+        (`backends/gdn.plain_prefill_view`; the whole metadata when no row decodes), after
+        the rings of the rows that resume a stored state are folded into HP, then the prefill
+        hook resets their cursors. Speculative steps: `_replay_core_spec`."""
         if not self.replay.enabled:
             return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
         attn_metadata = get_forward_context().attn_metadata
@@ -133,37 +135,56 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             return None
         if md.spec_sequence_masks is not None or md.num_accepted_tokens is not None:
             raise RuntimeError("replayssm: speculative GDN metadata reached a plain-decode layer")
-        cfg, window = self.replay, self.replay_window
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=False)
-        state_indices = md.non_spec_state_indices_tensor
-        if md.num_prefills == 0 and md.num_decodes > 0:
-            self._decode_gpu(cache, mixed_qkv, b, a, core_attn_out, md)
-            return None
-        common = dict(buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger)
-        rows = state_indices[: md.num_decodes + md.num_prefills]
-        if md.num_decodes:
-            decode_rows = state_indices[: md.num_decodes]
-            start_fresh_rows(
-                cache,
-                conv_state_view(self.kv_cache),
-                decode_rows,
-                None,
-                md.replay_seq_lens[: md.num_decodes],
-                **common,
+        nd, npf = md.num_decodes, md.num_prefills
+        if nd:
+            # Alone, every token of the step (CUDA-graph padding included); else the leading
+            # one-token rows.
+            self._decode_gpu(
+                cache, mixed_qkv, b, a, core_attn_out, md, md.num_decode_tokens if npf else None
             )
-            gdn_replay_materialise(cache, decode_rows, **common)
-        resumed = _prefill_rows_with_state(md, state_indices)
+        if not npf:
+            return None
+        cfg = self.replay
+        common = dict(buffer_len=cfg.buffer_len, window=self.replay_window, stagger=cfg.stagger)
+        view = md
+        if nd:
+            view = md.replay_prefill_view
+            if view is None:
+                raise RuntimeError(
+                    "replayssm: a plain GDN step with decode and prefill rows "
+                    "has no prefill-only view (backends/gdn.py)"
+                )
+        resumed = _prefill_rows_with_state(md, md.non_spec_state_indices_tensor)
         if resumed is not None:
             gdn_replay_materialise(cache, resumed, **common)
-        super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
-        apply_prefill_hook(cache.hp, cache.lp, cache.meta, rows, **common)
+        tokens = slice(md.num_decode_tokens, md.num_decode_tokens + md.num_prefill_tokens)
+        attn_metadata[self.prefix] = view
+        try:
+            super()._forward_core(
+                mixed_qkv=mixed_qkv[tokens],
+                b=b[tokens],
+                a=a[tokens],
+                core_attn_out=core_attn_out[tokens],
+            )
+        finally:
+            attn_metadata[self.prefix] = md
+        apply_prefill_hook(
+            cache.hp,
+            cache.lp,
+            cache.meta,
+            md.non_spec_state_indices_tensor[nd : nd + npf],
+            **common,
+        )
         return None
 
-    def _decode_gpu(self, cache, mixed_qkv, b, a, core_attn_out, md) -> None:
+    def _decode_gpu(self, cache, mixed_qkv, b, a, core_attn_out, md, n: int | None = None) -> None:
+        """The decode rows' step: the first n tokens (None: all md.num_actual_tokens, the
+        CUDA-graph padding rows included, which carry NULL slots)."""
         from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
 
         cfg = self.replay
-        n = md.num_actual_tokens
+        n = md.num_actual_tokens if n is None else n
         state_indices = md.non_spec_state_indices_tensor[:n]
         conv_state = conv_state_view(self.kv_cache)
         # A new one-token request is a decode row here: its recycled page starts fresh (one
