@@ -22,8 +22,10 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +96,20 @@ def machine_info() -> dict:
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
     return info
+
+
+def run_header(script: str, machine: dict | None) -> dict:
+    """The fields a result JSON opens with: benchmark (`script`, the tool's __file__, as a
+    repository path), command, commit, dirty, machine (the tool's own description, or None
+    to fill in later)."""
+    sha, dirty = git_commit()
+    return {
+        "benchmark": Path(script).resolve().relative_to(REPO).as_posix(),
+        "command": shlex.join(["python", *sys.argv]),
+        "commit": sha,
+        "dirty": dirty,
+        "machine": machine,
+    }
 
 
 def machine_line(info: dict, copy_gbs: float | None) -> str:

@@ -82,7 +82,6 @@ import json
 import os
 import random
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -1001,7 +1000,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return run_worker(Path(args.worker))
-    sha, dirty = common.git_commit()
     settings = {
         "models": args.models,
         "modes": args.modes,
@@ -1031,16 +1029,13 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_sha256": "sha256(json.dumps(list of per-prompt token id lists))",
     }
     payload: dict[str, Any] = {
-        "benchmark": "benchmarks/e2e/bench_decode_e2e.py",
-        "command": shlex.join(["python", *sys.argv]),
-        "commit": sha,
-        "dirty": dirty,
-        "machine": None,
+        **common.run_header(__file__, None),
         "settings": settings,
         "models": {},
         "runs": [],
         "comparisons": [],
     }
+    sha, dirty = payload["commit"], payload["dirty"]
     log(f"commit {sha[:12]}{' (dirty)' if dirty else ''}; settings {json.dumps(settings)}")
     path = Path(args.json) if args.json else None
     tokens: dict[tuple[str, str, int], list[list[int]]] = {}

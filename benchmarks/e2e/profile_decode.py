@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -130,13 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--modes: unknown {bad}; known: {', '.join(e2e.MODES)}")
     if args.max_model_len is None:
         args.max_model_len = args.input_len + args.steps + 16
-    sha, dirty = common.git_commit()
     payload: dict[str, Any] = {
-        "benchmark": "benchmarks/e2e/profile_decode.py",
-        "command": shlex.join(["python", *sys.argv]),
-        "commit": sha,
-        "dirty": dirty,
-        "machine": common.machine_info(),
+        **common.run_header(__file__, common.machine_info()),
         "settings": vars(args),
         "modes": [],
     }
@@ -180,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(["wall per decode step, eager", *[round(m["wall_per_step_us"], 1) for m in modes]])
     print(
         f"# {args.model} bs {args.batch_size} in {args.input_len} steps {args.steps} | "
-        f"{(payload['machine'].get('gpu') or {}).get('name', 'no GPU')} | commit {sha[:12]}"
+        f"{(payload['machine'].get('gpu') or {}).get('name', 'no GPU')} | "
+        f"commit {payload['commit'][:12]}"
     )
     print(common.format_table(["kernel (µs per decode step)", *[m["mode"] for m in modes]], rows))
     if any(e2e.is_spec(m["mode"]) for m in modes):

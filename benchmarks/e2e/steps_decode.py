@@ -32,7 +32,6 @@ import argparse
 import io
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -352,13 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             result = run_mode(args, args.modes[0], model_dir, config["vocab_size"])
             Path(args.mode_json).write_text(json.dumps(result, default=str))
             return 0
-        sha, dirty = common.git_commit()
         payload: dict[str, Any] = {
-            "benchmark": "benchmarks/e2e/steps_decode.py",
-            "command": shlex.join(["python", *sys.argv]),
-            "commit": sha,
-            "dirty": dirty,
-            "machine": common.machine_info(),
+            **common.run_header(__file__, common.machine_info()),
             "settings": {k: v for k, v in vars(args).items() if k != "mode_json"},
             "model_config": config,
             "modes": [],

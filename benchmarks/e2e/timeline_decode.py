@@ -29,7 +29,6 @@ import gzip
 import itertools
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -250,13 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in e2e.MODES for m in modes):
         p.error(f"--modes must name some of {list(e2e.MODES)}")
-    sha, dirty = common.git_commit()
     payload: dict[str, Any] = {
-        "benchmark": "benchmarks/e2e/timeline_decode.py",
-        "command": shlex.join(["python", *sys.argv]),
-        "commit": sha,
-        "dirty": dirty,
-        "machine": common.machine_info(),
+        **common.run_header(__file__, common.machine_info()),
         "settings": vars(args),
         "modes": [],
     }

@@ -763,8 +763,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    sha, dirty = common.git_commit()
-    log(f"commit {sha[:12]}{' (dirty)' if dirty else ''}; reading the machine ...")
+    log("reading the machine ...")
     info = machine()
     on_gpu = bool(info.get("gpu_name"))
     settings = {
@@ -797,11 +796,7 @@ def main(argv: list[str] | None = None) -> int:
         "request_timeout_s": args.request_timeout,
     }
     payload: dict[str, Any] = {
-        "benchmark": "benchmarks/serving/bench_serving.py",
-        "command": shlex.join(["python", *sys.argv]),
-        "commit": sha,
-        "dirty": dirty,
-        "machine": info,
+        **common.run_header(__file__, info),
         "gpu": info.get("gpu_name") or "cpu",
         "vllm": info.get("vllm"),
         "settings": settings,
@@ -809,6 +804,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": {},
         "comparisons": [],
     }
+    sha, dirty = payload["commit"], payload["dirty"]
     path = Path(args.json) if args.json else None
     if path is None and on_gpu and not args.tiny and not args.cpu_smoke:
         day = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d")
