@@ -805,10 +805,10 @@ def gdn_window_decode(
     BLOCK_W BLOCK_K], and per value head the readout's coefficients, [R, Hv,
     window_coef_len]; fp32, from the graph pool under CUDA-graph capture) and appends the
     row-shared records, so that the readout programs load each token's vectors and
-    coefficients where they use them instead of deriving them from the ring: off until
-    measured on a GPU (`benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob
-    window_plan=0,1`). The defaults are the small-batch row of
-    that table.
+    coefficients where they use them instead of deriving them from the ring
+    (`dispatch.launch_config` plans split steps that have an LP copy: measured with
+    `benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob window_plan=0,1`).
+    The defaults are the small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
