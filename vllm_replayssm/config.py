@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -18,16 +17,6 @@ GDN_FLUSH_MODES = ("exact", "fold")
 ROUTES = ("auto", "replay", "stock")
 MAX_BUFFER_LEN = 256
 CONFIG_KEY = "replayssm"  # additional_config[CONFIG_KEY]
-
-
-# prefix_match_unit (partial-block prefix-cache hits) is refused on GPUs until its GPU engine
-# test (tests/plugin/test_prefix_caching_gpu.py, case unit16) has passed; set to 1, this lets
-# that test run it.
-GPU_PREFIX_MATCH_UNIT_ENV = "REPLAYSSM_GPU_PREFIX_MATCH_UNIT"
-
-
-def gpu_prefix_match_unit_allowed() -> bool:
-    return os.environ.get(GPU_PREFIX_MATCH_UNIT_ENV, "0") == "1"
 
 
 class ReplayConfigError(ValueError):

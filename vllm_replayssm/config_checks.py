@@ -13,10 +13,8 @@ from typing import Any
 from vllm.logger import init_logger
 
 from vllm_replayssm.config import (
-    GPU_PREFIX_MATCH_UNIT_ENV,
     ReplayConfig,
     ReplayConfigError,
-    gpu_prefix_match_unit_allowed,
 )
 
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
@@ -116,18 +114,6 @@ def _prefix_caching_problems(cache: Any, spec: Any) -> list[str]:
             f"mamba_cache_mode '{cache.mamba_cache_mode}' (ReplaySSM keeps its page in "
             "one block and runs prefix caching in 'align' mode only): pass "
             "--mamba-cache-mode align or leave it unset"
-        )
-    if (
-        cache.prefix_match_unit is not None
-        and not _on_cpu()
-        and not gpu_prefix_match_unit_allowed()
-    ):
-        # Partial-block hits (vLLM caches the page of a step that ends on the prompt's last
-        # unit boundary and copies that block on write): tested on the CPU platform.
-        problems.append(
-            "prefix_match_unit on GPUs (partial-block hits with ReplaySSM are tested on "
-            f"the CPU platform only; {GPU_PREFIX_MATCH_UNIT_ENV}=1 runs the untested GPU "
-            "path): leave --prefix-match-unit unset"
         )
     if spec is not None:
         problems.append(

@@ -212,27 +212,12 @@ def test_untested_drafters_are_refused(method, refused):
     assert any("hybrid draft model" in p for p in _spec_problems("NemotronHForCausalLM", hybrid))
 
 
-def test_prefix_match_unit_passes_on_cpu(qwen3_next):
-    cfg = _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True, prefix_match_unit=16)
-    assert cfg.cache_config.prefix_match_unit == 16
-
-
-def test_prefix_match_unit_on_gpus_is_refused(qwen3_next, monkeypatch):
+@pytest.mark.parametrize("on_cpu", [True, False], ids=["cpu_platform", "gpu_platform"])
+def test_prefix_match_unit_passes(qwen3_next, monkeypatch, on_cpu):
+    """Partial-block hits start on both platforms (the GPU case of
+    tests/plugin/test_prefix_caching_gpu.py passed for both families)."""
     from vllm_replayssm import config_checks
-    from vllm_replayssm.config import GPU_PREFIX_MATCH_UNIT_ENV
 
-    monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
-    monkeypatch.delenv(GPU_PREFIX_MATCH_UNIT_ENV, raising=False)
-    with pytest.raises(Exception, match="replayssm cannot run with prefix_match_unit on GPUs"):
-        _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True, prefix_match_unit=16)
-
-
-def test_prefix_match_unit_on_gpus_with_the_switch(qwen3_next, monkeypatch):
-    """REPLAYSSM_GPU_PREFIX_MATCH_UNIT=1 lets the untested GPU path start (for its GPU test)."""
-    from vllm_replayssm import config_checks
-    from vllm_replayssm.config import GPU_PREFIX_MATCH_UNIT_ENV
-
-    monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
-    monkeypatch.setenv(GPU_PREFIX_MATCH_UNIT_ENV, "1")
+    monkeypatch.setattr(config_checks, "_on_cpu", lambda: on_cpu)
     cfg = _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True, prefix_match_unit=16)
     assert cfg.cache_config.prefix_match_unit == 16
