@@ -6,8 +6,8 @@ window T = 1, buffer_len L = 16, fp32 HP, bf16 activations, GDN exact flush). Wi
 --window T: speculative verify steps of T = 1 + k tokens per row, every draft accepted,
 against vLLM's kernels as its layers call them under speculative decoding (state indices
 [bs, T], one page per token: the state read from the accepted column and written to all
-T): Mamba-2 `selective_state_update` vs ours with the window launches (`--knob
-window_launches=split,fused`), GDN `fused_sigmoid_gating_delta_rule_update` vs our window
+T): Mamba-2 `selective_state_update` vs ours with the window launches (plan / flush /
+readout specialised for T), GDN `fused_sigmoid_gating_delta_rule_update` vs our window
 step (`--route fused,split`); a graph holds L / T steps, one flush per row:
   Mamba-2  ours `mamba2_replay_decode` vs vLLM `mamba_ssm.selective_state_update`, called
            as `MambaMixer2`'s decode path calls it (stride-0 expansions: TIE_HDIM path)
@@ -28,7 +28,7 @@ the copy bandwidth is measured in the same run.
     python3 benchmarks/kernels/bench_decode.py --families mamba2 --batch 256 \
         --knob readout_block_p=16,32 --knob flush_warps=4,8 --json
     python3 benchmarks/kernels/bench_decode.py --families mamba2 --window 4 --batch 1,64,256 \
-        --lp none,bf16 --knob window_launches=split,fused --json
+        --lp none,bf16 --json
     python3 benchmarks/kernels/bench_decode.py --dry-run       # bytes model only, no GPU
 """
 
@@ -517,7 +517,7 @@ def route_ran(geom, bs: int, config: dict, has_lp: bool) -> str:
 
         route = choose_route(config.get("route", "auto"), bs, plain=WINDOW == 1)
         if route == "replay" and WINDOW > 1:
-            route += f" ({config.get('window_launches', 'split')} window launches)"
+            route += " (window launches)"
         return route
     from vllm_replayssm.kernels.gdn.dispatch import plan_launch
 

@@ -45,7 +45,6 @@ SCENARIOS = {
     "spec_T3": dict(L=5, T=3),  # the plan / flush / readout launches for windows
     "spec_T2_lp_fp16_churn": dict(L=4, T=2, lp=torch.float16, churn=True),
     "spec_T4_L16_lp_bf16": dict(L=16, T=4, lp=torch.bfloat16),  # the production shape
-    "spec_T3_fused": dict(L=5, T=3, knobs=dict(window_launches="fused")),  # window.py
 }
 
 

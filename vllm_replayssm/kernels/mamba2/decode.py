@@ -13,9 +13,7 @@ scratch (`plan.Mamba2Scratch`):
 readout.
 Speculative windows (T = 1 + k) run the same three launches specialised for T (the plan
 writes every window token's coefficients; the readout and the flush read a tile once for
-the whole window). The earlier one-launch window step (`window.py`, knob
-`window_launches="fused"`) stays selectable until the split launches have been measured
-against it on a GPU.
+the whole window).
 
 No host synchronisation, no allocation when scratch is given, launch shapes fixed by the
 batch: safe in CUDA graphs. Semantics: `reference.mamba2_replay_decode`.
@@ -33,7 +31,6 @@ from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.mamba2.flush import mamba2_flush
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, mamba2_plan
 from vllm_replayssm.kernels.mamba2.readout import mamba2_readout
-from vllm_replayssm.kernels.mamba2.window import mamba2_window_decode
 from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
 
 TILE_BYTES = 8192  # checkpoint bytes per readout program
@@ -124,9 +121,7 @@ def mamba2_replay_decode(
 
     scratch: `Mamba2Scratch` for at least R rows and this window; None allocates one per
     call (tests; not for CUDA graphs). knobs override `launch_config` (readout_block_p,
-    readout_warps, flush_block_p, flush_warps, flush_programs, plan_warps, dot_precision),
-    or, with window_launches="fused" (speculative steps only), set the one-launch window
-    step's (block_p, num_warps, heads_per_program, num_stages).
+    readout_warps, flush_block_p, flush_warps, flush_programs, plan_warps, dot_precision).
     """
     H, P = x.shape[1], x.shape[2]
     N = B.shape[2]
@@ -148,30 +143,6 @@ def mamba2_replay_decode(
         num_accepted_tokens,
     )
     if R == 0:
-        return
-    plain = window == 1 and query_start_loc is None and num_accepted_tokens is None
-    launches = knobs.pop("window_launches", "split")
-    if launches not in ("split", "fused"):
-        raise ValueError(f"window_launches must be 'split' or 'fused', got {launches!r}")
-    if not plain and launches == "fused":
-        mamba2_window_decode(
-            cache,
-            x,
-            dt,
-            A,
-            B,
-            C,
-            D,
-            dt_bias,
-            state_indices,
-            out,
-            buffer_len=buffer_len,
-            window=window,
-            query_start_loc=query_start_loc,
-            num_accepted_tokens=num_accepted_tokens,
-            null_block_id=null_block_id,
-            **knobs,
-        )
         return
     if scratch is None:
         scratch = Mamba2Scratch.allocate(R, H, buffer_len, x.device, window=window)
