@@ -110,9 +110,11 @@ def test_padding_rows_and_tokens_leave_real_rows_alone(impl):
     torch.testing.assert_close(state[1:], plain_state[1:])  # slot 0 (NULL) may differ
 
 
-def test_triton_matches_torch_in_bf16():
+@pytest.mark.parametrize("block_d,num_warps", [(64, 1), (32, 2), (128, 4)])
+def test_triton_matches_torch_in_bf16(block_d, num_warps):
     """The served dtypes (bf16 inputs, weights and state): the same state bytes, outputs
-    within bf16 rounding (the Triton twin accumulates in fp32, torch's conv1d in bf16)."""
+    within bf16 rounding (the Triton twin accumulates in fp32, torch's conv1d in bf16); at
+    the launch shapes benchmarks/kernels/bench_conv.py sweeps."""
     torch.manual_seed(5)
     D, K, k, S = 70, 4, 3, 6  # D past one channel block
     M = K - 1 + k
@@ -124,6 +126,8 @@ def test_triton_matches_torch_in_bf16():
     x = torch.randn(7, D).bfloat16()
     want_state = state.clone()
     want = spec_conv_update(x, want_state, slots, qsl, pending, committed, weight, bias, "silu", 4)
-    got = spec_conv_update_triton(x, state, slots, qsl, pending, committed, weight, bias, "silu", 4)
+    got = spec_conv_update_triton(
+        x, state, slots, qsl, pending, committed, weight, bias, "silu", 4, block_d, num_warps
+    )
     assert torch.equal(state[1:], want_state[1:])
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

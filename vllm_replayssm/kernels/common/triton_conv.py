@@ -130,8 +130,11 @@ def spec_conv_update_triton(
     activation: str | None,
     window: int,
     block_d: int = 64,
+    num_warps: int = 1,
 ) -> torch.Tensor:
-    """`layers/conv.spec_conv_update` (same arguments and effects) in one launch."""
+    """`layers/conv.spec_conv_update` (same arguments and effects) in one launch; block_d
+    channels per program, num_warps per program (`benchmarks/kernels/bench_conv.py` times
+    them against vLLM's conv update)."""
     R, D, K = slots.shape[0], weight.shape[0], weight.shape[-1]
     M, N = conv_state.shape[-1], x.shape[0]
     out = torch.zeros_like(x)
@@ -169,6 +172,6 @@ def spec_conv_update_triton(
         BLOCK_W=pow2_block(window, 1),
         HAS_BIAS=bias is not None,
         SILU=activation in ("silu", "swish"),
-        num_warps=1,
+        num_warps=num_warps,
     )
     return out
