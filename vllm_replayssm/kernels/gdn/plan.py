@@ -44,9 +44,14 @@ from vllm_replayssm.kernels.common.plan_row import (
 )
 from vllm_replayssm.kernels.common.triton_cursor import (
     plan_row,
-    softplus,
 )
-from vllm_replayssm.kernels.gdn.tiles import beta_gate, l2norm, l2norm_rows
+from vllm_replayssm.kernels.gdn.tiles import (
+    beta_gate,
+    history_weights,
+    l2norm,
+    l2norm_rows,
+    log_decay,
+)
 
 # Per (row, value head) scalars after the 2 * BLOCK_L history coefficients.
 COEF_EXP_GAMMA, COEF_ALPHA, COEF_BETA, COEF_KQ = range(4)
@@ -349,10 +354,8 @@ def _gdn_plan_kernel(
     gk = tl.sum(kn_h * kn[None, :], axis=1)  # [BLOCK_L] k_j . k_t
     gq = tl.sum(kn_h * qn[None, :], axis=1)  # [BLOCK_L] k_j . q_t
     kq = tl.sum(kn * qn, axis=0)
-    gam = tl.cumsum(g_h, axis=1)
-    gam_n = tl.sum(g_h, axis=1)  # [BLOCK_HG]
-    w = tl.where(keep, tl.exp(tl.where(keep, gam_n[:, None] - gam, 0.0)), 0.0)
-    g_t = neg_A * softplus(a_t.to(tl.float32) + dt_bias)  # [BLOCK_HG]
+    w, gam_n = history_weights(g_h, keep, 1)  # [BLOCK_HG, BLOCK_L], [BLOCK_HG]
+    g_t = log_decay(neg_A, dt_bias, a_t)  # [BLOCK_HG]
     beta_t = beta_gate(b_t)
 
     p_coef = coef_ptr + r64 * stride_coef_row + h * stride_coef_head  # [BLOCK_HG]

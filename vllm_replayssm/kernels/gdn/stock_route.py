@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
-from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, softplus, stock_route_row
-from vllm_replayssm.kernels.gdn.tiles import advance_tile, beta_gate, l2norm
+from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, stock_route_row
+from vllm_replayssm.kernels.gdn.tiles import advance_tile, beta_gate, l2norm, log_decay
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 
@@ -124,8 +124,10 @@ def _gdn_stock_route_kernel(
     ).to(tl.float32)
     a_t = tl.load(a_ptr + pid_r * stride_a_tok + pid_h * stride_a_head).to(tl.float32)
     b_raw = tl.load(b_ptr + pid_r * stride_b_tok + pid_h * stride_b_head)
-    g_t = -tl.exp(tl.load(A_log_ptr + pid_h).to(tl.float32)) * softplus(
-        a_t + tl.load(dt_bias_ptr + pid_h).to(tl.float32)
+    g_t = log_decay(
+        -tl.exp(tl.load(A_log_ptr + pid_h).to(tl.float32)),
+        tl.load(dt_bias_ptr + pid_h).to(tl.float32),
+        a_t,
     )
     beta_t = beta_gate(b_raw)
     k_t = l2norm(k_t)

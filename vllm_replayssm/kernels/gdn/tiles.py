@@ -7,11 +7,32 @@ advance of one value head's checkpoint tile over committed ring entries, record 
 import triton
 import triton.language as tl
 
+from vllm_replayssm.kernels.common.triton_cursor import softplus
+
 
 @triton.jit
 def l2norm(x):
     """x / sqrt(sum(x^2) + 1e-6) of a [BLOCK_K] fp32 vector (vLLM's in-kernel q/k norm)."""
     return x / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6)
+
+
+@triton.jit
+def log_decay(neg_A, dt_bias, a):
+    """A token's log decay g = -e^{A_log} softplus(a + dt_bias), vLLM's gate, in fp32;
+    neg_A = -e^{A_log} and dt_bias per head (fp32), a in its input dtype; shapes
+    broadcast."""
+    return neg_A * softplus(a.to(tl.float32) + dt_bias)
+
+
+@triton.jit
+def history_weights(g_h, keep, AXIS: tl.constexpr):
+    """(w, gam_n) of a history of log decays g_h (records along AXIS; `keep` masks the
+    committed ones): gam_n = Σ_l g_l, the checkpoint's decay over the whole history, and
+    w_l = e^{gam_n - Γ_l} (Γ the inclusive prefix sum), the decay that the records after
+    l apply to record l's update; 0 where not kept."""
+    gam_n = tl.sum(g_h, axis=AXIS)
+    rest = tl.where(keep, tl.expand_dims(gam_n, AXIS) - tl.cumsum(g_h, axis=AXIS), 0.0)
+    return tl.where(keep, tl.exp(rest), 0.0), gam_n
 
 
 @triton.jit

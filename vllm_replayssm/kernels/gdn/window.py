@@ -26,8 +26,14 @@ import triton.language as tl
 from vllm_replayssm.kernels.common.blocks import pow2_block
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
-from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens, softplus
-from vllm_replayssm.kernels.gdn.tiles import advance_tile, beta_gate, l2norm_rows
+from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
+from vllm_replayssm.kernels.gdn.tiles import (
+    advance_tile,
+    beta_gate,
+    history_weights,
+    l2norm_rows,
+    log_decay,
+)
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
@@ -273,8 +279,7 @@ def _gdn_window_plan_kernel(
         mask=keep,
         other=0.0,
     )  # [BLOCK_HG, BLOCK_H]
-    gam_n = tl.sum(g_h, axis=1)
-    w_h = tl.where(keep, tl.exp(tl.where(keep, gam_n[:, None] - tl.cumsum(g_h, axis=1), 0.0)), 0.0)
+    w_h, gam_n = history_weights(g_h, keep, 1)
     neg_A = -tl.exp(tl.load(A_log_ptr + h, mask=m_hg, other=0.0).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + h, mask=m_hg, other=0.0).to(tl.float32)
     m_ht = m_hg[:, None] & m_t[None, :]
@@ -284,7 +289,7 @@ def _gdn_window_plan_kernel(
     b_raw = tl.load(
         b_ptr + tok[None, :] * stride_b_tok + h[:, None] * stride_b_head, mask=m_ht, other=0.0
     )
-    g_w = tl.where(m_ht, neg_A[:, None] * softplus(a_w + dt_bias[:, None]), 0.0)  # [HG, W]
+    g_w = tl.where(m_ht, log_decay(neg_A[:, None], dt_bias[:, None], a_w), 0.0)  # [HG, W]
     beta_w = beta_gate(b_raw)
     G_w = tl.cumsum(g_w, axis=1)
     e_G = tl.exp(G_w)
@@ -705,8 +710,7 @@ def _gdn_window_kernel(
             )
         else:
             g_h = tl.load(p_rg + row_h * stride_rg_row, mask=m_hist, other=0.0)
-            gam_n = tl.sum(g_h, axis=0)
-            w_h = tl.where(m_hist, tl.exp(gam_n - tl.cumsum(g_h, axis=0)), 0.0)  # [BLOCK_H]
+            w_h, gam_n = history_weights(g_h, m_hist, 0)  # [BLOCK_H]
             decay_n = tl.exp(gam_n)
             neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
             dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
@@ -714,7 +718,7 @@ def _gdn_window_kernel(
                 tl.float32
             )
             b_raw = tl.load(b_ptr + tok * stride_b_tok + h * stride_b_head, mask=m_t, other=0.0)
-            g_w = tl.where(m_t, neg_A * softplus(a_w + dt_bias), 0.0)
+            g_w = tl.where(m_t, log_decay(neg_A, dt_bias, a_w), 0.0)
             beta_w = beta_gate(b_raw)
             G_w = tl.cumsum(g_w, axis=0)
             v_w_raw = tl.load(
