@@ -159,16 +159,13 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         if resumed is not None:
             gdn_replay_materialise(cache, resumed, **common)
         tokens = slice(md.num_decode_tokens, md.num_decode_tokens + md.num_prefill_tokens)
-        attn_metadata[self.prefix] = view
-        try:
+        with self.metadata_view(attn_metadata, view):
             super()._forward_core(
                 mixed_qkv=mixed_qkv[tokens],
                 b=b[tokens],
                 a=a[tokens],
                 core_attn_out=core_attn_out[tokens],
             )
-        finally:
-            attn_metadata[self.prefix] = md
         apply_prefill_hook(
             cache.hp,
             cache.lp,
@@ -357,8 +354,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 else md.has_initial_state[nd : nd + npf],
             )
             tokens = slice(ndt, ndt + npt)
-            attn_metadata[self.prefix] = prefill_md
-            try:
+            with self.metadata_view(attn_metadata, prefill_md):
                 torch.ops.vllm.cpu_gdn_attention_core(
                     mixed_qkv[tokens],
                     b[tokens],
@@ -366,8 +362,6 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                     core_attn_out[tokens],
                     _encode_layer_name(self.prefix),
                 )
-            finally:
-                attn_metadata[self.prefix] = md
             apply_prefill_hook(
                 cache.hp,
                 cache.lp,
@@ -588,8 +582,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         if view is None:
             view = md.replay_prefill_view = _prefill_view(md, split, slots, has_init, npt, cpu)
         out = _outputs_of(core_attn_out, tokens)
-        attn_metadata[self.prefix] = view
-        try:
+        with self.metadata_view(attn_metadata, view):
             if cpu:
                 torch.ops.vllm.cpu_gdn_attention_core(
                     mixed_qkv[tokens].contiguous(),
@@ -605,8 +598,6 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                     a=a[tokens].contiguous(),
                     core_attn_out=out,
                 )
-        finally:
-            attn_metadata[self.prefix] = md
         _put_outputs(core_attn_out, tokens, out)
         conv_context_to_back(conv, slots.long(), K)
         apply_prefill_hook(

@@ -447,11 +447,8 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 query_start_loc_d=None,
                 num_accepted_tokens=None,
             )
-            attn_metadata[self.prefix] = prefill_md
-            try:
+            with self.metadata_view(attn_metadata, prefill_md):
                 super().conv_ssm_forward(projected_states=projected_states, output=output)
-            finally:
-                attn_metadata[self.prefix] = md
         if spec:
             conv_context_to_back(conv_state_view(self.kv_cache), slots, self.conv_kernel_size)
             nd, npf = md.num_decodes, md.num_prefills

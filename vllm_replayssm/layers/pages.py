@@ -280,6 +280,18 @@ class ReplayPage:
         return shapes_and_dtypes(self.replay_specs)[1]
 
     @contextlib.contextmanager
+    def metadata_view(self, attn_metadata: dict, view) -> Iterator[None]:
+        """vLLM's own methods of this layer read `view` (a prefill-only view of the step's
+        metadata) where they look up attn_metadata[self.prefix]; the step's metadata is put
+        back afterwards, whatever happens."""
+        md = attn_metadata[self.prefix]
+        attn_metadata[self.prefix] = view
+        try:
+            yield
+        finally:
+            attn_metadata[self.prefix] = md
+
+    @contextlib.contextmanager
     def stock_page(self) -> Iterator[None]:
         """vLLM's kernel warm-ups unpack get_state_dtype() into exactly (conv, ssm)."""
         self._stock_page = True
