@@ -842,6 +842,36 @@ def add_engine_json_args(p: argparse.ArgumentParser, compilation: dict | None = 
         p.add_argument("--compilation-config", type=json.loads, default=compilation)
 
 
+def tool_engine_kwargs(
+    args: argparse.Namespace,
+    model: str,
+    mode: str,
+    model_dir: Path,
+    max_model_len: int,
+    on_gpu: bool,
+    *,
+    enforce_eager: bool = False,
+    compilation_config: dict | None = None,
+) -> dict:
+    """`engine_kwargs` of one mode for the tools beside this benchmark: their options of
+    `add_engine_json_args` (args.replay, args.speculative) with args.batch_size requests at
+    a time, args.gpu_memory_utilization on GPUs and a 1 GiB KV cache elsewhere."""
+    spec = {
+        "model": model,
+        "mode": mode,
+        "model_dir": str(model_dir),
+        "replay": {**DEFAULT_REPLAY, **args.replay},
+        "max_model_len": max_model_len,
+        "max_num_seqs": args.batch_size,
+        "speculative": args.speculative,
+        "enforce_eager": enforce_eager,
+        "compilation_config": compilation_config,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "kv_cache_memory_bytes": 1 << 30,
+    }
+    return engine_kwargs(spec, on_gpu)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter

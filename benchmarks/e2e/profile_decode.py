@@ -56,19 +56,15 @@ def profile_mode(
     from torch.profiler import ProfilerActivity, profile
     from vllm import LLM, SamplingParams
 
-    spec = {
-        "model": model,
-        "mode": mode,
-        "model_dir": str(model_dir),
-        "replay": {**e2e.DEFAULT_REPLAY, **args.replay},
-        "max_model_len": args.max_model_len,
-        "max_num_seqs": args.batch_size,
-        "speculative": args.speculative,
-        "enforce_eager": True,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "kv_cache_memory_bytes": 1 << 30,
-    }
-    kwargs = e2e.engine_kwargs(spec, torch.cuda.is_available())
+    kwargs = e2e.tool_engine_kwargs(
+        args,
+        model,
+        mode,
+        model_dir,
+        args.max_model_len,
+        torch.cuda.is_available(),
+        enforce_eager=True,
+    )
     e2e.log(f"engine start {json.dumps(kwargs['additional_config'])}", f"{model}/{mode}")
     llm = LLM(**kwargs)
     prompts = [

@@ -217,20 +217,15 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
     rec = StepRecorder()
     rec.install()
     on_gpu = torch.cuda.is_available()
-    spec = {
-        "model": args.model,
-        "mode": mode,
-        "model_dir": str(model_dir),
-        "replay": {**e2e.DEFAULT_REPLAY, **args.replay},
-        "max_model_len": args.input_len + args.output_len + 16,
-        "max_num_seqs": args.batch_size,
-        "speculative": args.speculative,
-        "enforce_eager": False,
-        "compilation_config": args.compilation_config if on_gpu else None,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "kv_cache_memory_bytes": 1 << 30,
-    }
-    kwargs = e2e.engine_kwargs(spec, on_gpu)
+    kwargs = e2e.tool_engine_kwargs(
+        args,
+        args.model,
+        mode,
+        model_dir,
+        args.input_len + args.output_len + 16,
+        on_gpu,
+        compilation_config=args.compilation_config if on_gpu else None,
+    )
     from vllm import LLM
 
     tag = f"{args.model}/{mode}"

@@ -149,20 +149,15 @@ def profile_mode(model: str, mode: str, model_dir: Path, args: argparse.Namespac
     import torch
     from vllm import LLM, SamplingParams
 
-    spec = {
-        "model": model,
-        "mode": mode,
-        "model_dir": str(model_dir),
-        "replay": {**e2e.DEFAULT_REPLAY, **args.replay},
-        "max_model_len": args.input_len + args.steps + 32,
-        "max_num_seqs": args.batch_size,
-        "speculative": args.speculative,
-        "enforce_eager": False,
-        "compilation_config": args.compilation_config,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "kv_cache_memory_bytes": 1 << 30,
-    }
-    kwargs = e2e.engine_kwargs(spec, torch.cuda.is_available())
+    kwargs = e2e.tool_engine_kwargs(
+        args,
+        model,
+        mode,
+        model_dir,
+        args.input_len + args.steps + 32,
+        torch.cuda.is_available(),
+        compilation_config=args.compilation_config,
+    )
     trace_dir = tempfile.mkdtemp(prefix=f"replayssm-timeline-{mode}-")
     kwargs["profiler_config"] = {
         "profiler": "torch",
