@@ -129,12 +129,14 @@ def spec_conv_update_triton(
     bias: torch.Tensor | None,
     activation: str | None,
     window: int,
-    block_d: int = 64,
+    block_d: int = 128,
     num_warps: int = 1,
 ) -> torch.Tensor:
     """`layers/conv.spec_conv_update` (same arguments and effects) in one launch; block_d
-    channels per program, num_warps per program (`benchmarks/kernels/bench_conv.py` times
-    them against vLLM's conv update)."""
+    channels per program, num_warps per program. The defaults were fastest on the H200
+    (`benchmarks/kernels/bench_conv.py`, `conv-spec-h200-20261202-3475366.json`, T = 4:
+    128 channels on one warp 63 µs at Qwen3-Next bs 256 against 85 for 64 and 89 for 256;
+    more warps were slower everywhere); vLLM's `causal_conv1d_update` took 25 µs there."""
     R, D, K = slots.shape[0], weight.shape[0], weight.shape[-1]
     M, N = conv_state.shape[-1], x.shape[0]
     out = torch.zeros_like(x)
