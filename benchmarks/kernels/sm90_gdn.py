@@ -243,11 +243,13 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
 
 
 def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
-    """The speculative window step (`window.py`, ngram k = 3: T = 4) at bs >= 64 (all value
-    heads of a key head per program, 16-row value tiles, bf16 LP): the readout with and
-    without the window plan, the plan, the flush-only launch."""
+    """The speculative window step (`window.py`, ngram k = 3: T = 4) at bs >= 64, bf16 LP:
+    the plan, the planned readout (value tiles of 16-128 rows), the unplanned readout and
+    fused step (all value heads of a key head per program, 16-row value tiles), the
+    flush-only launch."""
     Hk, Hv, K, V = GEOM.num_k_heads, GEOM.num_v_heads, GEOM.head_k_dim, GEOM.head_v_dim
     kern = gdn_window._gdn_window_kernel
+    bh = plan.history_block(L)
     base = dict(
         head_k_dim=K,
         head_v_dim=V,
@@ -256,7 +258,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         BLOCK_W=T,
         BLOCK_V=16,
         BLOCK_K=K,
-        BLOCK_H=plan.history_block(L),
+        BLOCK_H=bh,
         HAS_LP=True,
         LP_IS_FP16=False,
         EXACT_FLUSH=True,
@@ -276,28 +278,54 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 WINDOW=T,
                 BLOCK_W=T,
                 BLOCK_K=K,
-                BLOCK_H=plan.history_block(L),
+                BLOCK_H=bh,
                 BLOCK_HG=Hv // Hk,
                 HAS_ACC=True,
                 IS_VARLEN=True,
                 EXACT_FLUSH=True,
+                HAS_LP=True,
             ),
             1,
         )
     ]
-    for name, mode, planned in (
-        ("readout, planned", gdn_window.READOUT, True),
-        ("readout, unplanned", gdn_window.READOUT, False),
-        ("fused, planned", gdn_window.FUSED, True),
-        ("fused, unplanned", gdn_window.FUSED, False),
-        ("flush only", gdn_window.FLUSH_ONLY, False),
+    readout = gdn_window._gdn_window_readout_kernel
+    for block_v, warps in ((16, 1), (32, 1), (32, 2), (64, 4), (128, 4)):
+        out.append(
+            (
+                f"window {T} readout, planned, {block_v} rows",
+                readout,
+                kernel_args(readout, torch.bfloat16, T),
+                dict(
+                    v_per_k=Hv // Hk,
+                    tiles_per_head=V // block_v,
+                    head_k_dim=K,
+                    head_v_dim=V,
+                    WINDOW=T,
+                    BLOCK_W=T,
+                    BLOCK_V=block_v,
+                    BLOCK_K=K,
+                    BLOCK_H=bh,
+                    DOT_K=K,
+                    DOT_H=max(16, bh),
+                    DOT_N=max(16, 2 * T),
+                    HAS_LP=True,
+                    EXACT_FLUSH=True,
+                    IS_VARLEN=True,
+                ),
+                warps,
+            )
+        )
+    for name, mode in (
+        ("readout, unplanned", gdn_window.READOUT),
+        ("fused, unplanned", gdn_window.FUSED),
+        ("flush only", gdn_window.FLUSH_ONLY),
     ):
         out.append(
             (
                 f"window {T} {name}",
                 kern,
                 kernel_args(kern, torch.bfloat16, T),
-                dict(base, MODE=mode, PLANNED=planned),
+                dict(base, MODE=mode),
                 1,
             )
         )
@@ -319,7 +347,7 @@ def main() -> None:
             constexprs,
             num_warps=warps,
             num_stages=1,
-            tag="_".join(name.replace(",", "").split()[:3]),
+            tag="_".join(name.replace(",", "").split()),
             out_dir=args.out_dir,
         )
         print(f"{name:42s} warps={warps}", json.dumps({k: row.get(k) for k in KEYS}))

@@ -37,10 +37,10 @@ CASES = {
     "ar_fold_split": dict(L=4, T=1, lp=None, spec=False, exact=False, route="split"),
     "ar_lp_fp16_split": dict(L=4, T=1, lp=torch.float16, spec=False, route="split"),
     "spec_T3_split": dict(L=5, T=3, lp=None, spec=True, route="split"),
-    # the key-head products by the window plan launch (window_plan, off by default)
+    # the planned readout (window_plan: plan, flush, readout launches)
     "spec_T3_split_planned": dict(L=5, T=3, lp=None, spec=True, route="split", plan=True),
-    "spec_T2_lp_fp16_fused_planned": dict(
-        L=4, T=2, lp=torch.float16, spec=True, route="fused", plan=True
+    "spec_T2_lp_fp16_split_planned": dict(
+        L=4, T=2, lp=torch.float16, spec=True, route="split", plan=True
     ),
     "spec_T2_lp_fp16_churn_fused": dict(
         L=4, T=2, lp=torch.float16, spec=True, churn=True, route="fused"

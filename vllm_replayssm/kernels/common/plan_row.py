@@ -44,7 +44,7 @@ T_META_LEN = tl.constexpr(META_LEN)
 
 
 @triton.jit
-def store_plan_row(
+def store_plan_words(
     p_plan,
     slot32,
     o_next,
@@ -56,14 +56,11 @@ def store_plan_row(
     fn,
     flush,
     stale,
-    hp_rows_ptr,
-    hp_count_ptr,
-    r,
     HAS_LP: tl.constexpr,
 ):
-    """A plan launch's dense row for batch row r (one program per row writes it): the
-    words above and the new cursor words (`pending` records of this step), and, for a row
-    that must read HP (a flush, or a stale LP with an LP copy), r appended to the HP list."""
+    """A plan launch's dense row for one batch row (one program per row writes it): the
+    words above and the new cursor words (`pending` records of this step). Returns whether
+    the row reads HP this step (a flush, or a stale LP with an LP copy)."""
     read_hp = flush
     if HAS_LP:  # a stale LP is never read: such rows read HP until their next flush
         read_hp = flush | stale
@@ -84,6 +81,31 @@ def store_plan_row(
     tl.store(p_words + W_FOLD_COUNT, fn)
     tl.store(p_words + W_MAGIC, tl.where(stale, MAGIC_WORD_LP_STALE, MAGIC_WORD))
     tl.store(p_words + W_TICKET, 0)
+    return read_hp
+
+
+@triton.jit
+def store_plan_row(
+    p_plan,
+    slot32,
+    o_next,
+    n_next,
+    write_row,
+    pending,
+    kap,
+    fo,
+    fn,
+    flush,
+    stale,
+    hp_rows_ptr,
+    hp_count_ptr,
+    r,
+    HAS_LP: tl.constexpr,
+):
+    """`store_plan_words`, and r appended to the HP list where the row reads HP."""
+    read_hp = store_plan_words(
+        p_plan, slot32, o_next, n_next, write_row, pending, kap, fo, fn, flush, stale, HAS_LP
+    )
     if read_hp:
         k = tl.atomic_add(hp_count_ptr, 1, sem="relaxed")
         tl.store(hp_rows_ptr + k, r)

@@ -49,19 +49,18 @@ def launch_config(num_rows: int, v_per_k: int, plain: bool = True, has_lp: bool 
     tiles were 5% faster at bs 1 and 1% slower at bs 32
     (`kernels-h200-20261129-22b7412-stock-route-bs1-32.json`). Speculative decode (which the
     stock route cannot do): the window step, one warp per program, 16-row value tiles,
-    fused up to 16 rows, else flush + readout with all value heads of a key head per program
-    from 64 rows, planned (`window_plan`) with an LP copy only: on the H200 at 133230c
-    (`kernels-h200-20261202-133230c-gdn-window4-plan.json`, T = 4, bs 64 and 256, Qwen3.5-4B
-    and -122B) the plan took 1-9% off the bf16-LP steps and added 4-12% to the HP-only
-    ones."""
+    fused up to 16 rows, else planned (`window_plan`: plan, flush, the planned readout),
+    the flush with all value heads of a key head per program from 64 rows. The planned
+    readout replaced a head-looping one, which the plan helped with an LP copy (1-9%) and
+    hurt without (4-12%; `kernels-h200-20261202-133230c-gdn-window4-plan.json`)."""
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
         return _route_config("stock" if num_rows <= limit else "replay", 0, 0)
-    return _route_config("fused" if num_rows <= 16 else "split", num_rows, v_per_k, has_lp)
+    return _route_config("fused" if num_rows <= 16 else "split", num_rows, v_per_k)
 
 
-def _route_config(route: str, num_rows: int, v_per_k: int, has_lp: bool = True) -> dict:
-    """The base configuration of one kernel route (has_lp: the layer keeps an LP copy)."""
+def _route_config(route: str, num_rows: int, v_per_k: int) -> dict:
+    """The base configuration of one kernel route."""
     if route == "stock":
         return dict(route="stock", block_v=16, num_warps=1)
     if route == "replay":
@@ -74,7 +73,7 @@ def _route_config(route: str, num_rows: int, v_per_k: int, has_lp: bool = True) 
         num_warps=1,
         heads_per_program=v_per_k if num_rows >= 64 else 1,
         num_stages=1,
-        window_plan=route == "split" and has_lp,
+        window_plan=route == "split",
     )
 
 
@@ -96,10 +95,10 @@ def plan_launch(
         raise ValueError(f"route must be one of {list(ROUTES)}, got {route!r}")
     cfg = launch_config(num_rows, v_per_k, plain=plain, has_lp=has_lp)
     if plain and route != "auto":
-        cfg = _route_config(route, num_rows, v_per_k, has_lp)
+        cfg = _route_config(route, num_rows, v_per_k)
     forced = (launch or {}).get("route", cfg["route"])
     if forced != cfg["route"]:
-        cfg = _route_config(forced, num_rows, v_per_k, has_lp)
+        cfg = _route_config(forced, num_rows, v_per_k)
     cfg.update(launch or {})
     if cfg["route"] in ("stock", "replay") and not plain:
         raise ValueError(f"the {cfg['route']} route is for plain decode (one token per row)")

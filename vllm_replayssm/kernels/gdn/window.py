@@ -1,20 +1,25 @@
-"""Triton Gated DeltaNet ReplaySSM step for speculative windows (T = 1 + k tokens per row):
-one launch per layer and step (or a flush launch, then the readout). Plain decode (T = 1)
-runs the plan / flush / readout launches of `decode.py` instead; this kernel serves
-speculative decoding until those launches gain a window specialisation (it still runs T = 1
-when a caller asks for it: benchmarks, tests).
+"""Triton Gated DeltaNet ReplaySSM step for speculative windows (T = 1 + k tokens per row).
+Plain decode (T = 1) runs the plan / flush / readout launches of `decode.py` instead (this
+step still runs T = 1 when a caller asks for it: benchmarks, tests).
 
-One program per (value-dim tile, key head, row), looping over the value heads that share the
-key head: the cursor plan, the ring's keys, their norms and their Gram products with the
-window's keys and queries are computed once per program. Per value head it either advances
-HP over the committed entries (flush rows; exact: the delta rule replayed serially from HP
-over the cached k, v, g, beta; fold: weighted sum of cached corrected values) and writes HP +
-LP, or reads LP (HP when LP is off); then window token i is read out from checkpoint +
-history + the window's own corrected values (forward substitution), and only records are
-written (d in fp32). The row's last program stores the cursor words. Two launch forms:
-"fused" (one launch) or "split" (FLUSH_ONLY then READOUT). Semantics:
-`reference.gdn_replay_decode`. Which route and launch configuration a step takes is
-`dispatch.py`'s decision; the launcher here runs what it is given.
+Three launch forms; `dispatch.py` picks one, the launcher here runs what it is given:
+- "fused" (small batches): one program per (value-dim tile, value-head block, row), looping
+  over value heads of one key head: the cursor plan, the ring's keys, their norms and Gram
+  products with the window's keys and queries once per program; per value head it either
+  advances HP over the committed entries (flush rows; exact: the delta rule replayed
+  serially from HP over the cached k, v, g, beta; fold: weighted sum of cached corrected
+  values) and writes HP + LP, or reads LP (HP when LP is off); then window token i is read
+  out from checkpoint + history + the window's own corrected values (forward
+  substitution), and only records are written (d in fp32). The row's last program stores
+  the cursor words.
+- "split": the same kernel as a flush-only launch, then as the readout.
+- "split" with `window_plan` (the GPU default above 16 rows): the window plan (one program
+  per (key head, row): plan rows, the window's normalised keys and queries, every readout
+  coefficient, the row-shared records), the flush-only launch, then the planned readout:
+  one program per (value tile, value head, row) that takes the tile's products with the
+  window's keys and queries and with the history as two tensor-core products and stores the
+  cursor words from the plan row.
+Semantics: `reference.gdn_replay_decode`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,17 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.plan_row import (
+    PLAN_LEN,
+    T_PLAN_COUNT,
+    T_PLAN_LEN,
+    T_PLAN_ORIGIN,
+    T_PLAN_READ_HP,
+    T_PLAN_SLOT,
+    T_PLAN_WRITE_ROW,
+    store_cursor_words,
+    store_plan_words,
+)
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
@@ -37,12 +53,19 @@ from vllm_replayssm.kernels.gdn.tiles import (
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
+FLUSH_BLOCK_V = 16  # the flush launch's value tile in a planned step (its 1-warp tile elsewhere)
 
 
 @triton.jit
 def _pick(mat, o_t, i):
     """Row i of a [BLOCK_W, X] register tile, as [X]."""
     return tl.sum(tl.where(o_t[:, None] == i, mat, 0.0), axis=0)
+
+
+@triton.jit
+def _pick_col(mat, o_n, i):
+    """Column i of a [X, N] register tile, as [X]."""
+    return tl.sum(tl.where(o_n[None, :] == i, mat, 0.0), axis=1)
 
 
 @triton.jit
@@ -161,6 +184,7 @@ def _gdn_window_plan_kernel(
     acc_ptr,
     kq_ptr,
     coef_ptr,
+    plan_ptr,
     scale,
     null_block_id,
     num_ring_rows,
@@ -200,6 +224,7 @@ def _gdn_window_plan_kernel(
     HAS_ACC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
+    HAS_LP: tl.constexpr,
 ):
     """The window step's plan, one program per (key head, row): everything but the state
     tile's products, once per row instead of in every (value tile, head block) readout
@@ -214,14 +239,20 @@ def _gdn_window_plan_kernel(
     c_u,i = β_i c_w,i, A_h = β_i e^{G_i} w_l (k_l·k_i), B_h = e^{G_i} w_l (k_l·q_i), A_w =
     β_i e^{G_i − G_j} (k_j·k_i), B_w = e^{G_i − G_j} (k_j·q_i); `window_coef_len` words);
     appends the window's g, β (exact flush) and k records. Flush rows get an empty
-    history: the readout reads their folded checkpoint."""
+    history: the readout reads their folded checkpoint. The key head 0 program stores the
+    row's plan words (`plan_row.store_plan_words`; NULL rows: the slot word only), which the
+    readout launch reads instead of the cursor words."""
     pid_k = tl.program_id(0)
     pid_r = tl.program_id(1).to(tl.int64)
-    slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
-    if slot == null_block_id:
+    slot32 = tl.load(state_indices_ptr + pid_r).to(tl.int32)
+    p_plan = plan_ptr + pid_r * T_PLAN_LEN
+    if slot32 == null_block_id:
+        if pid_k == 0:
+            tl.store(p_plan + T_PLAN_SLOT, slot32)
         return
+    slot = slot32.to(tl.int64)
     bos, q = row_tokens(qsl_ptr, pid_r, IS_VARLEN)
-    o, n, _kap, _fo, _fn, _flush, _stale = plan_row(
+    o, n, kap, fo, fn, flush, stale = plan_row(
         meta_ptr + slot * stride_meta_slot,
         stride_meta_word,
         acc_ptr,
@@ -231,6 +262,10 @@ def _gdn_window_plan_kernel(
         WINDOW,
         HAS_ACC,
     )
+    if pid_k == 0:
+        write_row = o + n
+        write_row = tl.where(write_row >= num_ring_rows, write_row - num_ring_rows, write_row)
+        store_plan_words(p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale, HAS_LP)
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
     o_h = tl.arange(0, BLOCK_H)
@@ -340,69 +375,190 @@ def _gdn_window_plan_kernel(
 
 
 @triton.jit
-def _readout_planned(
-    S,
-    d_h,
-    p_kq,
-    p_c,
-    p_v,
-    p_out,
-    p_rd,
-    p_rv,
-    bos,
-    q,
-    first_row,
+def _gdn_window_readout_kernel(
+    hp_ptr,
+    lp_ptr,
+    ring_d_ptr,
+    ring_v_ptr,
+    meta_ptr,
+    v_ptr,
+    out_ptr,
+    qsl_ptr,
+    plan_ptr,
+    kq_ptr,
+    coef_ptr,
+    null_block_id,
     num_ring_rows,
-    o_t,
-    o_h,
-    o_k,
-    m_v,
-    stride_v_tok,
-    stride_out_tok,
+    stride_hp_slot,
+    stride_hp_head,
+    stride_hp_v,
+    stride_hp_k,
+    stride_lp_slot,
+    stride_lp_head,
+    stride_lp_v,
+    stride_lp_k,
+    stride_rd_slot,
+    stride_rd_head,
     stride_rd_row,
+    stride_rd_v,
+    stride_rv_slot,
+    stride_rv_head,
     stride_rv_row,
+    stride_rv_v,
+    stride_meta_slot,
+    stride_meta_word,
+    stride_v_tok,
+    stride_v_head,
+    stride_v_v,
+    stride_out_tok,
+    stride_out_head,
+    stride_out_v,
+    stride_kq_row,
+    stride_kq_head,
+    stride_coef_row,
+    stride_coef_head,
+    v_per_k: tl.constexpr,
+    tiles_per_head: tl.constexpr,
+    head_k_dim: tl.constexpr,
+    head_v_dim: tl.constexpr,
     WINDOW: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    DOT_K: tl.constexpr,
+    DOT_H: tl.constexpr,
+    DOT_N: tl.constexpr,
+    HAS_LP: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
-    """One value head's window from its checkpoint tile S [BLOCK_V, BLOCK_K] and history
-    records d_h [BLOCK_H, BLOCK_V] with the window plan's vectors (p_kq) and coefficients
-    (p_c, `_gdn_window_plan_kernel`), token by token: each token's key, query, v and
-    coefficient rows are loaded where they are used, so only the tile, the history and the
-    window's corrected values stay live. Stores the outputs and the d (and v) records."""
-    c_ah = 3 * BLOCK_W
-    c_bh = c_ah + BLOCK_W * BLOCK_H
-    c_aw = c_bh + BLOCK_W * BLOCK_H
+    """The planned window readout, one program per (value tile, value head, row): no head
+    loop, no cursor words read. The checkpoint tile S [BLOCK_V, K] (LP, or HP where the plan
+    row says so or without LP) meets the window's keys and queries in one product, the
+    history records d_h in a second:
+
+        X = (S [k_1..k_W, q_1..q_W]) diag(c_u, c_w) + d_h^T [A_h; B_h]^T    [BLOCK_V, 2 BLOCK_W]
+
+    (tf32x3: fp32 accuracy), so column i holds c_u,i S·k_i + Σ_l A_h[i, l] d_l and column
+    BLOCK_W + i the w-side twin; then the forward substitution over the window's own
+    corrected values on [BLOCK_V] vectors (`_gdn_window_plan_kernel` gives the coefficients).
+    Stores the outputs, the d (and v) records at the plan's write rows; the program of value
+    head 0, tile 0 stores the row's new cursor words from the plan row."""
+    pid = tl.program_id(0)
+    r = tl.program_id(1).to(tl.int64)
+    h = pid // tiles_per_head
+    o_v = (pid % tiles_per_head) * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_v = o_v < head_v_dim
+    o_k = tl.arange(0, DOT_K)
+    m_k = o_k < head_k_dim
+    o_n = tl.arange(0, DOT_N)
+    m_n = o_n < 2 * BLOCK_W
+    o_l = tl.arange(0, DOT_H)
+    o_t = tl.arange(0, BLOCK_W)
+
+    # Loads that depend on neither the plan row nor the slot.
+    p_plan = plan_ptr + r * T_PLAN_LEN
+    slot32 = tl.load(p_plan + T_PLAN_SLOT)
+    bos, q = row_tokens(qsl_ptr, r, IS_VARLEN)
+    m_t = o_t < q
+    m_tv = m_t[:, None] & m_v[None, :]
+    tok = bos + o_t
+    p_c = coef_ptr + r * stride_coef_row + h * stride_coef_head
+    c_uw = tl.load(p_c + o_n, mask=m_n, other=0.0)  # [DOT_N]: c_u, then c_w
+    kq_t = tl.load(
+        kq_ptr
+        + r * stride_kq_row
+        + (h // v_per_k) * stride_kq_head
+        + (o_n[None, :] * BLOCK_K + o_k[:, None]),
+        mask=m_k[:, None] & m_n[None, :],
+        other=0.0,
+    )  # [DOT_K, DOT_N]: k_1..k_W, q_1..q_W as columns
+    ab_t = tl.load(
+        p_c + 3 * BLOCK_W + (o_n[None, :] * BLOCK_H + o_l[:, None]),
+        mask=(o_l < BLOCK_H)[:, None] & m_n[None, :],
+        other=0.0,
+    )  # [DOT_H, DOT_N]: A_h, then B_h rows as columns
+    v_raw = tl.load(
+        v_ptr + tok[:, None] * stride_v_tok + h * stride_v_head + o_v[None, :] * stride_v_v,
+        mask=m_tv,
+        other=0.0,
+    )  # [BLOCK_W, BLOCK_V]
+    p_out = (
+        out_ptr + tok[:, None] * stride_out_tok + h * stride_out_head + o_v[None, :] * stride_out_v
+    )
+
+    if pid == 0:
+        store_cursor_words(
+            p_plan, meta_ptr, slot32, null_block_id, stride_meta_slot, stride_meta_word
+        )
+    if slot32 == null_block_id:
+        tl.store(p_out, tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32), mask=m_tv)
+        return
+    o = tl.load(p_plan + T_PLAN_ORIGIN)
+    n = tl.load(p_plan + T_PLAN_COUNT)
+    write_row = tl.load(p_plan + T_PLAN_WRITE_ROW)
+    slot = slot32.to(tl.int64)
+    m_vk = m_v[:, None] & m_k[None, :]
+    p_hp = (
+        hp_ptr
+        + slot * stride_hp_slot
+        + h * stride_hp_head
+        + (o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
+    )
+    if HAS_LP:
+        if tl.load(p_plan + T_PLAN_READ_HP) != 0:  # flush rows (HP just folded), stale LP
+            S = tl.load(p_hp, mask=m_vk, other=0.0)
+        else:
+            S = tl.load(
+                lp_ptr
+                + slot * stride_lp_slot
+                + h * stride_lp_head
+                + (o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k),
+                mask=m_vk,
+                other=0.0,
+            ).to(tl.float32)
+    else:
+        S = tl.load(p_hp, mask=m_vk, other=0.0)
+    rows = o + o_l
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+    p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
+    d_h_t = tl.load(
+        p_rd + (rows[None, :] * stride_rd_row + o_v[:, None] * stride_rd_v),
+        mask=m_v[:, None] & (o_l < n)[None, :],
+        other=0.0,
+    )  # [BLOCK_V, DOT_H] fp32
+    x = tl.dot(S, kq_t, input_precision="tf32x3") * c_uw[None, :]
+    x = tl.dot(d_h_t, ab_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
+
+    v_w = v_raw.to(tl.float32)
+    c_aw = 3 * BLOCK_W + 2 * BLOCK_W * BLOCK_H
     c_bw = c_aw + BLOCK_W * BLOCK_W
-    d_w = tl.zeros([BLOCK_W, S.shape[0]], dtype=tl.float32)
+    d_w = tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32)
+    o_w = tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32)
     for i in tl.static_range(WINDOW):
-        m_i = m_v & (i < q)
-        k_i = tl.load(p_kq + i * BLOCK_K + o_k)
-        q_i = tl.load(p_kq + (BLOCK_W + i) * BLOCK_K + o_k)
-        v_raw = tl.load(p_v + (bos + i) * stride_v_tok, mask=m_i, other=0.0)
-        a_row = tl.load(p_c + c_ah + i * BLOCK_H + o_h)
-        b_row = tl.load(p_c + c_bh + i * BLOCK_H + o_h)
-        d_i = (
-            tl.load(p_c + 2 * BLOCK_W + i) * v_raw.to(tl.float32)
-            - tl.load(p_c + i) * tl.sum(S * k_i[None, :], axis=1)
-            - tl.sum(a_row[:, None] * d_h, axis=0)
-        )
-        o_i = tl.load(p_c + BLOCK_W + i) * tl.sum(S * q_i[None, :], axis=1) + tl.sum(
-            b_row[:, None] * d_h, axis=0
-        )
+        d_i = tl.load(p_c + 2 * BLOCK_W + i) * _pick(v_w, o_t, i) - _pick_col(x, o_n, i)
+        o_i = _pick_col(x, o_n, BLOCK_W + i)
         for j in tl.static_range(i):
             d_j = _pick(d_w, o_t, j)
             d_i -= tl.load(p_c + c_aw + i * BLOCK_W + j) * d_j
             o_i += tl.load(p_c + c_bw + i * BLOCK_W + j) * d_j
         o_i += tl.load(p_c + c_bw + i * BLOCK_W + i) * d_i
         d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
-        tl.store(p_out + (bos + i) * stride_out_tok, o_i, mask=m_i)
-        row = (first_row + i) % num_ring_rows
-        tl.store(p_rd + row * stride_rd_row, d_i, mask=m_i)
-        if EXACT_FLUSH:
-            tl.store(p_rv + row * stride_rv_row, v_raw, mask=m_i)
+        o_w = tl.where(o_t[:, None] == i, o_i[None, :], o_w)
+    tl.store(p_out, o_w, mask=m_tv)
+    rows_w = write_row + o_t
+    rows_w = tl.where(rows_w >= num_ring_rows, rows_w - num_ring_rows, rows_w)
+    tl.store(p_rd + (rows_w[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v), d_w, mask=m_tv)
+    if EXACT_FLUSH:
+        tl.store(
+            ring_v_ptr
+            + slot * stride_rv_slot
+            + h * stride_rv_head
+            + (rows_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v),
+            v_raw,
+            mask=m_tv,
+        )
 
 
 @triton.jit
@@ -426,8 +582,6 @@ def _gdn_window_kernel(
     qsl_ptr,
     acc_ptr,
     out_ptr,
-    kq_ptr,
-    coef_ptr,
     scale,
     null_block_id,
     num_programs_per_row,
@@ -476,10 +630,6 @@ def _gdn_window_kernel(
     stride_out_tok,
     stride_out_head,
     stride_out_v,
-    stride_kq_row,
-    stride_kq_head,
-    stride_coef_row,
-    stride_coef_head,
     head_k_dim: tl.constexpr,
     head_v_dim: tl.constexpr,
     v_per_k: tl.constexpr,
@@ -496,7 +646,6 @@ def _gdn_window_kernel(
     MODE: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    PLANNED: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_hb = tl.program_id(1).to(tl.int64)
@@ -577,38 +726,35 @@ def _gdn_window_kernel(
     o_t = tl.arange(0, BLOCK_W)
     m_t = o_t < q
     tok = bos + o_t
-    if PLANNED:  # the window plan computed them and appended the row-shared records
-        p_kq = kq_ptr + pid_r * stride_kq_row + pid_k * stride_kq_head
-    else:
-        k_w_raw = tl.load(
-            k_ptr + tok[:, None] * stride_k_tok + pid_k * stride_k_head + o_k[None, :] * stride_k_k,
-            mask=m_t[:, None] & m_k[None, :],
-            other=0.0,
-        )
-        k_w = l2norm_rows(k_w_raw.to(tl.float32))
-        q_w = (
-            l2norm_rows(
-                tl.load(
-                    q_ptr
-                    + tok[:, None] * stride_q_tok
-                    + pid_k * stride_q_head
-                    + o_k[None, :] * stride_q_k,
-                    mask=m_t[:, None] & m_k[None, :],
-                    other=0.0,
-                ).to(tl.float32)
-            )
-            * scale
-        )
-        row_w = (o + n + o_t) % num_ring_rows
-        gk, gq = _history_products(
-            p_rk, row_h, m_hist, k_w, q_w, o_t, o_k, m_k, stride_rk_row, stride_rk_k, WINDOW
-        )
-        if (pid_v == 0) & (h0 % v_per_k == 0):  # append k once per key head
-            tl.store(
-                p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-                k_w_raw,
+    k_w_raw = tl.load(
+        k_ptr + tok[:, None] * stride_k_tok + pid_k * stride_k_head + o_k[None, :] * stride_k_k,
+        mask=m_t[:, None] & m_k[None, :],
+        other=0.0,
+    )
+    k_w = l2norm_rows(k_w_raw.to(tl.float32))
+    q_w = (
+        l2norm_rows(
+            tl.load(
+                q_ptr
+                + tok[:, None] * stride_q_tok
+                + pid_k * stride_q_head
+                + o_k[None, :] * stride_q_k,
                 mask=m_t[:, None] & m_k[None, :],
-            )
+                other=0.0,
+            ).to(tl.float32)
+        )
+        * scale
+    )
+    row_w = (o + n + o_t) % num_ring_rows
+    gk, gq = _history_products(
+        p_rk, row_h, m_hist, k_w, q_w, o_t, o_k, m_k, stride_rk_row, stride_rk_k, WINDOW
+    )
+    if (pid_v == 0) & (h0 % v_per_k == 0):  # append k once per key head
+        tl.store(
+            p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
+            k_w_raw,
+            mask=m_t[:, None] & m_k[None, :],
+        )
 
     for h in tl.range(h0, h0 + HEADS_PER_PROGRAM, num_stages=NUM_STAGES):
         p_rg = ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head
@@ -680,95 +826,66 @@ def _gdn_window_kernel(
             mask=m_hist[:, None] & m_v[None, :],
             other=0.0,
         ).to(tl.float32)
-        if PLANNED:
-            _readout_planned(
-                S,
-                d_h,
-                p_kq,
-                coef_ptr + pid_r * stride_coef_row + h * stride_coef_head,
-                v_ptr + h * stride_v_head + o_v * stride_v_v,
-                out_ptr + h * stride_out_head + o_v * stride_out_v,
-                p_rd + o_v * stride_rd_v,
-                p_rv + o_v * stride_rv_v,
-                bos,
-                q,
-                o + n,
-                num_ring_rows,
-                o_t,
-                o_h,
-                o_k,
-                m_v,
-                stride_v_tok,
-                stride_out_tok,
-                stride_rd_row,
-                stride_rv_row,
-                WINDOW,
-                BLOCK_W,
-                BLOCK_K,
-                BLOCK_H,
-                EXACT_FLUSH,
+        g_h = tl.load(p_rg + row_h * stride_rg_row, mask=m_hist, other=0.0)
+        w_h, gam_n = history_weights(g_h, m_hist, 0)  # [BLOCK_H]
+        decay_n = tl.exp(gam_n)
+        neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
+        dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+        a_w = tl.load(a_ptr + tok * stride_a_tok + h * stride_a_head, mask=m_t, other=0.0).to(
+            tl.float32
+        )
+        b_raw = tl.load(b_ptr + tok * stride_b_tok + h * stride_b_head, mask=m_t, other=0.0)
+        g_w = tl.where(m_t, log_decay(neg_A, dt_bias, a_w), 0.0)
+        beta_w = beta_gate(b_raw)
+        G_w = tl.cumsum(g_w, axis=0)
+        v_w_raw = tl.load(
+            v_ptr + tok[:, None] * stride_v_tok + h * stride_v_head + o_v[None, :] * stride_v_v,
+            mask=m_t[:, None] & m_v[None, :],
+            other=0.0,
+        )
+        v_w = v_w_raw.to(tl.float32)
+        d_w = tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32)
+        for i in tl.static_range(WINDOW):
+            k_i = _pick(k_w, o_t, i)
+            q_i = _pick(q_w, o_t, i)
+            # u = S_n k_i, w = S_n q_i, S_n = e^{Gamma_n} S + sum_j w_h[j] d_j k_j^T.
+            u = tl.sum(S * k_i[None, :], axis=1) * decay_n + tl.sum(
+                (w_h * _pick(gk, o_t, i))[:, None] * d_h, axis=0
             )
-        else:
-            g_h = tl.load(p_rg + row_h * stride_rg_row, mask=m_hist, other=0.0)
-            w_h, gam_n = history_weights(g_h, m_hist, 0)  # [BLOCK_H]
-            decay_n = tl.exp(gam_n)
-            neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
-            dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
-            a_w = tl.load(a_ptr + tok * stride_a_tok + h * stride_a_head, mask=m_t, other=0.0).to(
-                tl.float32
+            w = tl.sum(S * q_i[None, :], axis=1) * decay_n + tl.sum(
+                (w_h * _pick(gq, o_t, i))[:, None] * d_h, axis=0
             )
-            b_raw = tl.load(b_ptr + tok * stride_b_tok + h * stride_b_head, mask=m_t, other=0.0)
-            g_w = tl.where(m_t, log_decay(neg_A, dt_bias, a_w), 0.0)
-            beta_w = beta_gate(b_raw)
-            G_w = tl.cumsum(g_w, axis=0)
-            v_w_raw = tl.load(
-                v_ptr + tok[:, None] * stride_v_tok + h * stride_v_head + o_v[None, :] * stride_v_v,
-                mask=m_t[:, None] & m_v[None, :],
-                other=0.0,
-            )
-            v_w = v_w_raw.to(tl.float32)
-            d_w = tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32)
-            for i in tl.static_range(WINDOW):
-                k_i = _pick(k_w, o_t, i)
-                q_i = _pick(q_w, o_t, i)
-                # u = S_n k_i, w = S_n q_i, S_n = e^{Gamma_n} S + sum_j w_h[j] d_j k_j^T.
-                u = tl.sum(S * k_i[None, :], axis=1) * decay_n + tl.sum(
-                    (w_h * _pick(gk, o_t, i))[:, None] * d_h, axis=0
-                )
-                w = tl.sum(S * q_i[None, :], axis=1) * decay_n + tl.sum(
-                    (w_h * _pick(gq, o_t, i))[:, None] * d_h, axis=0
-                )
-                G_i = _pick1(G_w, o_t, i)
-                beta_i = _pick1(beta_w, o_t, i)
-                d_i = beta_i * (_pick(v_w, o_t, i) - tl.exp(G_i) * u)
-                o_i = tl.exp(G_i) * w
-                for j in tl.static_range(i):
-                    d_j = _pick(d_w, o_t, j)
-                    G_ij = tl.exp(G_i - _pick1(G_w, o_t, j))
-                    k_j = _pick(k_w, o_t, j)
-                    d_i -= (beta_i * G_ij * tl.sum(k_i * k_j, axis=0)) * d_j
-                    o_i += (G_ij * tl.sum(k_j * q_i, axis=0)) * d_j
-                o_i += tl.sum(k_i * q_i, axis=0) * d_i
-                d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
-                p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
-                tl.store(p_out + o_v * stride_out_v, o_i, mask=m_v & (i < q))
+            G_i = _pick1(G_w, o_t, i)
+            beta_i = _pick1(beta_w, o_t, i)
+            d_i = beta_i * (_pick(v_w, o_t, i) - tl.exp(G_i) * u)
+            o_i = tl.exp(G_i) * w
+            for j in tl.static_range(i):
+                d_j = _pick(d_w, o_t, j)
+                G_ij = tl.exp(G_i - _pick1(G_w, o_t, j))
+                k_j = _pick(k_w, o_t, j)
+                d_i -= (beta_i * G_ij * tl.sum(k_i * k_j, axis=0)) * d_j
+                o_i += (G_ij * tl.sum(k_j * q_i, axis=0)) * d_j
+            o_i += tl.sum(k_i * q_i, axis=0) * d_i
+            d_w = tl.where(o_t[:, None] == i, d_i[None, :], d_w)
+            p_out = out_ptr + (bos + i) * stride_out_tok + h * stride_out_head
+            tl.store(p_out + o_v * stride_out_v, o_i, mask=m_v & (i < q))
 
-            # Append the window's records at logical n .. n + q - 1.
+        # Append the window's records at logical n .. n + q - 1.
+        tl.store(
+            p_rd + row_w[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
+            d_w,
+            mask=m_t[:, None] & m_v[None, :],
+        )
+        if EXACT_FLUSH:
             tl.store(
-                p_rd + row_w[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
-                d_w,
+                p_rv + row_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v,
+                v_w_raw,
                 mask=m_t[:, None] & m_v[None, :],
             )
+        if pid_v == 0:
+            tl.store(p_rg + row_w * stride_rg_row, g_w, mask=m_t)
             if EXACT_FLUSH:
-                tl.store(
-                    p_rv + row_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v,
-                    v_w_raw,
-                    mask=m_t[:, None] & m_v[None, :],
-                )
-            if pid_v == 0:
-                tl.store(p_rg + row_w * stride_rg_row, g_w, mask=m_t)
-                if EXACT_FLUSH:
-                    tl.store(p_rbeta + row_w * stride_rbeta_row, beta_w, mask=m_t)
+                tl.store(p_rbeta + row_w * stride_rbeta_row, beta_w, mask=m_t)
     finish_row(p_meta, stride_meta_word, num_programs_per_row, o, n, q, kap, fo, fn, stale)
 
 
@@ -803,16 +920,18 @@ def gdn_window_decode(
     Launch configuration (`dispatch.launch_config` chooses it for the layers): route
     "fused" (one launch) or "split" (flush, then readout); block_v, the value-dim tile;
     num_warps; heads_per_program, a divisor of the value heads per key head; num_stages, the
-    head loop's pipelining; window_plan, a first launch (`_gdn_window_plan_kernel`, one
-    program per (key head, row)) that computes everything but the checkpoint tile's products
-    into scratch the step allocates (the window's normalised keys and queries, [R, Hk, 2
-    BLOCK_W BLOCK_K], and per value head the readout's coefficients, [R, Hv,
-    window_coef_len]; fp32, from the graph pool under CUDA-graph capture) and appends the
-    row-shared records, so that the readout programs load each token's vectors and
-    coefficients where they use them instead of deriving them from the ring
-    (`dispatch.launch_config` plans split steps that have an LP copy: measured with
-    `benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob window_plan=0,1`).
-    The defaults are the small-batch row of that table.
+    head loop's pipelining; window_plan (split route only): plan, flush, readout launches.
+    The plan (`_gdn_window_plan_kernel`, one program per (key head, row)) computes
+    everything but the checkpoint tile's products into scratch the step allocates (plan rows,
+    [R, PLAN_LEN] int32; the window's normalised keys and queries, [R, Hk, 2 BLOCK_W
+    BLOCK_K]; per value head the readout's coefficients, [R, Hv, window_coef_len]; from the
+    graph pool under CUDA-graph capture) and appends the row-shared records; the flush
+    launch folds the flush rows; the readout (`_gdn_window_readout_kernel`, one block_v x K
+    tile per program, num_warps: block_v and num_warps configure it, the flush launch keeps
+    FLUSH_BLOCK_V rows on one warp) reads the plan instead of the cursor words and takes the
+    tile's products with the window as two tensor-core products. `dispatch.launch_config`
+    chooses; `benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob
+    window_plan=0,1` measures. The defaults are the small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -841,6 +960,10 @@ def gdn_window_decode(
             f"heads_per_program={heads_per_program} must divide the {Hv // Hk} "
             "value heads per key head"
         )
+    if window_plan and route != "split":
+        raise ValueError("window_plan runs with the split route")
+    if window_plan and block_v < 16:
+        raise ValueError(f"the planned readout takes value tiles of >= 16 rows, got {block_v}")
     if R == 0:
         return
     cfg = dict(
@@ -853,84 +976,157 @@ def gdn_window_decode(
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
-    plan = None
-    if window_plan:
-        bw, bk, bh = pow2_block(window, 1), pow2_block(K), pow2_block(buffer_len)
-        f32 = dict(dtype=torch.float32, device=v.device)
-        plan = (
-            torch.empty((R, Hk, 2 * bw * bk), **f32),
-            torch.empty((R, Hv, window_coef_len(bw, bh)), **f32),
-        )
-        _gdn_window_plan_kernel[(Hk, R)](
-            cache.ring_g,
-            beta,
-            cache.ring_k,
-            cache.meta,
-            q,
-            k,
-            a,
-            b,
-            A_log,
-            dt_bias,
-            state_indices,
-            query_start_loc if query_start_loc is not None else state_indices,
-            num_accepted_tokens if num_accepted_tokens is not None else state_indices,
-            *plan,
-            scale,
-            null_block_id,
-            num_ring_rows,
-            *cache.ring_g.stride(),
-            *beta.stride(),
-            *cache.ring_k.stride(),
-            *cache.meta.stride(),
-            *q.stride(),
-            *k.stride(),
-            *a.stride(),
-            *b.stride(),
-            *plan[0].stride()[:2],
-            *plan[1].stride()[:2],
-            v_per_k=Hv // Hk,
-            head_k_dim=K,
-            WINDOW=window,
-            BLOCK_W=bw,
-            BLOCK_K=bk,
-            BLOCK_H=bh,
-            BLOCK_HG=max(2, triton.next_power_of_2(Hv // Hk)),
-            HAS_ACC=num_accepted_tokens is not None,
-            IS_VARLEN=query_start_loc is not None,
-            EXACT_FLUSH=cache.exact_flush,
-            num_warps=1,
-        )
-    for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
-        _launch(
-            grid,
-            mode,
-            cfg,
-            cache,
-            lp,
-            beta,
-            ring_v,
-            q,
-            k,
-            v,
-            a,
-            b,
-            A_log,
-            dt_bias,
-            state_indices,
-            query_start_loc,
-            num_accepted_tokens,
-            out,
-            scale,
-            null_block_id,
-            K,
-            V,
-            Hv // Hk,
-            num_ring_rows,
-            window,
-            buffer_len,
-            plan,
-        )
+    if not window_plan:
+        for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
+            _launch(
+                grid,
+                mode,
+                cfg,
+                cache,
+                lp,
+                beta,
+                ring_v,
+                q,
+                k,
+                v,
+                a,
+                b,
+                A_log,
+                dt_bias,
+                state_indices,
+                query_start_loc,
+                num_accepted_tokens,
+                out,
+                scale,
+                null_block_id,
+                K,
+                V,
+                Hv // Hk,
+                num_ring_rows,
+                window,
+                buffer_len,
+            )
+        return
+    bw, bk, bh = pow2_block(window, 1), pow2_block(K), pow2_block(buffer_len)
+    f32 = dict(dtype=torch.float32, device=v.device)
+    plan = torch.empty((R, PLAN_LEN), dtype=torch.int32, device=v.device)
+    kq = torch.empty((R, Hk, 2 * bw * bk), **f32)
+    coef = torch.empty((R, Hv, window_coef_len(bw, bh)), **f32)
+    qsl = query_start_loc if query_start_loc is not None else state_indices
+    _gdn_window_plan_kernel[(Hk, R)](
+        cache.ring_g,
+        beta,
+        cache.ring_k,
+        cache.meta,
+        q,
+        k,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state_indices,
+        qsl,
+        num_accepted_tokens if num_accepted_tokens is not None else state_indices,
+        kq,
+        coef,
+        plan,
+        scale,
+        null_block_id,
+        num_ring_rows,
+        *cache.ring_g.stride(),
+        *beta.stride(),
+        *cache.ring_k.stride(),
+        *cache.meta.stride(),
+        *q.stride(),
+        *k.stride(),
+        *a.stride(),
+        *b.stride(),
+        *kq.stride()[:2],
+        *coef.stride()[:2],
+        v_per_k=Hv // Hk,
+        head_k_dim=K,
+        WINDOW=window,
+        BLOCK_W=bw,
+        BLOCK_K=bk,
+        BLOCK_H=bh,
+        BLOCK_HG=max(2, triton.next_power_of_2(Hv // Hk)),
+        HAS_ACC=num_accepted_tokens is not None,
+        IS_VARLEN=query_start_loc is not None,
+        EXACT_FLUSH=cache.exact_flush,
+        HAS_LP=cache.lp is not None,
+        num_warps=1,
+    )
+    # block_v and num_warps are the readout's here; the flush launch keeps its own tile
+    flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1)
+    _launch(
+        (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R),
+        FLUSH_ONLY,
+        flush_cfg,
+        cache,
+        lp,
+        beta,
+        ring_v,
+        q,
+        k,
+        v,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state_indices,
+        query_start_loc,
+        num_accepted_tokens,
+        out,
+        scale,
+        null_block_id,
+        K,
+        V,
+        Hv // Hk,
+        num_ring_rows,
+        window,
+        buffer_len,
+    )
+    tiles = triton.cdiv(V, block_v)
+    _gdn_window_readout_kernel[(Hv * tiles, R)](
+        cache.hp,
+        lp,
+        cache.ring_d,
+        ring_v,
+        cache.meta,
+        v,
+        out,
+        qsl,
+        plan,
+        kq,
+        coef,
+        null_block_id,
+        num_ring_rows,
+        *cache.hp.stride(),
+        *lp.stride(),
+        *cache.ring_d.stride(),
+        *ring_v.stride(),
+        *cache.meta.stride(),
+        *v.stride(),
+        *out.stride(),
+        *kq.stride()[:2],
+        *coef.stride()[:2],
+        v_per_k=Hv // Hk,
+        tiles_per_head=tiles,
+        head_k_dim=K,
+        head_v_dim=V,
+        WINDOW=window,
+        BLOCK_W=bw,
+        BLOCK_V=block_v,
+        BLOCK_K=bk,
+        BLOCK_H=bh,
+        DOT_K=max(16, bk),
+        DOT_H=max(16, bh),
+        DOT_N=max(16, 2 * bw),
+        HAS_LP=cache.lp is not None,
+        EXACT_FLUSH=cache.exact_flush,
+        IS_VARLEN=query_start_loc is not None,
+        num_warps=num_warps,
+    )
 
 
 def _launch(
@@ -960,7 +1156,6 @@ def _launch(
     num_ring_rows,
     window,
     buffer_len,
-    plan,
 ) -> None:
     _gdn_window_kernel[grid](
         cache.hp,
@@ -982,7 +1177,6 @@ def _launch(
         query_start_loc if query_start_loc is not None else state_indices,
         num_accepted_tokens if num_accepted_tokens is not None else state_indices,
         out,
-        *(plan if plan is not None else (cache.ring_g, cache.ring_g)),  # read with a plan only
         scale,
         null_block_id,
         grid[0] * grid[1],
@@ -1001,7 +1195,6 @@ def _launch(
         *a.stride(),
         *b.stride(),
         *out.stride(),
-        *(plan[0].stride()[:2] + plan[1].stride()[:2] if plan is not None else (0, 0, 0, 0)),
         head_k_dim=K,
         head_v_dim=V,
         v_per_k=v_per_k,
@@ -1018,7 +1211,6 @@ def _launch(
         MODE=mode,
         HEADS_PER_PROGRAM=cfg["heads_per_program"],
         NUM_STAGES=cfg["num_stages"],
-        PLANNED=plan is not None,
         num_warps=cfg["num_warps"],
     )
 
