@@ -976,36 +976,12 @@ def gdn_window_decode(
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
+    args = (cache, lp, beta, ring_v, q, k, v, a, b, A_log, dt_bias, state_indices)
+    args += (query_start_loc, num_accepted_tokens, out, scale, null_block_id)
+    args += (K, V, Hv // Hk, num_ring_rows, window, buffer_len)
     if not window_plan:
         for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
-            _launch(
-                grid,
-                mode,
-                cfg,
-                cache,
-                lp,
-                beta,
-                ring_v,
-                q,
-                k,
-                v,
-                a,
-                b,
-                A_log,
-                dt_bias,
-                state_indices,
-                query_start_loc,
-                num_accepted_tokens,
-                out,
-                scale,
-                null_block_id,
-                K,
-                V,
-                Hv // Hk,
-                num_ring_rows,
-                window,
-                buffer_len,
-            )
+            _launch(grid, mode, cfg, *args)
         return
     bw, bk, bh = pow2_block(window, 1), pow2_block(K), pow2_block(buffer_len)
     f32 = dict(dtype=torch.float32, device=v.device)
@@ -1058,34 +1034,7 @@ def gdn_window_decode(
     )
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
     flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1)
-    _launch(
-        (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R),
-        FLUSH_ONLY,
-        flush_cfg,
-        cache,
-        lp,
-        beta,
-        ring_v,
-        q,
-        k,
-        v,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        state_indices,
-        query_start_loc,
-        num_accepted_tokens,
-        out,
-        scale,
-        null_block_id,
-        K,
-        V,
-        Hv // Hk,
-        num_ring_rows,
-        window,
-        buffer_len,
-    )
+    _launch((triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R), FLUSH_ONLY, flush_cfg, *args)
     tiles = triton.cdiv(V, block_v)
     _gdn_window_readout_kernel[(Hv * tiles, R)](
         cache.hp,
