@@ -23,7 +23,9 @@ At 133230c the Qwen3-Next nodes passed but the one-token test, which parted at a
 tie (benchmarks/results/diag-h200-20261202-133230c-gdn-one-token-routing-tie.json: the MoE
 router's second and third experts 0.0016 apart in fp32, a fifth of a bf16 step, so that
 either run's rounding picks the experts; the spec run's token was the fp32 model's); the
-rule now names such divergences instead of failing them (`TeacherForcedOracle.routing_tie`)."""
+rule now names such divergences instead of failing them (`TeacherForcedOracle.routing_tie`).
+`test_gdn_spec_decode_on_gpu_wide_batches` (24 rows: the planned split window route, which
+the 3-row tests never reach) has not run on a GPU yet."""
 
 from __future__ import annotations
 
@@ -58,15 +60,22 @@ NGRAM = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 PLAIN = {"enabled": True, "buffer_len": BUFFER_LEN, "route": "replay"}
 
 
-def _engine(k: int) -> dict:
-    """GPU_ENGINE with capture sizes that hold uniform batches of 1 + k tokens per row."""
+def _engine(k: int, rows: int) -> dict:
+    """GPU_ENGINE for up to `rows` running requests, with capture sizes that hold uniform
+    batches of 1 + k tokens per row (1, 2 and `rows` rows)."""
     graphs = {**GPU_ENGINE["compilation_config"]}
     if k:
-        graphs["cudagraph_capture_sizes"] = [(1 + k) * n for n in (1, 2, 3)]
-    return {**GPU_ENGINE, "compilation_config": graphs}
+        graphs["cudagraph_capture_sizes"] = [(1 + k) * n for n in sorted({1, 2, rows})]
+    budget = max(GPU_ENGINE["max_num_batched_tokens"], (1 + k) * rows)
+    return {
+        **GPU_ENGINE,
+        "compilation_config": graphs,
+        "max_num_seqs": rows,
+        "max_num_batched_tokens": budget,
+    }
 
 
-def _run(runs, model_dir, prompts, tokens, replayssm, k=0, drafter=NGRAM, metrics=None):
+def _run(runs, model_dir, prompts, tokens, replayssm, k=0, drafter=NGRAM, metrics=None, rows=3):
     """Greedy run on the GPU (`greedy_outputs` picks vLLM's Triton GDN prefill there)."""
     spec = {"speculative_config": {**drafter, "num_speculative_tokens": k}} if k else {}
     return runs.greedy(
@@ -77,19 +86,22 @@ def _run(runs, model_dir, prompts, tokens, replayssm, k=0, drafter=NGRAM, metric
         metrics=metrics,
         additional_config={"replayssm": replayssm},
         **spec,
-        **_engine(k),
+        **_engine(k, rows),
     )
 
 
 def _check_lossless(
-    runs, capsys, name, model_dir, prompts, tokens, replayssm, k, drafter=NGRAM
+    runs, capsys, name, model_dir, prompts, tokens, replayssm, k, drafter=NGRAM, rows=3
 ) -> dict[str, float]:
     """Plain ReplaySSM (route replay) and speculative decoding with `replayssm` and k drafts
-    on the same prompts; the speculative run held to the fp32-judged near-tie rule against
-    the plain one. Returns the speculative engine's metrics."""
-    plain = _run(runs, model_dir, prompts, tokens, PLAIN)
+    on the same prompts, up to `rows` requests at a time; the speculative run held to the
+    fp32-judged near-tie rule against the plain one. Returns the speculative engine's
+    metrics."""
+    plain = _run(runs, model_dir, prompts, tokens, PLAIN, rows=rows)
     metrics: dict[str, float] = {}
-    ours = _run(runs, model_dir, prompts, tokens, replayssm, k, drafter=drafter, metrics=metrics)
+    ours = _run(
+        runs, model_dir, prompts, tokens, replayssm, k, drafter=drafter, metrics=metrics, rows=rows
+    )
     check_greedy(
         capsys,
         f"{name} vs non-speculative ReplaySSM",
@@ -144,6 +156,29 @@ def test_gdn_spec_decode_on_gpu_is_lossless(runs, qwen_dir, qwen_prompts, case, 
         {"enabled": True, **settings},
         k,
         drafter=GDN_NGRAM,
+    )
+    _check_partly_accepted(name, metrics, capsys)
+
+
+def test_gdn_spec_decode_on_gpu_wide_batches(runs, qwen_dir, qwen_prompts, capsys):  # noqa: F811
+    """24 requests at a time (the 12 P + G + P prompts and the same rotated by one token):
+    above the 16 rows up to which `dispatch.launch_config` runs the one-launch window step,
+    so the verify steps take the planned split route (window plan, flush-only launch,
+    planned readout), eagerly and as FULL graphs of 24 rows."""
+    prompts = qwen_prompts + [p[1:] + p[:1] for p in qwen_prompts]
+    k, settings = GDN_CASES["k3_L4"]
+    name = "qwen3_next (GPU) k3_L4, 24 rows"
+    metrics = _check_lossless(
+        runs,
+        capsys,
+        name,
+        qwen_dir,
+        prompts,
+        NEW_TOKENS,
+        {"enabled": True, **settings},
+        k,
+        drafter=GDN_NGRAM,
+        rows=len(prompts),
     )
     _check_partly_accepted(name, metrics, capsys)
 
