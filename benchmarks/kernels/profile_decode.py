@@ -5,8 +5,13 @@
         python3 benchmarks/kernels/profile_decode.py --geom nemotron3_super --bs 256
 
 Builds one layer as bench_decode.py does (pages, stagger, LP) and calls our decode kernel
-`--steps` times (flush rows included: about 1/16 of the rows per step). With
---kernel-times it prints each kernel's GPU time per step instead (torch.profiler, eager)."""
+`--steps` times (flush rows included: about 1/16 of the rows per step; with --window T,
+speculative verify steps of T tokens per row, every draft accepted, as bench_decode.py
+--window). With --kernel-times it prints each kernel's GPU time per step instead
+(torch.profiler, eager), e.g. the GDN window step's plan, flush and readout launches:
+
+    python3 benchmarks/kernels/profile_decode.py --geom qwen35_122b --bs 256 --window 4 \
+        --route split --kernel-times"""
 
 from __future__ import annotations
 
@@ -43,12 +48,16 @@ def main() -> None:
     p.add_argument(
         "--route", default=None, help="Mamba-2: auto, replay, stock; GDN: fused, split, stock"
     )
+    p.add_argument("--window", type=int, default=1, help="tokens per row and step (1 + k)")
     args = p.parse_args()
+    if args.window < 1 or bench.BUFFER_LEN % args.window:
+        p.error(f"--window: 1 or a divisor of {bench.BUFFER_LEN}, got {args.window}")
+    bench.WINDOW, bench.STEPS = args.window, bench.BUFFER_LEN // args.window
     geom = bench.GEOMETRIES[args.geom]
     if args.route and args.route not in bench.ROUTES[bench.family(geom)]:
         p.error(f"--route {args.route}: not a route of {bench.family(geom)}")
     slots = torch.arange(1, args.bs + 1, dtype=torch.int32, device="cuda")
-    layers = bench.our_layers(geom, args.bs, 1, bench.LP_DTYPES[args.lp], slots)
+    layers = bench.our_layers(geom, args.bs, 1, bench.LP_DTYPES[args.lp], slots)  # 1 layer
     config = {"route": args.route} if args.route else {}
     for item in args.knob:
         name, _, val = item.partition("=")
@@ -78,7 +87,7 @@ def main() -> None:
             times.setdefault(ev.name, []).append(ev.device_time)
     print(
         f"# GPU time per kernel over {args.steps} eager steps of {args.geom} bs={args.bs} "
-        f"lp={args.lp} (us; per step = total / steps)"
+        f"lp={args.lp} window={args.window} (us; per step = total / steps)"
     )
     for name, ts in sorted(times.items(), key=lambda kv: -sum(kv[1])):
         print(
