@@ -572,6 +572,72 @@ def add_mtp_head(model_dir: Path | str) -> Path:
     raise ValueError(f"no MTP head recipe for {arch}")
 
 
+EAGLE_DIR = "eagle"  # the EAGLE draft checkpoint's directory inside a target's
+
+
+def add_eagle_head(model_dir: Path | str) -> Path:
+    """An EAGLE draft checkpoint (vLLM's `EagleLlamaForCausalLM`, `method="eagle"`) for the
+    tiny target in `model_dir`, in `model_dir/eagle`; returns its path. Built like the MTP
+    heads (`add_mtp_head`, whose target it expects: the target's embedding scaled by
+    MTP_EMBED_SCALE, so that the target often follows these proposals): one Llama decoder
+    layer with o_proj and down_proj zeroed (its first layer has no input norm in vLLM's
+    EAGLE), and fc = [I | 0] over [embedding of the new token | target hidden state], so the
+    draft's output is the token's embedding and it proposes argmax lm_head(embed(x)); the
+    embedding and the LM head are the target's (vLLM shares them when the draft has none).
+    Idempotent."""
+    from safetensors.torch import save_file
+
+    model_dir = Path(model_dir)
+    out = model_dir / EAGLE_DIR
+    if (out / "model.safetensors").exists():
+        return out
+    target = json.loads((model_dir / "config.json").read_text())
+    if target.get("num_nextn_predict_layers") != 1:
+        raise ValueError(f"{model_dir}: add_mtp_head first (its scaled embedding)")
+    hidden, heads, inter = target["hidden_size"], 2, 64
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=gen) * hidden**-0.5).to(torch.bfloat16)
+
+    head_dim = hidden // heads
+    fc = torch.zeros(hidden, 2 * hidden)
+    fc[:, :hidden] = torch.eye(hidden)
+    layer = "layers.0."
+    weights = {
+        "fc.weight": fc.to(torch.bfloat16),
+        layer + "self_attn.q_proj.weight": rand(heads * head_dim, hidden),
+        layer + "self_attn.k_proj.weight": rand(heads * head_dim, hidden),
+        layer + "self_attn.v_proj.weight": rand(heads * head_dim, hidden),
+        layer + "self_attn.o_proj.weight": torch.zeros(hidden, heads * head_dim).bfloat16(),
+        layer + "mlp.gate_proj.weight": rand(inter, hidden),
+        layer + "mlp.up_proj.weight": rand(inter, hidden),
+        layer + "mlp.down_proj.weight": torch.zeros(hidden, inter).bfloat16(),
+        layer + "post_attention_layernorm.weight": torch.ones(hidden).bfloat16(),
+    }
+    config = {
+        "architectures": ["EagleLlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": 1,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": target.get("max_position_embeddings", 4096),
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "vocab_size": target["vocab_size"],
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    out.mkdir(exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    save_file(weights, out / "model.safetensors")
+    return out
+
+
 def _add_nemotron_h_mtp_head(model_dir: Path, config: dict) -> Path:
     """NemotronH's MTP (vLLM's NemotronHMTP) with one attention layer: pattern "*" in
     config.json (`mtp_hybrid_override_pattern`, vLLM's key, and transformers'

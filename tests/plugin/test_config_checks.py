@@ -189,7 +189,13 @@ def test_failed_registration_fails_closed(qwen3_next, monkeypatch):
 
 @pytest.mark.parametrize(
     "method, refused",
-    [("ngram", None), ("mtp", None), ("eagle3", "drafter"), ("draft_model", "drafter")],
+    [
+        ("ngram", None),
+        ("mtp", None),
+        ("eagle", None),
+        ("eagle3", "drafter"),
+        ("draft_model", "drafter"),
+    ],
 )
 def test_untested_drafters_are_refused(method, refused):
     """Only drafters that ran lossless in the engine tests pass; a hybrid draft model is

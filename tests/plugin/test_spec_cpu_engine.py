@@ -34,7 +34,7 @@ from ..models.runs import (
     nemotron_h_run,
     prompts,
 )
-from ..models.tiny import transformers_greedy_outputs
+from ..models.tiny import add_eagle_head, transformers_greedy_outputs
 
 pytestmark = pytest.mark.engine
 
@@ -303,3 +303,29 @@ def test_mtp_spec_decode_is_lossless(runs, kind, mtp_prompts, case, capsys):
     )
     _check_partly_accepted(f"{kind} mtp {case}", metrics, capsys, share=0.1)
     check_greedy(capsys, f"{kind} mtp {case} vs non-speculative ReplaySSM", plain, ours)
+
+
+@pytest.mark.parametrize("kind", list(MTP_CHECKPOINTS))
+def test_eagle_spec_decode_is_lossless(runs, kind, mtp_prompts, capsys):
+    """vLLM's EAGLE drafter (`EagleLlamaForCausalLM`, `method="eagle"`, k = 3) on the MTP
+    test's targets with a crafted EAGLE head (`tiny.add_eagle_head`: it proposes what the
+    MTP heads propose, which the targets partly follow): lossless against plain ReplaySSM,
+    drafts partly accepted."""
+    model_dir = mtp_checkpoint(runs, kind)
+    eagle = add_eagle_head(model_dir)
+    plain = _run_greedy(runs, model_dir, mtp_prompts, {"enabled": True, "buffer_len": BUFFER_LEN})
+    metrics: dict[str, float] = {}
+    ours = _run_greedy(
+        runs,
+        model_dir,
+        mtp_prompts,
+        {"enabled": True, "debug_checks": True, "buffer_len": 16},
+        3,
+        metrics,
+        drafter={"method": "eagle", "model": str(eagle)},
+    )
+    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
+        "the EAGLE drafter did not run"
+    )
+    _check_partly_accepted(f"{kind} eagle k3_L16", metrics, capsys, share=0.1)
+    check_greedy(capsys, f"{kind} eagle k3_L16 vs non-speculative ReplaySSM", plain, ours)

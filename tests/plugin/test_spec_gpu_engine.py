@@ -24,8 +24,9 @@ tie (benchmarks/results/diag-h200-20261202-133230c-gdn-one-token-routing-tie.jso
 router's second and third experts 0.0016 apart in fp32, a fifth of a bf16 step, so that
 either run's rounding picks the experts; the spec run's token was the fp32 model's); the
 rule now names such divergences instead of failing them (`TeacherForcedOracle.routing_tie`).
-`test_gdn_spec_decode_on_gpu_wide_batches` (24 rows: the planned split window route, which
-the 3-row tests never reach) has not run on a GPU yet."""
+Not yet run on a GPU: `test_gdn_spec_decode_on_gpu_wide_batches` (24 rows: the planned split
+window route, which the 3-row tests never reach) and `test_eagle_spec_decode_on_gpu_is_lossless`
+(vLLM's EAGLE drafter; lossless on CPU in CI)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from ..models.runs import (
     NEMOTRON_H_TOKENS,
     PEAKED,
 )
-from ..models.tiny import TeacherForcedOracle
+from ..models.tiny import TeacherForcedOracle, add_eagle_head
 from .test_spec_cpu_engine import (
     GDN_NGRAM,
     GDN_ONE_TOKEN_PROMPTS,
@@ -217,5 +218,28 @@ def test_mtp_spec_decode_on_gpu_is_lossless(runs, kind, mtp_prompts, case, capsy
     )
     assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
         "the MTP drafter did not run"
+    )
+    _check_partly_accepted(name, metrics, capsys, share=0.1)
+
+
+@pytest.mark.parametrize("kind", list(MTP_CHECKPOINTS))
+def test_eagle_spec_decode_on_gpu_is_lossless(runs, kind, mtp_prompts, capsys):  # noqa: F811
+    """vLLM's EAGLE drafter (`EagleLlamaForCausalLM`, k = 3) on the MTP checkpoints with the
+    CPU test's crafted head (`tiny.add_eagle_head`), whose drafts are partly accepted."""
+    model_dir = mtp_checkpoint(runs, kind)
+    name = f"{kind} eagle (GPU) k3_L16"
+    metrics = _check_lossless(
+        runs,
+        capsys,
+        name,
+        model_dir,
+        mtp_prompts,
+        NEW_TOKENS,
+        {"enabled": True, "buffer_len": 16},
+        3,
+        drafter={"method": "eagle", "model": str(add_eagle_head(model_dir))},
+    )
+    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
+        "the EAGLE drafter did not run"
     )
     _check_partly_accepted(name, metrics, capsys, share=0.1)
