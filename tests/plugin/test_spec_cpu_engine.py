@@ -282,27 +282,28 @@ def mtp_prompts():
     return [[rng.randrange(1, 500) for _ in range(rng.randint(3, 40))] for _ in range(8)]
 
 
+def _check_model_drafter(runs, capsys, kind, prompts, drafter: dict, k: int, settings, name):
+    """Plain ReplaySSM and speculative decoding with a model drafter (`drafter`: vLLM's
+    speculative config without k) on the MTP checkpoint of `kind`: the drafter ran, its
+    drafts were partly accepted, and the outputs are lossless."""
+    model_dir = mtp_checkpoint(runs, kind)
+    plain = _run_greedy(runs, model_dir, prompts, {"enabled": True, "buffer_len": BUFFER_LEN})
+    metrics: dict[str, float] = {}
+    replayssm = {"enabled": True, "debug_checks": True, **settings}
+    ours = _run_greedy(runs, model_dir, prompts, replayssm, k, metrics, drafter=drafter)
+    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(prompts) * (NEW_TOKENS // 2), (
+        f"the {drafter['method']} drafter did not run"
+    )
+    _check_partly_accepted(name, metrics, capsys, share=0.1)
+    check_greedy(capsys, f"{name} vs non-speculative ReplaySSM", plain, ours)
+
+
 @pytest.mark.parametrize("case", list(MTP_CASES))
 @pytest.mark.parametrize("kind", list(MTP_CHECKPOINTS))
 def test_mtp_spec_decode_is_lossless(runs, kind, mtp_prompts, case, capsys):
     k, settings = MTP_CASES[case]
-    model_dir = mtp_checkpoint(runs, kind)
-    plain = _run_greedy(runs, model_dir, mtp_prompts, {"enabled": True, "buffer_len": BUFFER_LEN})
-    metrics: dict[str, float] = {}
-    ours = _run_greedy(
-        runs,
-        model_dir,
-        mtp_prompts,
-        {"enabled": True, "debug_checks": True, **settings},
-        k,
-        metrics,
-        drafter={"method": "mtp"},
-    )
-    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
-        "the MTP drafter did not run"
-    )
-    _check_partly_accepted(f"{kind} mtp {case}", metrics, capsys, share=0.1)
-    check_greedy(capsys, f"{kind} mtp {case} vs non-speculative ReplaySSM", plain, ours)
+    name = f"{kind} mtp {case}"
+    _check_model_drafter(runs, capsys, kind, mtp_prompts, {"method": "mtp"}, k, settings, name)
 
 
 @pytest.mark.parametrize("kind", list(MTP_CHECKPOINTS))
@@ -311,21 +312,6 @@ def test_eagle_spec_decode_is_lossless(runs, kind, mtp_prompts, capsys):
     test's targets with a crafted EAGLE head (`tiny.add_eagle_head`: it proposes what the
     MTP heads propose, which the targets partly follow): lossless against plain ReplaySSM,
     drafts partly accepted."""
-    model_dir = mtp_checkpoint(runs, kind)
-    eagle = add_eagle_head(model_dir)
-    plain = _run_greedy(runs, model_dir, mtp_prompts, {"enabled": True, "buffer_len": BUFFER_LEN})
-    metrics: dict[str, float] = {}
-    ours = _run_greedy(
-        runs,
-        model_dir,
-        mtp_prompts,
-        {"enabled": True, "debug_checks": True, "buffer_len": 16},
-        3,
-        metrics,
-        drafter={"method": "eagle", "model": str(eagle)},
-    )
-    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
-        "the EAGLE drafter did not run"
-    )
-    _check_partly_accepted(f"{kind} eagle k3_L16", metrics, capsys, share=0.1)
-    check_greedy(capsys, f"{kind} eagle k3_L16 vs non-speculative ReplaySSM", plain, ours)
+    eagle = {"method": "eagle", "model": str(add_eagle_head(mtp_checkpoint(runs, kind)))}
+    name = f"{kind} eagle k3_L16"
+    _check_model_drafter(runs, capsys, kind, mtp_prompts, eagle, 3, {"buffer_len": 16}, name)
