@@ -376,8 +376,15 @@ def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tens
 # replay launches take `kernels/gdn/decode.launch_config`'s through --knob.
 GDN_ROUTE_KNOBS = {
     "stock": {"block_v", "num_warps"},
-    "fused": {"block_v", "num_warps", "heads_per_program", "num_stages"},
-    "split": {"block_v", "num_warps", "heads_per_program", "num_stages", "window_plan"},
+    "fused": {"block_v", "num_warps", "heads_per_program", "num_stages", "flush_precision"},
+    "split": {
+        "block_v",
+        "num_warps",
+        "heads_per_program",
+        "num_stages",
+        "window_plan",
+        "flush_precision",
+    },
 }
 
 

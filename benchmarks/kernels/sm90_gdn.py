@@ -246,7 +246,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
     """The speculative window step (`window.py`, ngram k = 3: T = 4) at bs >= 64, bf16 LP:
     the plan, the planned readout (value tiles of 16-128 rows), the unplanned readout and
     fused step (all value heads of a key head per program, 16-row value tiles), the
-    flush-only launch."""
+    flush-only launch (serial fold, WY fold)."""
     Hk, Hv, K, V = GEOM.num_k_heads, GEOM.num_v_heads, GEOM.head_k_dim, GEOM.head_v_dim
     kern = gdn_window._gdn_window_kernel
     bh = plan.history_block(L)
@@ -266,6 +266,9 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         IS_VARLEN=True,
         HEADS_PER_PROGRAM=Hv // Hk,
         NUM_STAGES=1,
+        FOLD_EXACT=True,
+        FOLD="serial",
+        BLOCK_L=max(16, bh),
     )
     out = [
         (
@@ -315,17 +318,20 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 warps,
             )
         )
-    for name, mode in (
-        ("readout, unplanned", gdn_window.READOUT),
-        ("fused, unplanned", gdn_window.FUSED),
-        ("flush only", gdn_window.FLUSH_ONLY),
+    for name, mode, fold in (
+        ("readout, unplanned", gdn_window.READOUT, "serial"),
+        ("fused, unplanned", gdn_window.FUSED, "serial"),
+        ("flush only", gdn_window.FLUSH_ONLY, "serial"),
+        ("flush only, WY bf16x3", gdn_window.FLUSH_ONLY, "bf16x3"),
+        ("flush only, WY bf16x3, 1 head", gdn_window.FLUSH_ONLY, "bf16x3"),
     ):
+        heads = 1 if "1 head" in name else Hv // Hk
         out.append(
             (
                 f"window {T} {name}",
                 kern,
                 kernel_args(kern, torch.bfloat16, T),
-                dict(base, MODE=mode),
+                dict(base, MODE=mode, FOLD=fold, HEADS_PER_PROGRAM=heads),
                 1,
             )
         )

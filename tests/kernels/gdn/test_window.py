@@ -24,11 +24,16 @@ from ..tables import table
 from .test_reference import GEOMS
 
 
-def _op(route, window_plan=False):
+def _op(route, window_plan=False, flush_precision="serial"):
     """route: "fused", "split", or "split_planned" (split with the window plan launch)."""
     if route == "split_planned":
         route, window_plan = "split", True
-    return functools.partial(gdn_window.gdn_window_decode, route=route, window_plan=window_plan)
+    return functools.partial(
+        gdn_window.gdn_window_decode,
+        route=route,
+        window_plan=window_plan,
+        flush_precision=flush_precision,
+    )
 
 
 LP = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -107,6 +112,37 @@ def test_kernel_matches_reference_buffers(row, device):
     )
 
 
+# The flush-only / fused flush in WY form (`flush.fold_tile`; tf32x3: the interpreter reads
+# bf16 dot operands as raw bits) at a geometry whose tiles a product takes (K, V >= 16).
+WY_ROWS = {
+    "split_planned-exact-fp16-T3": ("split_planned", True, torch.float16, 3),
+    "split_planned-exact-none-T3": ("split_planned", True, None, 3),
+    "fused-exact-bf16-T1": ("fused", True, torch.bfloat16, 1),
+    "split-fold-none-T3": ("split", False, None, 3),
+}
+
+
+@pytest.mark.parametrize("row", list(WY_ROWS))
+def test_wy_flush_matches_reference_buffers(row, device):
+    route, exact, lp, T = WY_ROWS[row]
+    check_kernel_matches_reference(
+        lambda op: GDNFamily(
+            GEOMS["qwen35_122b"],
+            act_dtype=torch.float16,
+            device=device,
+            exact_flush=exact,
+            decode_op=op,
+            seed=5,
+        ),
+        _op(route, flush_precision="tf32x3"),  # bf16x3 needs bf16 k records (act fp16 here)
+        L=4,
+        T=T,
+        lp=lp,
+        out_tol=out_tolerance(lp, device),
+        hp_tol=1e-5 if exact or lp is None else out_tolerance(lp, device),
+    )
+
+
 @pytest.mark.parametrize(
     "row",
     table({"flush": {"exact": True, "fold": False}, "lp": {"none": None, "bf16": torch.bfloat16}}),
@@ -161,9 +197,14 @@ REAL = {
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 @pytest.mark.parametrize("T", [1, 4])
 @pytest.mark.parametrize("route", ["fused", "split", "split_planned"])
-def test_real_geometry_on_gpu(geom, lp, T, route):
+@pytest.mark.parametrize("flush", ["serial", "bf16x3"])
+def test_real_geometry_on_gpu(geom, lp, T, route, flush):
     fam = GDNFamily(
-        REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=1, decode_op=_op(route)
+        REAL[geom],
+        act_dtype=torch.bfloat16,
+        device="cuda",
+        seed=1,
+        decode_op=_op(route, flush_precision=flush),
     )
     check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)
 

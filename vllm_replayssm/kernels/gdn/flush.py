@@ -42,7 +42,7 @@ from vllm_replayssm.kernels.gdn.tiles import advance_tile, readout_tile, wy_fold
 
 
 @triton.jit
-def _fold(
+def fold_tile(
     S,
     p_rg,
     p_rbeta,
@@ -70,10 +70,10 @@ def _fold(
     DOT_PRECISION: tl.constexpr,
     GIVEN_INVERSE: tl.constexpr,
 ):
-    """The one call site of the fold: S ([BLOCK_V, BLOCK_K] fp32 HP tile) advanced over
-    ring entries [fo, fo + fn). DOT_PRECISION "bf16x3" / "tf32x3" / "ieee": the WY form with
-    tensor-core products (`tiles.wy_fold_tile`; GIVEN_INVERSE: the plan's fold inverse at
-    p_inv); "serial": record by record (`tiles.advance_tile`, kept for comparison)."""
+    """The fold (this flush, the window step's flush): S ([BLOCK_V, BLOCK_K] fp32 HP tile)
+    advanced over ring entries [fo, fo + fn). DOT_PRECISION "bf16x3" / "tf32x3" / "ieee":
+    the WY form with tensor-core products (`tiles.wy_fold_tile`; GIVEN_INVERSE: the plan's
+    fold inverse at p_inv); "serial": record by record (`tiles.advance_tile`)."""
     if DOT_PRECISION == "serial":
         return advance_tile(
             S,
@@ -249,7 +249,7 @@ def _gdn_flush_kernel(
         p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
         p_rv = ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head
         if flush != 0:
-            S = _fold(
+            S = fold_tile(
                 S,
                 ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
                 ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,

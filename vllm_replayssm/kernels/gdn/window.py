@@ -43,8 +43,8 @@ from vllm_replayssm.kernels.common.plan_row import (
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
+from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
 from vllm_replayssm.kernels.gdn.tiles import (
-    advance_tile,
     beta_gate,
     history_weights,
     l2norm_rows,
@@ -100,11 +100,15 @@ def _flush_head(
     stride_rv_v,
     HAS_LP: tl.constexpr,
     LP_IS_FP16: tl.constexpr,
-    EXACT_FLUSH: tl.constexpr,
+    FOLD_EXACT: tl.constexpr,
+    FOLD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
 ):
     """Advance one value head's HP tile over ring entries [fo, fo + fn); write HP and LP;
-    return the new tile (fp32)."""
-    S = advance_tile(
+    return the new tile (fp32). FOLD: "serial" (record by record, `tiles.advance_tile`) or
+    the WY form's product precision (`flush.fold_tile`); FOLD_EXACT: replay the delta rule over
+    the cached k, v, g, β (else sum the cached d)."""
+    S = fold_tile(
         tl.load(p_hp, mask=m_vk, other=0.0),
         p_rg,
         p_rbeta,
@@ -126,7 +130,11 @@ def _flush_head(
         stride_rd_v,
         stride_rv_row,
         stride_rv_v,
-        EXACT_FLUSH,
+        p_hp,  # no fold inverse here
+        FOLD_EXACT,
+        BLOCK_L,
+        FOLD,
+        False,
     )
     tl.store(p_hp, S, mask=m_vk)
     if HAS_LP:
@@ -646,6 +654,9 @@ def _gdn_window_kernel(
     MODE: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    FOLD_EXACT: tl.constexpr,
+    FOLD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_hb = tl.program_id(1).to(tl.int64)
@@ -715,7 +726,9 @@ def _gdn_window_kernel(
                     stride_rv_v,
                     HAS_LP,
                     LP_IS_FP16,
-                    EXACT_FLUSH,
+                    FOLD_EXACT,
+                    FOLD,
+                    BLOCK_L,
                 )
         return
 
@@ -805,7 +818,9 @@ def _gdn_window_kernel(
                     stride_rv_v,
                     HAS_LP,
                     LP_IS_FP16,
-                    EXACT_FLUSH,
+                    FOLD_EXACT,
+                    FOLD,
+                    BLOCK_L,
                 )
             elif stale:
                 S = tl.load(p_hp, mask=m_vk, other=0.0)
@@ -913,6 +928,7 @@ def gdn_window_decode(
     heads_per_program: int = 1,
     num_stages: int = 1,
     window_plan: bool = False,
+    flush_precision: str = "serial",
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -931,7 +947,10 @@ def gdn_window_decode(
     FLUSH_BLOCK_V rows on one warp) reads the plan instead of the cursor words and takes the
     tile's products with the window as two tensor-core products. `dispatch.launch_config`
     chooses; `benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob
-    window_plan=0,1` measures. The defaults are the small-batch row of that table.
+    window_plan=0,1` measures. flush_precision: how flush rows fold their records into HP,
+    "serial" (record by record) or the WY form's products ("bf16x3", bf16 k records;
+    "tf32x3"; `flush.fold_tile`; tiles and key dims of >= 16). The defaults are the
+    small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -966,11 +985,21 @@ def gdn_window_decode(
         raise ValueError(f"the planned readout takes value tiles of >= 16 rows, got {block_v}")
     if R == 0:
         return
+    if flush_precision not in ("serial", "bf16x3", "tf32x3", "ieee"):
+        raise ValueError(f"unknown flush_precision {flush_precision!r}")
+    if flush_precision == "bf16x3" and cache.ring_k.dtype != torch.bfloat16:
+        raise ValueError("flush_precision bf16x3 needs bf16 k records")
+    if (
+        flush_precision != "serial"
+        and min(pow2_block(K), FLUSH_BLOCK_V if window_plan else block_v) < 16
+    ):
+        raise ValueError("the WY flush takes value tiles and key dims of >= 16")
     cfg = dict(
         block_v=block_v,
         num_warps=num_warps,
         heads_per_program=heads_per_program,
         num_stages=num_stages,
+        flush_precision=flush_precision,
     )
     grid = (triton.cdiv(V, block_v), Hv // heads_per_program, R)
     lp = cache.lp if cache.lp is not None else cache.hp
@@ -1160,6 +1189,13 @@ def _launch(
         MODE=mode,
         HEADS_PER_PROGRAM=cfg["heads_per_program"],
         NUM_STAGES=cfg["num_stages"],
+        # the serial fold replays or sums as the flush mode says; the WY fold sums the
+        # cached d where every d came from HP (no LP: `flush.recomputes_d`)
+        FOLD_EXACT=cache.exact_flush
+        if cfg["flush_precision"] == "serial"
+        else recomputes_d(cache, None),
+        FOLD=cfg["flush_precision"],
+        BLOCK_L=max(16, pow2_block(buffer_len)),
         num_warps=cfg["num_warps"],
     )
 
