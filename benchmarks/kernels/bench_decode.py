@@ -384,6 +384,8 @@ GDN_ROUTE_KNOBS = {
         "num_stages",
         "window_plan",
         "flush_precision",
+        "flush_inverse",
+        "readout_precision",
     },
 }
 

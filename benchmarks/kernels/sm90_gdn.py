@@ -269,10 +269,11 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         FOLD_EXACT=True,
         FOLD="serial",
         BLOCK_L=max(16, bh),
+        GIVEN_INVERSE=False,
     )
     out = [
         (
-            f"window {T} plan",
+            f"window {T} plan" + (", fold inverses" if inverse else ""),
             gdn_window._gdn_window_plan_kernel,
             kernel_args(gdn_window._gdn_window_plan_kernel, torch.bfloat16, T),
             dict(
@@ -283,19 +284,29 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 BLOCK_K=K,
                 BLOCK_H=bh,
                 BLOCK_HG=Hv // Hk,
+                BLOCK_L=max(16, bh),
                 HAS_ACC=True,
                 IS_VARLEN=True,
                 EXACT_FLUSH=True,
                 HAS_LP=True,
+                FOLD_INVERSE=inverse,
             ),
             1,
         )
+        for inverse in (False, True)
     ]
     readout = gdn_window._gdn_window_readout_kernel
-    for block_v, warps in ((16, 1), (32, 1), (32, 2), (64, 4), (128, 4)):
+    for block_v, warps, lp_dot in (
+        (16, 1, "tf32x3"),
+        (16, 1, "bf16x3"),
+        (32, 1, "tf32x3"),
+        (32, 2, "tf32x3"),
+        (64, 4, "tf32x3"),
+        (128, 4, "tf32x3"),
+    ):
         out.append(
             (
-                f"window {T} readout, planned, {block_v} rows",
+                f"window {T} readout, planned, {block_v} rows, LP {lp_dot}",
                 readout,
                 kernel_args(readout, torch.bfloat16, T),
                 dict(
@@ -314,6 +325,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     HAS_LP=True,
                     EXACT_FLUSH=True,
                     IS_VARLEN=True,
+                    LP_PRECISION=lp_dot,
                 ),
                 warps,
             )
@@ -324,6 +336,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         ("flush only", gdn_window.FLUSH_ONLY, "serial"),
         ("flush only, WY bf16x3", gdn_window.FLUSH_ONLY, "bf16x3"),
         ("flush only, WY bf16x3, 1 head", gdn_window.FLUSH_ONLY, "bf16x3"),
+        ("flush only, WY bf16x3, 1 head, fold inverse", gdn_window.FLUSH_ONLY, "bf16x3"),
     ):
         heads = 1 if "1 head" in name else Hv // Hk
         out.append(
@@ -331,7 +344,13 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 f"window {T} {name}",
                 kern,
                 kernel_args(kern, torch.bfloat16, T),
-                dict(base, MODE=mode, FOLD=fold, HEADS_PER_PROGRAM=heads),
+                dict(
+                    base,
+                    MODE=mode,
+                    FOLD=fold,
+                    HEADS_PER_PROGRAM=heads,
+                    GIVEN_INVERSE="inverse" in name,
+                ),
                 1,
             )
         )

@@ -24,15 +24,13 @@ from ..tables import table
 from .test_reference import GEOMS
 
 
-def _op(route, window_plan=False, flush_precision="serial"):
-    """route: "fused", "split", or "split_planned" (split with the window plan launch)."""
+def _op(route, window_plan=False, **knobs):
+    """route: "fused", "split", or "split_planned" (split with the window plan launch);
+    knobs: more `gdn_window_decode` launch arguments."""
     if route == "split_planned":
         route, window_plan = "split", True
     return functools.partial(
-        gdn_window.gdn_window_decode,
-        route=route,
-        window_plan=window_plan,
-        flush_precision=flush_precision,
+        gdn_window.gdn_window_decode, route=route, window_plan=window_plan, **knobs
     )
 
 
@@ -112,29 +110,48 @@ def test_kernel_matches_reference_buffers(row, device):
     )
 
 
-# The flush-only / fused flush in WY form (`flush.fold_tile`; tf32x3: the interpreter reads
-# bf16 dot operands as raw bits) at a geometry whose tiles a product takes (K, V >= 16).
+# The flush-only / fused flush in WY form (`flush.fold_tile`), the plan's fold inverses
+# and the planned readout's bf16 products with an LP tile, at a geometry whose tiles a
+# product takes (K, V >= 16): (route, exact flush, LP dtype, T, activations, knobs).
+TF32X3 = dict(flush_precision="tf32x3")
+BF16 = torch.bfloat16
 WY_ROWS = {
-    "split_planned-exact-fp16-T3": ("split_planned", True, torch.float16, 3),
-    "split_planned-exact-none-T3": ("split_planned", True, None, 3),
-    "fused-exact-bf16-T1": ("fused", True, torch.bfloat16, 1),
-    "split-fold-none-T3": ("split", False, None, 3),
+    "split_planned-exact-fp16-T3": ("split_planned", True, torch.float16, 3, torch.float16, TF32X3),
+    "split_planned-exact-none-T3": ("split_planned", True, None, 3, torch.float16, TF32X3),
+    "fused-exact-bf16-T1": ("fused", True, BF16, 1, torch.float16, TF32X3),
+    "split-fold-none-T3": ("split", False, None, 3, torch.float16, TF32X3),
+    "split_planned-exact-bf16-T3-bf16x3-inverse": (
+        "split_planned",
+        True,
+        BF16,
+        3,
+        BF16,
+        dict(flush_precision="bf16x3", flush_inverse=True, readout_precision="bf16x3"),
+    ),
+    "split_planned-exact-fp16-T2-inverse": (
+        "split_planned",
+        True,
+        torch.float16,
+        2,
+        torch.float16,
+        dict(TF32X3, flush_inverse=True, readout_precision="bf16x3"),  # fp16 tiles: tf32x3
+    ),
 }
 
 
 @pytest.mark.parametrize("row", list(WY_ROWS))
 def test_wy_flush_matches_reference_buffers(row, device):
-    route, exact, lp, T = WY_ROWS[row]
+    route, exact, lp, T, act, knobs = WY_ROWS[row]
     check_kernel_matches_reference(
         lambda op: GDNFamily(
             GEOMS["qwen35_122b"],
-            act_dtype=torch.float16,
+            act_dtype=act,
             device=device,
             exact_flush=exact,
             decode_op=op,
             seed=5,
         ),
-        _op(route, flush_precision="tf32x3"),  # bf16x3 needs bf16 k records (act fp16 here)
+        _op(route, **knobs),
         L=4,
         T=T,
         lp=lp,
@@ -197,14 +214,21 @@ REAL = {
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 @pytest.mark.parametrize("T", [1, 4])
 @pytest.mark.parametrize("route", ["fused", "split", "split_planned"])
-@pytest.mark.parametrize("flush", ["serial", "bf16x3"])
-def test_real_geometry_on_gpu(geom, lp, T, route, flush):
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(flush_precision="serial"),
+        dict(flush_precision="bf16x3", flush_inverse=True, readout_precision="bf16x3"),
+    ],
+    ids=["serial", "wy"],
+)
+def test_real_geometry_on_gpu(geom, lp, T, route, knobs):
     fam = GDNFamily(
         REAL[geom],
         act_dtype=torch.bfloat16,
         device="cuda",
         seed=1,
-        decode_op=_op(route, flush_precision=flush),
+        decode_op=_op(route, **knobs),
     )
     check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)
 

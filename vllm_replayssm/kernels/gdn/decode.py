@@ -72,7 +72,7 @@ def launch_config(
     are recomputed from HP where an LP copy exists and summed from the cached d without one
     (`flush.gdn_flush`'s recompute; HP only 332 µs against 350 recomputing). flush_inverse
     1: a recomputing flush applies the fold inverse the plan stores per (flush row, value
-    head) instead of substituting per value tile (`plan._store_fold_inverse`); off: it
+    head) instead of substituting per value tile (`plan.store_fold_inverse`); off: it
     moves the work onto the critical path (122B bf16 LP, eager: flush 129.5 -> 118.7 µs,
     plan 12.3 -> 28.3; step in a graph 259.8 -> 274.5 µs,
     `kernels-h200-20261202-a8e3f00-gdn-fold-inverse.json`)."""

@@ -38,10 +38,12 @@ STOCK_ROUTE_MAX_ROWS_HP_ONLY = 12
 KERNEL_ROUTES = ("replay", "stock", "fused", "split")
 
 
-def launch_config(num_rows: int, v_per_k: int, plain: bool = True, has_lp: bool = True) -> dict:
+def launch_config(
+    num_rows: int, v_per_k: int, plain: bool = True, has_lp: bool = True, bf16_keys: bool = True
+) -> dict:
     """The launch configuration of a step of `num_rows` rows (keys: route, then the chosen
     launcher's arguments; "replay" takes `decode.launch_config`'s knobs). has_lp: the
-    layer keeps an LP copy.
+    layer keeps an LP copy; bf16_keys: its k records are bf16 (bf16 activations).
 
     Plain decode: the stock route up to STOCK_ROUTE_MAX_ROWS rows (HP only:
     STOCK_ROUTE_MAX_ROWS_HP_ONLY), the replay launches above.
@@ -59,10 +61,11 @@ def launch_config(num_rows: int, v_per_k: int, plain: bool = True, has_lp: bool 
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
         return _route_config("stock" if num_rows <= limit else "replay", 0, 0)
-    return _route_config("fused" if num_rows <= 16 else "split", num_rows, v_per_k)
+    route = "fused" if num_rows <= 16 else "split"
+    return _route_config(route, num_rows, v_per_k, bf16_keys)
 
 
-def _route_config(route: str, num_rows: int, v_per_k: int) -> dict:
+def _route_config(route: str, num_rows: int, v_per_k: int, bf16_keys: bool = True) -> dict:
     """The base configuration of one kernel route."""
     if route == "stock":
         return dict(route="stock", block_v=16, num_warps=1)
@@ -70,7 +73,7 @@ def _route_config(route: str, num_rows: int, v_per_k: int) -> dict:
         return dict(route="replay")
     if route not in KERNEL_ROUTES:
         raise ValueError(f"launch route must be one of {list(KERNEL_ROUTES)}, got {route!r}")
-    return dict(
+    cfg = dict(
         route=route,
         block_v=16,
         num_warps=1,
@@ -78,6 +81,9 @@ def _route_config(route: str, num_rows: int, v_per_k: int) -> dict:
         num_stages=1,
         window_plan=route == "split",
     )
+    if route == "split" and bf16_keys:  # the WY flush's exact bf16 products need bf16 keys
+        cfg.update(flush_precision="bf16x3", flush_inverse=True, readout_precision="bf16x3")
+    return cfg
 
 
 def plan_launch(
@@ -88,6 +94,7 @@ def plan_launch(
     launch: dict | None = None,
     *,
     has_lp: bool = True,
+    bf16_keys: bool = True,
 ) -> dict:
     """The launch configuration of a Triton step: `launch_config` for `route` ("auto",
     "replay" or "stock"; a step that is not plain replays whatever the route), then the
@@ -96,12 +103,12 @@ def plan_launch(
     route's configuration."""
     if route not in ROUTES:
         raise ValueError(f"route must be one of {list(ROUTES)}, got {route!r}")
-    cfg = launch_config(num_rows, v_per_k, plain=plain, has_lp=has_lp)
+    cfg = launch_config(num_rows, v_per_k, plain=plain, has_lp=has_lp, bf16_keys=bf16_keys)
     if plain and route != "auto":
-        cfg = _route_config(route, num_rows, v_per_k)
+        cfg = _route_config(route, num_rows, v_per_k, bf16_keys)
     forced = (launch or {}).get("route", cfg["route"])
     if forced != cfg["route"]:
-        cfg = _route_config(forced, num_rows, v_per_k)
+        cfg = _route_config(forced, num_rows, v_per_k, bf16_keys)
     cfg.update(launch or {})
     if cfg["route"] in ("stock", "replay") and not plain:
         raise ValueError(f"the {cfg['route']} route is for plain decode (one token per row)")
@@ -182,6 +189,7 @@ def gdn_decode(
         plain,
         launch,
         has_lp=cache.lp is not None,
+        bf16_keys=k.dtype == torch.bfloat16,
     )
     kernel_route = cfg.pop("route")
     if kernel_route == "stock":

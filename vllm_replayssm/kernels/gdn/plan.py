@@ -20,7 +20,7 @@ the flush reads out from the folded state. The fold itself (`tiles.wy_fold_tile`
 records (g, β, k, v; fold mode: d) from the ring; the fold region is in the plan row. When
 the flush recomputes the corrected values (exact flush with an LP copy) and `fold_inverse`
 is set, the plan also stores, per flush row and value head, the inverse of the fold's
-unit lower-triangular matrix (`_store_fold_inverse`), which every value tile of that head
+unit lower-triangular matrix (`store_fold_inverse`), which every value tile of that head
 then applies as one product.
 
 Scratch (`GDNScratch`) is caller-allocated and sized by the largest batch, so the three
@@ -128,7 +128,7 @@ class GDNScratch:
 
 
 @triton.jit
-def _store_fold_inverse(
+def store_fold_inverse(
     p_rk,
     p_rg,
     p_rbeta,
@@ -307,7 +307,7 @@ def _gdn_plan_kernel(
     p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
     if FOLD_INVERSE:  # noqa: SIM102 (a compile-time gate around a runtime branch)
         if flush != 0:
-            _store_fold_inverse(
+            store_fold_inverse(
                 p_rk,
                 ring_g_ptr + slot * stride_rg_slot,
                 ring_beta_ptr + slot * stride_rbeta_slot,

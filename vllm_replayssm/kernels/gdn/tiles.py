@@ -4,10 +4,16 @@
 advance of one value head's checkpoint tile over committed ring entries, record by record
 (`advance_tile`) or in chunked WY form with tensor-core products (`wy_fold_tile`)."""
 
+import os
+
 import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.triton_cursor import softplus
+
+# Triton's interpreter takes bf16 dot operands as raw bits, so under it the bf16 products
+# run on their exact fp32 values (the same sums: a bf16 x bf16 product is exact in fp32).
+_BF16_DOT_AS_FP32 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @triton.jit
@@ -144,14 +150,41 @@ def _dot3(a, b, acc, PRECISION: tl.constexpr):
     parts are formed before the products, smallest first (fewer live registers: the exact
     WY fold spills none at 64 x 128)."""
     if PRECISION == "bf16x3":
-        a_hi = a.to(tl.bfloat16)
-        a_mid = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
-        a_lo = (a - a_hi.to(tl.float32) - a_mid.to(tl.float32)).to(tl.bfloat16)
-        acc = tl.dot(a_lo, b, acc=acc)
-        acc = tl.dot(a_mid, b, acc=acc)
-        acc = tl.dot(a_hi, b, acc=acc)
+        a_hi, a_mid, a_lo = _bf16_parts(a)
+        acc = _bf16_dot(a_lo, b, acc)
+        acc = _bf16_dot(a_mid, b, acc)
+        acc = _bf16_dot(a_hi, b, acc)
     else:
         acc = tl.dot(a, b.to(tl.float32), acc=acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _bf16_dot(a, b, acc):
+    """acc + a @ b of bf16 a and b (fp32 accumulation)."""
+    if _BF16_DOT_AS_FP32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc=acc, input_precision="ieee")
+    return tl.dot(a, b, acc=acc)
+
+
+@triton.jit
+def _bf16_parts(x):
+    """x (fp32) as hi + mid + lo, three bf16 parts that carry its 24 bits."""
+    hi = x.to(tl.bfloat16)
+    mid = (x - hi.to(tl.float32)).to(tl.bfloat16)
+    lo = (x - hi.to(tl.float32) - mid.to(tl.float32)).to(tl.bfloat16)
+    return hi, mid, lo
+
+
+@triton.jit
+def dot_bf16_exact(a, b, acc):
+    """acc + a @ b at fp32 accuracy for a bf16 `a` (exact: an LP tile) and an fp32 `b`, in
+    three bf16 products (b's parts, smallest first): a third of tf32x3's tensor-core time
+    (half-rate tf32 products, and no split of the large operand)."""
+    b_hi, b_mid, b_lo = _bf16_parts(b)
+    acc = _bf16_dot(a, b_lo, acc)
+    acc = _bf16_dot(a, b_mid, acc)
+    acc = _bf16_dot(a, b_hi, acc)
     return acc
 
 
@@ -190,7 +223,7 @@ def wy_fold_tile(
     >= max(fn, 16); fo < num_ring_rows, fn <= num_ring_rows. PRECISION: "bf16x3" (bf16 k
     records: the exact operand of every product) or "tf32x3" (any record dtype); "ieee"
     runs in the interpreter only. GIVEN_INVERSE (exact): p_inv points at the fold's
-    (I + A)⁻¹ ([BLOCK_L, BLOCK_L] row-major fp32, `plan._store_fold_inverse`), applied as
+    (I + A)⁻¹ ([BLOCK_L, BLOCK_L] row-major fp32, `plan.store_fold_inverse`), applied as
     one fp32 product instead of the Gram matrix and the substitution here."""
     o_l = tl.arange(0, BLOCK_L)
     m_l = o_l < fn
@@ -232,7 +265,8 @@ def wy_fold_tile(
             D = tl.dot(R, tl.trans(X), input_precision="ieee")
         else:
             if PRECISION == "bf16x3":  # exact products
-                gram = tl.dot(k, tl.trans(k)) * rnorm[:, None] * rnorm[None, :]
+                gram = _bf16_dot(k, tl.trans(k), tl.zeros([BLOCK_L, BLOCK_L], dtype=tl.float32))
+                gram = gram * rnorm[:, None] * rnorm[None, :]
             else:
                 gram = tl.dot(k_op, tl.trans(k_op), input_precision=PRECISION)
             # A[j, i] = β_j e^{Γ_j − Γ_i} (k̂_i · k̂_j), i < j; Γ_j − Γ_i = Λ_i − Λ_j.

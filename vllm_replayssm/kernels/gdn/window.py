@@ -44,8 +44,10 @@ from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
 from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
+from vllm_replayssm.kernels.gdn.plan import history_block, store_fold_inverse
 from vllm_replayssm.kernels.gdn.tiles import (
     beta_gate,
+    dot_bf16_exact,
     history_weights,
     l2norm_rows,
     log_decay,
@@ -98,16 +100,19 @@ def _flush_head(
     stride_rd_v,
     stride_rv_row,
     stride_rv_v,
+    p_inv,
     HAS_LP: tl.constexpr,
     LP_IS_FP16: tl.constexpr,
     FOLD_EXACT: tl.constexpr,
     FOLD: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    GIVEN_INVERSE: tl.constexpr,
 ):
     """Advance one value head's HP tile over ring entries [fo, fo + fn); write HP and LP;
     return the new tile (fp32). FOLD: "serial" (record by record, `tiles.advance_tile`) or
     the WY form's product precision (`flush.fold_tile`); FOLD_EXACT: replay the delta rule over
-    the cached k, v, g, β (else sum the cached d)."""
+    the cached k, v, g, β (else sum the cached d); GIVEN_INVERSE: the WY fold applies the
+    plan's fold inverse at p_inv."""
     S = fold_tile(
         tl.load(p_hp, mask=m_vk, other=0.0),
         p_rg,
@@ -130,11 +135,11 @@ def _flush_head(
         stride_rd_v,
         stride_rv_row,
         stride_rv_v,
-        p_hp,  # no fold inverse here
+        p_inv,
         FOLD_EXACT,
         BLOCK_L,
         FOLD,
-        False,
+        GIVEN_INVERSE,
     )
     tl.store(p_hp, S, mask=m_vk)
     if HAS_LP:
@@ -193,6 +198,7 @@ def _gdn_window_plan_kernel(
     kq_ptr,
     coef_ptr,
     plan_ptr,
+    winv_ptr,
     scale,
     null_block_id,
     num_ring_rows,
@@ -222,6 +228,8 @@ def _gdn_window_plan_kernel(
     stride_kq_head,
     stride_coef_row,
     stride_coef_head,
+    stride_winv_row,
+    stride_winv_head,
     v_per_k: tl.constexpr,
     head_k_dim: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -229,10 +237,12 @@ def _gdn_window_plan_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HG: tl.constexpr,
+    BLOCK_L: tl.constexpr,
     HAS_ACC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
     HAS_LP: tl.constexpr,
+    FOLD_INVERSE: tl.constexpr,
 ):
     """The window step's plan, one program per (key head, row): everything but the state
     tile's products, once per row instead of in every (value tile, head block) readout
@@ -249,7 +259,9 @@ def _gdn_window_plan_kernel(
     appends the window's g, β (exact flush) and k records. Flush rows get an empty
     history: the readout reads their folded checkpoint. The key head 0 program stores the
     row's plan words (`plan_row.store_plan_words`; NULL rows: the slot word only), which the
-    readout launch reads instead of the cursor words."""
+    readout launch reads instead of the cursor words. FOLD_INVERSE: flush rows' fold
+    inverses per value head (`plan.store_fold_inverse`, [R, Hv, BLOCK_L, BLOCK_L] at
+    winv_ptr), which the flush launch's value tiles apply instead of each substituting."""
     pid_k = tl.program_id(0)
     pid_r = tl.program_id(1).to(tl.int64)
     slot32 = tl.load(state_indices_ptr + pid_r).to(tl.int32)
@@ -313,6 +325,30 @@ def _gdn_window_plan_kernel(
     o_hg = tl.arange(0, BLOCK_HG)
     m_hg = o_hg < v_per_k
     h = pid_k * v_per_k + o_hg
+    if FOLD_INVERSE:  # noqa: SIM102 (a compile-time gate around a runtime branch)
+        if flush != 0:  # before this window's records land (outside the fold region)
+            store_fold_inverse(
+                p_rk,
+                ring_g_ptr + slot * stride_rg_slot,
+                ring_beta_ptr + slot * stride_rbeta_slot,
+                winv_ptr + pid_r * stride_winv_row,
+                h,
+                m_hg,
+                fo,
+                fn,
+                num_ring_rows,
+                o_k,
+                m_k,
+                stride_rk_row,
+                stride_rk_k,
+                stride_rg_head,
+                stride_rg_row,
+                stride_rbeta_head,
+                stride_rbeta_row,
+                stride_winv_head,
+                BLOCK_HG,
+                BLOCK_L,
+            )
     keep = m_hg[:, None] & m_hist[None, :]
     g_h = tl.load(
         ring_g_ptr
@@ -440,6 +476,7 @@ def _gdn_window_readout_kernel(
     HAS_LP: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    LP_PRECISION: tl.constexpr,
 ):
     """The planned window readout, one program per (value tile, value head, row): no head
     loop, no cursor words read. The checkpoint tile S [BLOCK_V, K] (LP, or HP where the plan
@@ -448,11 +485,13 @@ def _gdn_window_readout_kernel(
 
         X = (S [k_1..k_W, q_1..q_W]) diag(c_u, c_w) + d_h^T [A_h; B_h]^T    [BLOCK_V, 2 BLOCK_W]
 
-    (tf32x3: fp32 accuracy), so column i holds c_u,i S·k_i + Σ_l A_h[i, l] d_l and column
-    BLOCK_W + i the w-side twin; then the forward substitution over the window's own
-    corrected values on [BLOCK_V] vectors (`_gdn_window_plan_kernel` gives the coefficients).
-    Stores the outputs, the d (and v) records at the plan's write rows; the program of value
-    head 0, tile 0 stores the row's new cursor words from the plan row."""
+    (fp32 accuracy: tf32x3; a bf16 LP tile with LP_PRECISION "bf16x3", three bf16 products
+    of the exact tile with the keys' bf16 parts), so column i holds c_u,i S·k_i +
+    Σ_l A_h[i, l] d_l and column BLOCK_W + i the w-side twin; then the forward
+    substitution over the window's own corrected values on [BLOCK_V] vectors
+    (`_gdn_window_plan_kernel` gives the coefficients). Stores the outputs, the d (and v)
+    records at the plan's write rows; the program of value head 0, tile 0 stores the row's
+    new cursor words from the plan row."""
     pid = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     h = pid // tiles_per_head
@@ -514,9 +553,10 @@ def _gdn_window_readout_kernel(
         + h * stride_hp_head
         + (o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
     )
+    x = tl.zeros([BLOCK_V, DOT_N], dtype=tl.float32)
     if HAS_LP:
         if tl.load(p_plan + T_PLAN_READ_HP) != 0:  # flush rows (HP just folded), stale LP
-            S = tl.load(p_hp, mask=m_vk, other=0.0)
+            x = tl.dot(tl.load(p_hp, mask=m_vk, other=0.0), kq_t, x, input_precision="tf32x3")
         else:
             S = tl.load(
                 lp_ptr
@@ -525,9 +565,13 @@ def _gdn_window_readout_kernel(
                 + (o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k),
                 mask=m_vk,
                 other=0.0,
-            ).to(tl.float32)
+            )
+            if LP_PRECISION == "bf16x3":  # the bf16 tile is exact: split the keys only
+                x = dot_bf16_exact(S, kq_t, x)
+            else:
+                x = tl.dot(S.to(tl.float32), kq_t, x, input_precision="tf32x3")
     else:
-        S = tl.load(p_hp, mask=m_vk, other=0.0)
+        x = tl.dot(tl.load(p_hp, mask=m_vk, other=0.0), kq_t, x, input_precision="tf32x3")
     rows = o + o_l
     rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
     p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
@@ -536,7 +580,7 @@ def _gdn_window_readout_kernel(
         mask=m_v[:, None] & (o_l < n)[None, :],
         other=0.0,
     )  # [BLOCK_V, DOT_H] fp32
-    x = tl.dot(S, kq_t, input_precision="tf32x3") * c_uw[None, :]
+    x = x * c_uw[None, :]
     x = tl.dot(d_h_t, ab_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
 
     v_w = v_raw.to(tl.float32)
@@ -590,6 +634,7 @@ def _gdn_window_kernel(
     qsl_ptr,
     acc_ptr,
     out_ptr,
+    winv_ptr,
     scale,
     null_block_id,
     num_programs_per_row,
@@ -638,6 +683,8 @@ def _gdn_window_kernel(
     stride_out_tok,
     stride_out_head,
     stride_out_v,
+    stride_winv_row,
+    stride_winv_head,
     head_k_dim: tl.constexpr,
     head_v_dim: tl.constexpr,
     v_per_k: tl.constexpr,
@@ -657,6 +704,7 @@ def _gdn_window_kernel(
     FOLD_EXACT: tl.constexpr,
     FOLD: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    GIVEN_INVERSE: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_hb = tl.program_id(1).to(tl.int64)
@@ -724,11 +772,13 @@ def _gdn_window_kernel(
                     stride_rd_v,
                     stride_rv_row,
                     stride_rv_v,
+                    winv_ptr + pid_r * stride_winv_row + h * stride_winv_head,
                     HAS_LP,
                     LP_IS_FP16,
                     FOLD_EXACT,
                     FOLD,
                     BLOCK_L,
+                    GIVEN_INVERSE,
                 )
         return
 
@@ -816,11 +866,13 @@ def _gdn_window_kernel(
                     stride_rd_v,
                     stride_rv_row,
                     stride_rv_v,
+                    p_hp,  # no fold inverse: the fused step has no plan
                     HAS_LP,
                     LP_IS_FP16,
                     FOLD_EXACT,
                     FOLD,
                     BLOCK_L,
+                    False,
                 )
             elif stale:
                 S = tl.load(p_hp, mask=m_vk, other=0.0)
@@ -929,6 +981,8 @@ def gdn_window_decode(
     num_stages: int = 1,
     window_plan: bool = False,
     flush_precision: str = "serial",
+    flush_inverse: bool = False,
+    readout_precision: str = "tf32x3",
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -949,8 +1003,13 @@ def gdn_window_decode(
     chooses; `benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob
     window_plan=0,1` measures. flush_precision: how flush rows fold their records into HP,
     "serial" (record by record) or the WY form's products ("bf16x3", bf16 k records;
-    "tf32x3"; `flush.fold_tile`; tiles and key dims of >= 16). The defaults are the
-    small-batch row of that table.
+    "tf32x3"; `flush.fold_tile`; tiles and key dims of >= 16). flush_inverse (window_plan,
+    WY fold, recomputed d: exact flush with an LP copy): the plan stores each flush row's
+    fold inverse per value head (`plan.store_fold_inverse`) and the flush's value tiles
+    apply it instead of each building the Gram matrix and substituting. readout_precision
+    (window_plan): the planned readout's product of a bf16 LP tile with the keys, "tf32x3"
+    or "bf16x3" (`tiles.dot_bf16_exact`; HP and fp16 tiles take tf32x3). The defaults are
+    the small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -994,6 +1053,8 @@ def gdn_window_decode(
         and min(pow2_block(K), FLUSH_BLOCK_V if window_plan else block_v) < 16
     ):
         raise ValueError("the WY flush takes value tiles and key dims of >= 16")
+    if readout_precision not in ("tf32x3", "bf16x3"):
+        raise ValueError(f"unknown readout_precision {readout_precision!r}")
     cfg = dict(
         block_v=block_v,
         num_warps=num_warps,
@@ -1010,13 +1071,16 @@ def gdn_window_decode(
     args += (K, V, Hv // Hk, num_ring_rows, window, buffer_len)
     if not window_plan:
         for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
-            _launch(grid, mode, cfg, *args)
+            _launch(grid, mode, cfg, None, *args)
         return
     bw, bk, bh = pow2_block(window, 1), pow2_block(K), pow2_block(buffer_len)
+    bl = history_block(buffer_len)
     f32 = dict(dtype=torch.float32, device=v.device)
     plan = torch.empty((R, PLAN_LEN), dtype=torch.int32, device=v.device)
     kq = torch.empty((R, Hk, 2 * bw * bk), **f32)
     coef = torch.empty((R, Hv, window_coef_len(bw, bh)), **f32)
+    inverse = flush_inverse and flush_precision != "serial" and recomputes_d(cache, None)
+    winv = torch.empty((R if inverse else 1, Hv, bl, bl), **f32)
     qsl = query_start_loc if query_start_loc is not None else state_indices
     _gdn_window_plan_kernel[(Hk, R)](
         cache.ring_g,
@@ -1035,6 +1099,7 @@ def gdn_window_decode(
         kq,
         coef,
         plan,
+        winv,
         scale,
         null_block_id,
         num_ring_rows,
@@ -1048,6 +1113,7 @@ def gdn_window_decode(
         *b.stride(),
         *kq.stride()[:2],
         *coef.stride()[:2],
+        *winv.stride()[:2],
         v_per_k=Hv // Hk,
         head_k_dim=K,
         WINDOW=window,
@@ -1055,15 +1121,18 @@ def gdn_window_decode(
         BLOCK_K=bk,
         BLOCK_H=bh,
         BLOCK_HG=max(2, triton.next_power_of_2(Hv // Hk)),
+        BLOCK_L=bl,
         HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None,
         EXACT_FLUSH=cache.exact_flush,
         HAS_LP=cache.lp is not None,
+        FOLD_INVERSE=inverse,
         num_warps=1,
     )
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
     flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1)
-    _launch((triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R), FLUSH_ONLY, flush_cfg, *args)
+    grid_f = (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R)
+    _launch(grid_f, FLUSH_ONLY, flush_cfg, winv if inverse else None, *args)
     tiles = triton.cdiv(V, block_v)
     _gdn_window_readout_kernel[(Hv * tiles, R)](
         cache.hp,
@@ -1103,6 +1172,7 @@ def gdn_window_decode(
         HAS_LP=cache.lp is not None,
         EXACT_FLUSH=cache.exact_flush,
         IS_VARLEN=query_start_loc is not None,
+        LP_PRECISION=readout_precision if lp.dtype == torch.bfloat16 else "tf32x3",
         num_warps=num_warps,
     )
 
@@ -1111,6 +1181,7 @@ def _launch(
     grid,
     mode,
     cfg,
+    winv,
     cache,
     lp,
     beta,
@@ -1135,6 +1206,9 @@ def _launch(
     window,
     buffer_len,
 ) -> None:
+    """One launch of `_gdn_window_kernel` in `mode`; winv: the plan's fold inverses
+    ([R, Hv, BLOCK_L, BLOCK_L]) for a flush-only launch that applies them, else None."""
+    inv = winv if winv is not None else cache.hp  # a placeholder pointer when unused
     _gdn_window_kernel[grid](
         cache.hp,
         lp,
@@ -1155,6 +1229,7 @@ def _launch(
         query_start_loc if query_start_loc is not None else state_indices,
         num_accepted_tokens if num_accepted_tokens is not None else state_indices,
         out,
+        inv,
         scale,
         null_block_id,
         grid[0] * grid[1],
@@ -1173,6 +1248,7 @@ def _launch(
         *a.stride(),
         *b.stride(),
         *out.stride(),
+        *inv.stride()[:2],
         head_k_dim=K,
         head_v_dim=V,
         v_per_k=v_per_k,
@@ -1195,7 +1271,8 @@ def _launch(
         if cfg["flush_precision"] == "serial"
         else recomputes_d(cache, None),
         FOLD=cfg["flush_precision"],
-        BLOCK_L=max(16, pow2_block(buffer_len)),
+        BLOCK_L=history_block(buffer_len),
+        GIVEN_INVERSE=winv is not None,
         num_warps=cfg["num_warps"],
     )
 
