@@ -66,7 +66,7 @@ def test_split_steps_fold_in_wy_form_with_bf16_keys(bf16_keys):
     bf16 k records allow; other key dtypes keep the serial fold."""
     cfg = launch_config(64, V_PER_K, plain=False, bf16_keys=bf16_keys)
     assert cfg["route"] == "split" and cfg["window_plan"]
-    wy = dict(flush_precision="bf16x3", flush_inverse=True, readout_precision="bf16x3")
+    wy = dict(flush_precision="bf16x3", readout_precision="bf16x3")
     assert ({k: cfg[k] for k in wy if k in cfg} == wy) == bf16_keys
     assert ("flush_precision" in cfg) == bf16_keys
     assert "flush_precision" not in launch_config(8, V_PER_K, plain=False, bf16_keys=bf16_keys)

@@ -213,14 +213,22 @@ REAL = {
 @pytest.mark.parametrize("geom", list(REAL))
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 @pytest.mark.parametrize("T", [1, 4])
-@pytest.mark.parametrize("route", ["fused", "split", "split_planned"])
 @pytest.mark.parametrize(
-    "knobs",
-    [
-        dict(flush_precision="serial"),
-        dict(flush_precision="bf16x3", flush_inverse=True, readout_precision="bf16x3"),
+    "route, knobs",
+    [(route, dict(flush_precision="serial")) for route in ("fused", "split", "split_planned")]
+    + [
+        (route, dict(flush_precision="bf16x3", readout_precision="bf16x3"))
+        for route in ("fused", "split", "split_planned")
+    ]
+    + [
+        (
+            "split_planned",
+            dict(flush_precision="bf16x3", flush_inverse=True, readout_precision="bf16x3"),
+        )
     ],
-    ids=["serial", "wy"],
+    ids=[f"{r}-serial" for r in ("fused", "split", "split_planned")]
+    + [f"{r}-wy" for r in ("fused", "split", "split_planned")]
+    + ["split_planned-wy_inverse"],
 )
 def test_real_geometry_on_gpu(geom, lp, T, route, knobs):
     fam = GDNFamily(
