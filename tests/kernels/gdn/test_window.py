@@ -128,6 +128,14 @@ WY_ROWS = {
         BF16,
         dict(flush_precision="bf16x3", flush_inverse=True, readout_precision="bf16x3"),
     ),
+    "split_planned-exact-bf16-T3-defaults": (  # the GPU default of planned steps
+        "split_planned",
+        True,
+        BF16,
+        3,
+        BF16,
+        dict(flush_precision="bf16x3", readout_precision="bf16x3", block_v=32),
+    ),
     "split_planned-exact-fp16-T2-inverse": (
         "split_planned",
         True,
@@ -218,8 +226,9 @@ REAL = {
     [(route, dict(flush_precision="serial")) for route in ("fused", "split", "split_planned")]
     + [
         (route, dict(flush_precision="bf16x3", readout_precision="bf16x3"))
-        for route in ("fused", "split", "split_planned")
+        for route in ("fused", "split")
     ]
+    + [("split_planned", dict(flush_precision="bf16x3", readout_precision="bf16x3", block_v=32))]
     + [
         (
             "split_planned",

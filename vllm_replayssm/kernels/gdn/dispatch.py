@@ -49,24 +49,34 @@ def launch_config(
     STOCK_ROUTE_MAX_ROWS_HP_ONLY), the replay launches above.
     The stock route's 16-row value tile is the one every engine run so far used: 8-row
     tiles were 5% faster at bs 1 and 1% slower at bs 32
-    (`kernels-h200-20261129-22b7412-stock-route-bs1-32.json`). Speculative decode (which the
-    stock route cannot do): the window step, one warp per program, 16-row value tiles,
-    fused up to 16 rows, else planned (`window_plan`: plan, flush, the planned readout),
-    the flush with all value heads of a key head per program from 64 rows. On the H200 at
-    c31e3d7 (T = 4, bs 64 and 256, Qwen3.5-4B and -122B,
-    `kernels-h200-20261202-c31e3d7-gdn-window4-planned-readout.json`) the planned step ran
-    at 1.12-1.42x the speed of vLLM's kernel, against 0.85-1.07x with the head-looping
-    readout it replaced, HP only and bf16 LP alike; 16-row tiles on one warp were the
-    fastest readout shape."""
+    (`kernels-h200-20261129-22b7412-stock-route-bs1-32.json`).
+
+    Speculative decode (which the stock route cannot do): the window step, one warp per
+    program, fused up to 16 rows (16-row value tiles), else planned (`window_plan`: plan,
+    flush, the planned readout on 32-row value tiles), the flush with all value heads of a
+    key head per program from 64 rows. With bf16 keys, planned steps fold flush rows in WY
+    form (bf16x3) and take the readout's LP products in bf16 (readout_precision bf16x3);
+    fused steps fold in WY form HP only. Measured on the H200 at T = 4 against vLLM's kernel
+    (Qwen3.5-122B; `kernels-h200-20261202-{29d3230-gdn-window4-wy-flush,
+    9a2bfab-gdn-window4-knobs,9a2bfab-gdn-window4-fused,7511bec-gdn-window4-readout-tiles}.json`):
+    - the WY flush: bs 256 HP only 1,124 -> 754 µs (vLLM 1,588); bf16 LP unchanged (the
+      recomputed d cost what the serial fold saved); fused bs 8 / 16 HP only 0.78x -> 0.92x,
+      0.75x -> 0.90x, but bf16 LP 0.79x -> 0.69x, 0.75x -> 0.67x;
+    - the bf16 readout products: bf16 LP bs 256 1,074 -> 1,046 µs, bs 64 284 -> 276;
+    - the plan's fold inverses (flush_inverse): slower (bs 256 bf16 LP 1,046 -> 1,083);
+    - readout tiles at bs 256: 32 rows on one warp 974 µs bf16 LP, 752 HP only (16 rows:
+      1,024, 770; two warps slower)."""
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
         return _route_config("stock" if num_rows <= limit else "replay", 0, 0)
     route = "fused" if num_rows <= 16 else "split"
-    return _route_config(route, num_rows, v_per_k, bf16_keys)
+    return _route_config(route, num_rows, v_per_k, has_lp=has_lp, bf16_keys=bf16_keys)
 
 
-def _route_config(route: str, num_rows: int, v_per_k: int, bf16_keys: bool = True) -> dict:
-    """The base configuration of one kernel route."""
+def _route_config(
+    route: str, num_rows: int, v_per_k: int, *, has_lp: bool = True, bf16_keys: bool = True
+) -> dict:
+    """The base configuration of one kernel route (`launch_config` gives the measurements)."""
     if route == "stock":
         return dict(route="stock", block_v=16, num_warps=1)
     if route == "replay":
@@ -75,14 +85,16 @@ def _route_config(route: str, num_rows: int, v_per_k: int, bf16_keys: bool = Tru
         raise ValueError(f"launch route must be one of {list(KERNEL_ROUTES)}, got {route!r}")
     cfg = dict(
         route=route,
-        block_v=16,
+        block_v=32 if route == "split" else 16,
         num_warps=1,
         heads_per_program=v_per_k if num_rows >= 64 else 1,
         num_stages=1,
         window_plan=route == "split",
     )
-    if route == "split" and bf16_keys:  # the WY flush's exact bf16 products need bf16 keys
-        cfg.update(flush_precision="bf16x3", readout_precision="bf16x3")
+    if bf16_keys and (route == "split" or not has_lp):  # exact bf16 products: bf16 keys
+        cfg.update(flush_precision="bf16x3")
+    if bf16_keys and route == "split":
+        cfg.update(readout_precision="bf16x3")
     return cfg
 
 
@@ -104,11 +116,12 @@ def plan_launch(
     if route not in ROUTES:
         raise ValueError(f"route must be one of {list(ROUTES)}, got {route!r}")
     cfg = launch_config(num_rows, v_per_k, plain=plain, has_lp=has_lp, bf16_keys=bf16_keys)
+    keys = dict(has_lp=has_lp, bf16_keys=bf16_keys)
     if plain and route != "auto":
-        cfg = _route_config(route, num_rows, v_per_k, bf16_keys)
+        cfg = _route_config(route, num_rows, v_per_k, **keys)
     forced = (launch or {}).get("route", cfg["route"])
     if forced != cfg["route"]:
-        cfg = _route_config(forced, num_rows, v_per_k, bf16_keys)
+        cfg = _route_config(forced, num_rows, v_per_k, **keys)
     cfg.update(launch or {})
     if cfg["route"] in ("stock", "replay") and not plain:
         raise ValueError(f"the {cfg['route']} route is for plain decode (one token per row)")
