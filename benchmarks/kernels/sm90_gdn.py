@@ -300,6 +300,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         (16, 1, "tf32x3"),
         (16, 1, "bf16x3"),
         (32, 1, "tf32x3"),
+        (32, 1, "bf16x3"),
         (32, 2, "tf32x3"),
         (64, 4, "tf32x3"),
         (128, 4, "tf32x3"),
