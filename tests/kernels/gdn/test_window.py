@@ -45,6 +45,10 @@ CASES = {
     "spec_T2_lp_fp16_split_planned": dict(
         L=4, T=2, lp=torch.float16, spec=True, route="split", plan=True
     ),
+    # the flush launch reads flush rows out (`_gdn_window_flush_kernel`)
+    "spec_T3_lp_fp16_split_planned_flush_readout": dict(
+        L=5, T=3, lp=torch.float16, spec=True, route="split", plan=True, flush_readout=True
+    ),
     "spec_T2_lp_fp16_churn_fused": dict(
         L=4, T=2, lp=torch.float16, spec=True, churn=True, route="fused"
     ),
@@ -59,7 +63,7 @@ def test_kernel_matches_naive(row, device):
     c = CASES[case]
     fam = GDNFamily(
         GEOMS[row["geom"]],
-        decode_op=_op(c["route"], c.get("plan", False)),
+        decode_op=_op(c["route"], c.get("plan", False), flush_readout=c.get("flush_readout", 0)),
         device=device,
         seed=3,
         exact_flush=c.get("exact", True),
@@ -135,6 +139,22 @@ WY_ROWS = {
         3,
         BF16,
         dict(flush_precision="bf16x3", readout_precision="bf16x3", block_v=32),
+    ),
+    "split_planned-exact-bf16-T3-flush_readout": (
+        "split_planned",
+        True,
+        BF16,
+        3,
+        BF16,
+        dict(flush_precision="bf16x3", readout_precision="bf16x3", flush_readout=True),
+    ),
+    "split_planned-fold-none-T3-flush_readout-serial": (
+        "split_planned",
+        False,
+        None,
+        3,
+        torch.float16,
+        dict(flush_readout=True),
     ),
     "split_planned-exact-fp16-T2-inverse": (
         "split_planned",
@@ -217,29 +237,28 @@ REAL = {
 }
 
 
+WY = dict(flush_precision="bf16x3", readout_precision="bf16x3")
+# id -> (route, launch knobs): the serial and WY flushes per route, the planned route as
+# `dispatch` launches it (32-row readout tiles) and with its untried knobs
+GPU_VARIANTS = {
+    "fused-serial": ("fused", dict(flush_precision="serial")),
+    "split-serial": ("split", dict(flush_precision="serial")),
+    "split_planned-serial": ("split_planned", dict(flush_precision="serial")),
+    "fused-wy": ("fused", WY),
+    "split-wy": ("split", WY),
+    "split_planned-wy": ("split_planned", dict(WY, block_v=32)),
+    "split_planned-wy_inverse": ("split_planned", dict(WY, flush_inverse=True)),
+    "split_planned-wy_flush_readout": ("split_planned", dict(WY, block_v=32, flush_readout=True)),
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("geom", list(REAL))
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 @pytest.mark.parametrize("T", [1, 4])
-@pytest.mark.parametrize(
-    "route, knobs",
-    [(route, dict(flush_precision="serial")) for route in ("fused", "split", "split_planned")]
-    + [
-        (route, dict(flush_precision="bf16x3", readout_precision="bf16x3"))
-        for route in ("fused", "split")
-    ]
-    + [("split_planned", dict(flush_precision="bf16x3", readout_precision="bf16x3", block_v=32))]
-    + [
-        (
-            "split_planned",
-            dict(flush_precision="bf16x3", flush_inverse=True, readout_precision="bf16x3"),
-        )
-    ],
-    ids=[f"{r}-serial" for r in ("fused", "split", "split_planned")]
-    + [f"{r}-wy" for r in ("fused", "split", "split_planned")]
-    + ["split_planned-wy_inverse"],
-)
-def test_real_geometry_on_gpu(geom, lp, T, route, knobs):
+@pytest.mark.parametrize("variant", list(GPU_VARIANTS))
+def test_real_geometry_on_gpu(geom, lp, T, variant):
+    route, knobs = GPU_VARIANTS[variant]
     fam = GDNFamily(
         REAL[geom],
         act_dtype=torch.bfloat16,

@@ -32,6 +32,9 @@ from vllm_replayssm.kernels.common.blocks import pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_COUNT,
+    T_PLAN_FLUSH,
+    T_PLAN_FOLD_COUNT,
+    T_PLAN_FOLD_ORIGIN,
     T_PLAN_LEN,
     T_PLAN_ORIGIN,
     T_PLAN_READ_HP,
@@ -477,6 +480,7 @@ def _gdn_window_readout_kernel(
     EXACT_FLUSH: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     LP_PRECISION: tl.constexpr,
+    FLUSH_READOUT: tl.constexpr,
 ):
     """The planned window readout, one program per (value tile, value head, row): no head
     loop, no cursor words read. The checkpoint tile S [BLOCK_V, K] (LP, or HP where the plan
@@ -491,7 +495,8 @@ def _gdn_window_readout_kernel(
     substitution over the window's own corrected values on [BLOCK_V] vectors
     (`_gdn_window_plan_kernel` gives the coefficients). Stores the outputs, the d (and v)
     records at the plan's write rows; the program of value head 0, tile 0 stores the row's
-    new cursor words from the plan row."""
+    new cursor words from the plan row. FLUSH_READOUT: flush rows were read out by
+    `_gdn_window_flush_kernel`; their programs only store the cursor words."""
     pid = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     h = pid // tiles_per_head
@@ -542,6 +547,9 @@ def _gdn_window_readout_kernel(
     if slot32 == null_block_id:
         tl.store(p_out, tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32), mask=m_tv)
         return
+    if FLUSH_READOUT:  # noqa: SIM102 (a compile-time gate around a runtime branch)
+        if tl.load(p_plan + T_PLAN_FLUSH) != 0:  # `_gdn_window_flush_kernel` read it out
+            return
     o = tl.load(p_plan + T_PLAN_ORIGIN)
     n = tl.load(p_plan + T_PLAN_COUNT)
     write_row = tl.load(p_plan + T_PLAN_WRITE_ROW)
@@ -583,6 +591,60 @@ def _gdn_window_readout_kernel(
     x = x * c_uw[None, :]
     x = tl.dot(d_h_t, ab_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
 
+    _finish_window(
+        x,
+        p_c,
+        v_raw,
+        p_out,
+        p_rd,
+        ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
+        write_row,
+        num_ring_rows,
+        o_t,
+        o_n,
+        o_v,
+        m_tv,
+        stride_rd_row,
+        stride_rd_v,
+        stride_rv_row,
+        stride_rv_v,
+        WINDOW,
+        BLOCK_W,
+        BLOCK_V,
+        BLOCK_H,
+        EXACT_FLUSH,
+    )
+
+
+@triton.jit
+def _finish_window(
+    x,
+    p_c,
+    v_raw,
+    p_out,
+    p_rd,
+    p_rv,
+    write_row,
+    num_ring_rows,
+    o_t,
+    o_n,
+    o_v,
+    m_tv,
+    stride_rd_row,
+    stride_rd_v,
+    stride_rv_row,
+    stride_rv_v,
+    WINDOW: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    EXACT_FLUSH: tl.constexpr,
+):
+    """A planned window's outputs from X ([BLOCK_V, DOT_N]: column i c_u,i S·k_i plus the
+    history terms, column BLOCK_W + i the w-side twin) by the forward substitution over the
+    window's own corrected values (coefficients at p_c, `_gdn_window_plan_kernel`); stores
+    the outputs ([BLOCK_W, BLOCK_V] at p_out), the d records and (EXACT_FLUSH) the raw v
+    records at the ring rows from write_row on."""
     v_w = v_raw.to(tl.float32)
     c_aw = 3 * BLOCK_W + 2 * BLOCK_W * BLOCK_H
     c_bw = c_aw + BLOCK_W * BLOCK_W
@@ -604,12 +666,200 @@ def _gdn_window_readout_kernel(
     tl.store(p_rd + (rows_w[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v), d_w, mask=m_tv)
     if EXACT_FLUSH:
         tl.store(
-            ring_v_ptr
-            + slot * stride_rv_slot
-            + h * stride_rv_head
-            + (rows_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v),
+            p_rv + (rows_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v),
             v_raw,
             mask=m_tv,
+        )
+
+
+@triton.jit
+def _gdn_window_flush_kernel(
+    hp_ptr,
+    lp_ptr,
+    ring_g_ptr,
+    ring_beta_ptr,
+    ring_k_ptr,
+    ring_d_ptr,
+    ring_v_ptr,
+    v_ptr,
+    out_ptr,
+    qsl_ptr,
+    plan_ptr,
+    kq_ptr,
+    coef_ptr,
+    winv_ptr,
+    null_block_id,
+    num_ring_rows,
+    stride_hp_slot,
+    stride_hp_head,
+    stride_hp_v,
+    stride_hp_k,
+    stride_lp_slot,
+    stride_lp_head,
+    stride_lp_v,
+    stride_lp_k,
+    stride_rg_slot,
+    stride_rg_head,
+    stride_rg_row,
+    stride_rbeta_slot,
+    stride_rbeta_head,
+    stride_rbeta_row,
+    stride_rk_slot,
+    stride_rk_head,
+    stride_rk_row,
+    stride_rk_k,
+    stride_rd_slot,
+    stride_rd_head,
+    stride_rd_row,
+    stride_rd_v,
+    stride_rv_slot,
+    stride_rv_head,
+    stride_rv_row,
+    stride_rv_v,
+    stride_v_tok,
+    stride_v_head,
+    stride_v_v,
+    stride_out_tok,
+    stride_out_head,
+    stride_out_v,
+    stride_kq_row,
+    stride_kq_head,
+    stride_coef_row,
+    stride_coef_head,
+    stride_winv_row,
+    stride_winv_head,
+    v_per_k: tl.constexpr,
+    head_k_dim: tl.constexpr,
+    head_v_dim: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_K: tl.constexpr,
+    DOT_N: tl.constexpr,
+    HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr,
+    EXACT_FLUSH: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,
+    FOLD_EXACT: tl.constexpr,
+    FOLD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    GIVEN_INVERSE: tl.constexpr,
+):
+    """A planned step's flush with its readout (`flush_readout`), one program per (value
+    tile, head block, row): flush rows (from the plan row; other rows exit) fold their tile
+    (`_flush_head`: HP and LP written) and read the window out of the folded tile in
+    registers, as the planned readout would from the HP it re-reads: X = S [k; q]ᵀ diag(c_u,
+    c_w) in one tf32x3 product (no history after a flush), then `_finish_window`."""
+    pid_v = tl.program_id(0)
+    pid_hb = tl.program_id(1)
+    r = tl.program_id(2).to(tl.int64)
+    p_plan = plan_ptr + r * T_PLAN_LEN
+    slot32 = tl.load(p_plan + T_PLAN_SLOT)
+    if slot32 == null_block_id:
+        return
+    if tl.load(p_plan + T_PLAN_FLUSH) == 0:
+        return
+    slot = slot32.to(tl.int64)
+    fo = tl.load(p_plan + T_PLAN_FOLD_ORIGIN)
+    fn = tl.load(p_plan + T_PLAN_FOLD_COUNT)
+    write_row = tl.load(p_plan + T_PLAN_WRITE_ROW)
+    o_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_v = o_v < head_v_dim
+    o_k = tl.arange(0, DOT_K)
+    m_k = o_k < head_k_dim
+    m_vk = m_v[:, None] & m_k[None, :]
+    o_n = tl.arange(0, DOT_N)
+    m_n = o_n < 2 * BLOCK_W
+    o_t = tl.arange(0, BLOCK_W)
+    bos, q = row_tokens(qsl_ptr, r, IS_VARLEN)
+    m_tv = (o_t < q)[:, None] & m_v[None, :]
+    tok = bos + o_t
+    h0 = pid_hb * HEADS_PER_PROGRAM
+    pid_k = h0 // v_per_k
+    p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
+    kq_t = tl.load(
+        kq_ptr + r * stride_kq_row + pid_k * stride_kq_head + (o_n[None, :] * DOT_K + o_k[:, None]),
+        mask=m_k[:, None] & m_n[None, :],
+        other=0.0,
+    )  # [DOT_K, DOT_N]: k_1..k_W, q_1..q_W as columns
+    for h in range(h0, h0 + HEADS_PER_PROGRAM):
+        p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
+        p_rv = ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head
+        S = _flush_head(
+            hp_ptr
+            + slot * stride_hp_slot
+            + h * stride_hp_head
+            + o_v[:, None] * stride_hp_v
+            + o_k[None, :] * stride_hp_k,
+            lp_ptr
+            + slot * stride_lp_slot
+            + h * stride_lp_head
+            + o_v[:, None] * stride_lp_v
+            + o_k[None, :] * stride_lp_k,
+            ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+            ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+            p_rk,
+            p_rd,
+            p_rv,
+            fo,
+            fn,
+            num_ring_rows,
+            o_v,
+            o_k,
+            m_v,
+            m_k,
+            m_vk,
+            stride_rg_row,
+            stride_rbeta_row,
+            stride_rk_row,
+            stride_rk_k,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_row,
+            stride_rv_v,
+            winv_ptr + r * stride_winv_row + h * stride_winv_head,
+            HAS_LP,
+            LP_IS_FP16,
+            FOLD_EXACT,
+            FOLD,
+            BLOCK_L,
+            GIVEN_INVERSE,
+        )
+        p_c = coef_ptr + r * stride_coef_row + h * stride_coef_head
+        c_uw = tl.load(p_c + o_n, mask=m_n, other=0.0)  # [DOT_N]: c_u, then c_w
+        v_raw = tl.load(
+            v_ptr + tok[:, None] * stride_v_tok + h * stride_v_head + o_v[None, :] * stride_v_v,
+            mask=m_tv,
+            other=0.0,
+        )  # [BLOCK_W, BLOCK_V]
+        x = tl.dot(S, kq_t, input_precision="tf32x3") * c_uw[None, :]
+        _finish_window(
+            x,
+            p_c,
+            v_raw,
+            out_ptr
+            + tok[:, None] * stride_out_tok
+            + h * stride_out_head
+            + o_v[None, :] * stride_out_v,
+            p_rd,
+            p_rv,
+            write_row,
+            num_ring_rows,
+            o_t,
+            o_n,
+            o_v,
+            m_tv,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_row,
+            stride_rv_v,
+            WINDOW,
+            BLOCK_W,
+            BLOCK_V,
+            BLOCK_H,
+            EXACT_FLUSH,
         )
 
 
@@ -983,6 +1233,7 @@ def gdn_window_decode(
     flush_precision: str = "serial",
     flush_inverse: bool = False,
     readout_precision: str = "tf32x3",
+    flush_readout: bool = False,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1008,8 +1259,10 @@ def gdn_window_decode(
     fold inverse per value head (`plan.store_fold_inverse`) and the flush's value tiles
     apply it instead of each building the Gram matrix and substituting. readout_precision
     (window_plan): the planned readout's product of a bf16 LP tile with the keys, "tf32x3"
-    or "bf16x3" (`tiles.dot_bf16_exact`; HP and fp16 tiles take tf32x3). The defaults are
-    the small-batch row of that table.
+    or "bf16x3" (`tiles.dot_bf16_exact`; HP and fp16 tiles take tf32x3). flush_readout
+    (window_plan): the flush launch also reads flush rows out of the tile it folded
+    (`_gdn_window_flush_kernel`), so the readout no longer re-reads their HP. The defaults
+    are the small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1055,6 +1308,8 @@ def gdn_window_decode(
         raise ValueError("the WY flush takes value tiles and key dims of >= 16")
     if readout_precision not in ("tf32x3", "bf16x3"):
         raise ValueError(f"unknown readout_precision {readout_precision!r}")
+    if flush_readout and not window_plan:
+        raise ValueError("flush_readout runs with window_plan")
     cfg = dict(
         block_v=block_v,
         num_warps=num_warps,
@@ -1132,7 +1387,58 @@ def gdn_window_decode(
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
     flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1)
     grid_f = (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R)
-    _launch(grid_f, FLUSH_ONLY, flush_cfg, winv if inverse else None, *args)
+    if not flush_readout:
+        _launch(grid_f, FLUSH_ONLY, flush_cfg, winv if inverse else None, *args)
+    else:
+        _gdn_window_flush_kernel[grid_f](
+            cache.hp,
+            lp,
+            cache.ring_g,
+            beta,
+            cache.ring_k,
+            cache.ring_d,
+            ring_v,
+            v,
+            out,
+            qsl,
+            plan,
+            kq,
+            coef,
+            winv,
+            null_block_id,
+            num_ring_rows,
+            *cache.hp.stride(),
+            *lp.stride(),
+            *cache.ring_g.stride(),
+            *beta.stride(),
+            *cache.ring_k.stride(),
+            *cache.ring_d.stride(),
+            *ring_v.stride(),
+            *v.stride(),
+            *out.stride(),
+            *kq.stride()[:2],
+            *coef.stride()[:2],
+            *winv.stride()[:2],
+            v_per_k=Hv // Hk,
+            head_k_dim=K,
+            head_v_dim=V,
+            WINDOW=window,
+            BLOCK_W=bw,
+            BLOCK_V=FLUSH_BLOCK_V,
+            BLOCK_H=bh,
+            DOT_K=max(16, bk),
+            DOT_N=max(16, 2 * bw),
+            HAS_LP=cache.lp is not None,
+            LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
+            EXACT_FLUSH=cache.exact_flush,
+            IS_VARLEN=query_start_loc is not None,
+            HEADS_PER_PROGRAM=heads_per_program,
+            FOLD_EXACT=fold_exact(cache, flush_precision),
+            FOLD=flush_precision,
+            BLOCK_L=bl,
+            GIVEN_INVERSE=inverse,
+            num_warps=1,
+        )
     tiles = triton.cdiv(V, block_v)
     _gdn_window_readout_kernel[(Hv * tiles, R)](
         cache.hp,
@@ -1173,6 +1479,7 @@ def gdn_window_decode(
         EXACT_FLUSH=cache.exact_flush,
         IS_VARLEN=query_start_loc is not None,
         LP_PRECISION=readout_precision if lp.dtype == torch.bfloat16 else "tf32x3",
+        FLUSH_READOUT=flush_readout,
         num_warps=num_warps,
     )
 
@@ -1265,16 +1572,21 @@ def _launch(
         MODE=mode,
         HEADS_PER_PROGRAM=cfg["heads_per_program"],
         NUM_STAGES=cfg["num_stages"],
-        # the serial fold replays or sums as the flush mode says; the WY fold sums the
-        # cached d where every d came from HP (no LP: `flush.recomputes_d`)
-        FOLD_EXACT=cache.exact_flush
-        if cfg["flush_precision"] == "serial"
-        else recomputes_d(cache, None),
+        FOLD_EXACT=fold_exact(cache, cfg["flush_precision"]),
         FOLD=cfg["flush_precision"],
         BLOCK_L=history_block(buffer_len),
         GIVEN_INVERSE=winv is not None,
         num_warps=cfg["num_warps"],
     )
+
+
+def fold_exact(cache, flush_precision: str) -> bool:
+    """Whether a flush replays the delta rule over the cached k, v, g, β (else it sums the
+    cached d): the serial fold as the flush mode says; the WY fold sums them where every d
+    came from HP (no LP: `flush.recomputes_d`)."""
+    if flush_precision == "serial":
+        return cache.exact_flush
+    return recomputes_d(cache, None)
 
 
 def check_args(
