@@ -386,6 +386,7 @@ GDN_ROUTE_KNOBS = {
         "flush_precision",
         "flush_inverse",
         "readout_precision",
+        "flush_readout",
     },
 }
 

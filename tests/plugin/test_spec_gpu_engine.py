@@ -198,6 +198,27 @@ def test_gdn_one_token_prompts_on_gpu(runs, qwen_dir, capsys):  # noqa: F811
     )
 
 
+def _check_model_drafter_on_gpu(runs, capsys, kind, prompts, drafter, k, settings, name):
+    """`_check_lossless` with a model drafter (`drafter`: vLLM's speculative config without
+    k) on the MTP checkpoint of `kind`; then the drafter ran and its drafts were partly
+    accepted (as test_spec_cpu_engine's `_check_model_drafter`)."""
+    metrics = _check_lossless(
+        runs,
+        capsys,
+        name,
+        mtp_checkpoint(runs, kind),
+        prompts,
+        NEW_TOKENS,
+        {"enabled": True, **settings},
+        k,
+        drafter=drafter,
+    )
+    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(prompts) * (NEW_TOKENS // 2), (
+        f"the {drafter['method']} drafter did not run"
+    )
+    _check_partly_accepted(name, metrics, capsys, share=0.1)
+
+
 @pytest.mark.parametrize("case", list(MTP_CASES))
 @pytest.mark.parametrize("kind", list(MTP_CHECKPOINTS))
 def test_mtp_spec_decode_on_gpu_is_lossless(runs, kind, mtp_prompts, case, capsys):  # noqa: F811
@@ -205,41 +226,14 @@ def test_mtp_spec_decode_on_gpu_is_lossless(runs, kind, mtp_prompts, case, capsy
     whose drafts are partly accepted (test_spec_cpu_engine.py)."""
     k, settings = MTP_CASES[case]
     name = f"{kind} mtp (GPU) {case}"
-    metrics = _check_lossless(
-        runs,
-        capsys,
-        name,
-        mtp_checkpoint(runs, kind),
-        mtp_prompts,
-        NEW_TOKENS,
-        {"enabled": True, **settings},
-        k,
-        drafter={"method": "mtp"},
-    )
-    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
-        "the MTP drafter did not run"
-    )
-    _check_partly_accepted(name, metrics, capsys, share=0.1)
+    mtp = {"method": "mtp"}
+    _check_model_drafter_on_gpu(runs, capsys, kind, mtp_prompts, mtp, k, settings, name)
 
 
 @pytest.mark.parametrize("kind", list(MTP_CHECKPOINTS))
 def test_eagle_spec_decode_on_gpu_is_lossless(runs, kind, mtp_prompts, capsys):  # noqa: F811
     """vLLM's EAGLE drafter (`EagleLlamaForCausalLM`, k = 3) on the MTP checkpoints with the
     CPU test's crafted head (`tiny.add_eagle_head`), whose drafts are partly accepted."""
-    model_dir = mtp_checkpoint(runs, kind)
+    eagle = {"method": "eagle", "model": str(add_eagle_head(mtp_checkpoint(runs, kind)))}
     name = f"{kind} eagle (GPU) k3_L16"
-    metrics = _check_lossless(
-        runs,
-        capsys,
-        name,
-        model_dir,
-        mtp_prompts,
-        NEW_TOKENS,
-        {"enabled": True, "buffer_len": 16},
-        3,
-        drafter={"method": "eagle", "model": str(add_eagle_head(model_dir))},
-    )
-    assert metrics["vllm:spec_decode_num_draft_tokens"] >= len(mtp_prompts) * (NEW_TOKENS // 2), (
-        "the EAGLE drafter did not run"
-    )
-    _check_partly_accepted(name, metrics, capsys, share=0.1)
+    _check_model_drafter_on_gpu(runs, capsys, kind, mtp_prompts, eagle, 3, {"buffer_len": 16}, name)

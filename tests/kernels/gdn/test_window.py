@@ -93,19 +93,24 @@ def test_kernel_matches_naive(row, device):
     ),
 )
 def test_kernel_matches_reference_buffers(row, device):
-    lp, exact = row["lp"], row["flush"]
+    _check_reference(device, _op(row["route"]), row["flush"], row["lp"], row["T"], seed=4)
+
+
+def _check_reference(device, op, exact, lp, T, act=torch.float16, seed=4):
+    """The kernel step `op` against the torch reference on the same buffers, at a geometry
+    whose tiles a tensor-core product takes (K, V >= 16)."""
     check_kernel_matches_reference(
-        lambda op: GDNFamily(
+        lambda decode_op: GDNFamily(
             GEOMS["qwen35_122b"],
-            act_dtype=torch.float16,
+            act_dtype=act,
             device=device,
             exact_flush=exact,
-            decode_op=op,
-            seed=4,
+            decode_op=decode_op,
+            seed=seed,
         ),
-        _op(row["route"]),
+        op,
         L=4,
-        T=row["T"],
+        T=T,
         lp=lp,
         # fold: HP sums cached fp32 d, which follow the LP read: an interpreted bf16 LP
         # (truncated, not rounded) reaches HP through them.
@@ -170,22 +175,7 @@ WY_ROWS = {
 @pytest.mark.parametrize("row", list(WY_ROWS))
 def test_wy_flush_matches_reference_buffers(row, device):
     route, exact, lp, T, act, knobs = WY_ROWS[row]
-    check_kernel_matches_reference(
-        lambda op: GDNFamily(
-            GEOMS["qwen35_122b"],
-            act_dtype=act,
-            device=device,
-            exact_flush=exact,
-            decode_op=op,
-            seed=5,
-        ),
-        _op(route, **knobs),
-        L=4,
-        T=T,
-        lp=lp,
-        out_tol=out_tolerance(lp, device),
-        hp_tol=1e-5 if exact or lp is None else out_tolerance(lp, device),
-    )
+    _check_reference(device, _op(route, **knobs), exact, lp, T, act=act, seed=5)
 
 
 @pytest.mark.parametrize(
