@@ -38,7 +38,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="Mamba-2 launch knob (repeatable), as in bench_decode.py",
+        help="launch knob (repeatable), as bench_decode.py --knob takes it",
     )
     p.add_argument(
         "--kernel-times",
