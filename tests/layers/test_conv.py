@@ -131,3 +131,35 @@ def test_triton_matches_torch_in_bf16(block_d, num_warps):
     )
     assert torch.equal(state[1:], want_state[1:])
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+def test_triton_matches_torch_on_gpu(layout):
+    """At a real geometry on the GPU (Qwen3-Next's 8,192 conv channels, 256 rows of random
+    windows and acceptance, bf16): the one-launch update writes the torch version's state
+    bytes and its outputs within bf16 rounding, with the state stored channel-last ("SD",
+    vLLM's GPU layout) or column-last ("DS")."""
+    torch.manual_seed(6)
+    D, K, k, R = 8192, 4, 3, 256
+    M, S = K - 1 + k, R + 1
+    dev = "cuda"
+    weight = torch.randn(D, K, device=dev).bfloat16()
+    bias = torch.randn(D, device=dev).bfloat16()
+    if layout == "SD":
+        state = torch.randn(S, M, D, device=dev).bfloat16().transpose(1, 2)
+    else:
+        state = torch.randn(S, D, M, device=dev).bfloat16()
+    q = torch.randint(1, k + 2, (R,))
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64), q.cumsum(0)]).to(dev)
+    # the previous window's 1 + k records pending (none on a fresh row), 1 .. 1 + k accepted
+    pending = torch.where(torch.rand(R) < 0.1, 0, 1 + k)
+    committed = torch.where(pending > 0, torch.randint(1, k + 2, (R,)), 0)
+    slots = torch.randperm(R, device=dev) + 1
+    x = torch.randn(int(q.sum()), D, device=dev).bfloat16()
+    want_state = state.clone()
+    args = (slots, qsl, pending.to(dev), committed.to(dev), weight, bias, "silu", 1 + k)
+    want = spec_conv_update(x, want_state, *args)
+    got = spec_conv_update_triton(x, state, *args)
+    assert torch.equal(state, want_state)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

@@ -3,15 +3,18 @@
 The torch version is a chain of ~25 small tensor ops per layer and step (gathers, a
 grouped conv1d, a scatter); at small batches each costs a kernel's latency, which a
 speculative step pays in every SSM layer. Here one program per (row, channel block) loads
-its row's conv state columns and window inputs once, computes the window's conv outputs and
-writes the new state from registers (the same layout rule: the committed context ends at
+the state columns and window inputs each output needs as [BLOCK_D] vectors at their
+(runtime) columns, computes the window's conv outputs and writes the new state, gathered
+from the old state and the inputs (the same layout rule: the committed context ends at
 column e = clamp(M - pending + committed, K - 1, M), then the q window inputs; the new state
 is the last M columns of that sequence). Rows of 0 tokens (CUDA-graph padding, on the NULL
 slot) rewrite their state as the torch version does; tokens past the last row are zero.
 Fixed grid, no host synchronisation, no allocation besides the zeroed output. sm_90
-(Nemotron-3 Super's 10,240 conv channels, K = 4, k = 3): one warp per 64 channels, 80
-registers, no spills, 6 barriers (2 or 4 warps: 72 / 56 registers but 74 barriers, the
-column selections reducing across warps). Measured on the H200: `spec_conv_update_triton`.
+(K = 4, k = 3, bf16 state; 128 channels on one warp): 128 registers, no spills, no
+shuffles, one barrier, 1,272 SASS instructions. The kernel it replaced (7055fdc) held the
+state and the inputs as 2-D tiles and picked columns by masked sums across lanes: 211
+registers, 448 shuffles, 2,872 instructions, and 2.5x the time of vLLM's
+`causal_conv1d_update` on the H200 (`spec_conv_update_triton`).
 """
 
 from __future__ import annotations
@@ -50,7 +53,6 @@ def _spec_conv_kernel(
     WINDOW: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    BLOCK_W: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
 ):
@@ -62,25 +64,12 @@ def _spec_conv_kernel(
     q = tl.load(qsl_ptr + r + 1).to(tl.int64) - bos
     end = M - tl.load(pending_ptr + r).to(tl.int64) + tl.load(committed_ptr + r).to(tl.int64)
     end = tl.minimum(tl.maximum(end, K - 1), M)
-    p_state = state_ptr + slot * stride_s_slot + o_d[:, None] * stride_s_d
-    o_m = tl.arange(0, BLOCK_M)
-    rows = tl.load(
-        p_state + o_m[None, :] * stride_s_m, mask=m_d[:, None] & (o_m < M)[None, :], other=0.0
-    ).to(tl.float32)  # [BLOCK_D, BLOCK_M]: the old state, read before any column is rewritten
-    o_w = tl.arange(0, BLOCK_W)
-    m_w = (o_w < q) & (o_w < WINDOW)
-    xw = (
-        tl.load(
-            x_ptr + (bos + o_w[None, :]) * stride_x_tok + o_d[:, None] * stride_x_d,
-            mask=m_d[:, None] & m_w[None, :],
-            other=0.0,
-        )
-        .to(state_ptr.dtype.element_ty)
-        .to(tl.float32)
-    )  # [BLOCK_D, BLOCK_W]: the window inputs as the state stores them
+    p_state = state_ptr + slot * stride_s_slot + o_d * stride_s_d  # [BLOCK_D]
+    p_x = x_ptr + o_d * stride_x_d
 
     # Window token t reads sequence positions t .. t + K - 1 of [context (K - 1) | window],
-    # i.e. state column end - (K - 1) + j for j < K - 1, window input j - (K - 1) otherwise.
+    # i.e. state column end - (K - 1) + j for j < K - 1, window input j - (K - 1) otherwise:
+    # each a [BLOCK_D] vector loaded at its (runtime) column, one layout throughout.
     for t in tl.static_range(WINDOW):
         acc = tl.zeros([BLOCK_D], dtype=tl.float32)
         if HAS_BIAS:
@@ -89,10 +78,12 @@ def _spec_conv_kernel(
             j = t + i
             w_i = tl.load(w_ptr + o_d * stride_w_d + i * stride_w_k, mask=m_d, other=0.0)
             if j < K - 1:
-                v = tl.sum(tl.where(o_m[None, :] == end - (K - 1) + j, rows, 0.0), axis=1)
-            else:
-                v = tl.sum(tl.where(o_w[None, :] == j - (K - 1), xw, 0.0), axis=1)
-            acc += w_i.to(tl.float32) * v
+                v = tl.load(p_state + (end - (K - 1) + j) * stride_s_m, mask=m_d, other=0.0)
+            else:  # a window input as the state stores it
+                tok = bos + j - (K - 1)
+                v = tl.load(p_x + tok * stride_x_tok, mask=m_d & (j - (K - 1) < q), other=0.0)
+                v = v.to(state_ptr.dtype.element_ty)
+            acc += w_i.to(tl.float32) * v.to(tl.float32)
         if SILU:
             acc = acc / (1.0 + tl.exp(-acc))
         tl.store(
@@ -102,20 +93,24 @@ def _spec_conv_kernel(
         )
 
     # New state: column c holds sequence position src = end + q - M + c of
-    # [committed columns 0 .. end - 1 | the q window inputs].
-    new = tl.zeros([BLOCK_D, BLOCK_M], dtype=tl.float32)
-    for c in tl.static_range(M):
-        src = end + q - M + c
-        col = tl.minimum(tl.maximum(src, 0), M - 1)
-        v_state = tl.sum(tl.where(o_m[None, :] == col, rows, 0.0), axis=1)
-        w_col = tl.minimum(tl.maximum(src - end, 0), WINDOW - 1)
-        v_x = tl.sum(tl.where(o_w[None, :] == w_col, xw, 0.0), axis=1)
-        new = tl.where(o_m[None, :] == c, tl.where(src < end, v_state, v_x)[:, None], new)
-    tl.store(
-        p_state + o_m[None, :] * stride_s_m,
-        new.to(state_ptr.dtype.element_ty),
-        mask=m_d[:, None] & (o_m < M)[None, :],
+    # [committed columns 0 .. end - 1 | the q window inputs], gathered from the old state and
+    # the inputs as one [BLOCK_D, BLOCK_M] tile before any column is rewritten.
+    o_m = tl.arange(0, BLOCK_M)
+    m_dm = m_d[:, None] & (o_m < M)[None, :]
+    src = end + q - M + o_m  # [BLOCK_M]
+    col = tl.minimum(tl.maximum(src, 0), M - 1)
+    w_col = tl.minimum(tl.maximum(src - end, 0), WINDOW - 1)
+    from_state = tl.load(
+        p_state[:, None] + col[None, :] * stride_s_m, mask=m_dm & (src < end)[None, :], other=0.0
     )
+    from_x = tl.load(
+        p_x[:, None] + (bos + w_col)[None, :] * stride_x_tok,
+        mask=m_dm & (src >= end)[None, :],
+        other=0.0,
+    ).to(state_ptr.dtype.element_ty)
+    new = tl.where((src < end)[None, :], from_state, from_x)
+    tl.debug_barrier()  # every warp's reads of the old state land before any column changes
+    tl.store(p_state[:, None] + o_m[None, :] * stride_s_m, new, mask=m_dm)
 
 
 def spec_conv_update_triton(
@@ -133,10 +128,11 @@ def spec_conv_update_triton(
     num_warps: int = 1,
 ) -> torch.Tensor:
     """`layers/conv.spec_conv_update` (same arguments and effects) in one launch; block_d
-    channels per program, num_warps per program. The defaults were fastest on the H200
-    (`benchmarks/kernels/bench_conv.py`, `conv-spec-h200-20261202-3475366.json`, T = 4:
-    128 channels on one warp 63 µs at Qwen3-Next bs 256 against 85 for 64 and 89 for 256;
-    more warps were slower everywhere); vLLM's `causal_conv1d_update` took 25 µs there."""
+    channels per program, num_warps per program. The defaults were fastest for the
+    previous kernel on the H200 (`benchmarks/kernels/bench_conv.py`,
+    `conv-spec-h200-20261202-3475366.json`, T = 4: 128 channels on one warp 63 µs at
+    Qwen3-Next bs 256 against 85 for 64 and 89 for 256; more warps were slower everywhere;
+    vLLM's `causal_conv1d_update` 25 µs); this one is not yet measured."""
     R, D, K = slots.shape[0], weight.shape[0], weight.shape[-1]
     M, N = conv_state.shape[-1], x.shape[0]
     out = torch.zeros_like(x)
@@ -171,7 +167,6 @@ def spec_conv_update_triton(
         WINDOW=window,
         BLOCK_D=block_d,
         BLOCK_M=pow2_block(M, 1),
-        BLOCK_W=pow2_block(window, 1),
         HAS_BIAS=bias is not None,
         SILU=activation in ("silu", "swish"),
         num_warps=num_warps,
