@@ -70,10 +70,11 @@ def _spec_conv_kernel(
     # Window token t reads sequence positions t .. t + K - 1 of [context (K - 1) | window],
     # i.e. state column end - (K - 1) + j for j < K - 1, window input j - (K - 1) otherwise:
     # each a [BLOCK_D] vector loaded at its (runtime) column, one layout throughout.
+    bias = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_BIAS:  # once, not per window token
+        bias += tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
     for t in tl.static_range(WINDOW):
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + o_d, mask=m_d, other=0.0).to(tl.float32)
+        acc = bias
         for i in tl.static_range(K):
             j = t + i
             w_i = tl.load(w_ptr + o_d * stride_w_d + i * stride_w_k, mask=m_d, other=0.0)
