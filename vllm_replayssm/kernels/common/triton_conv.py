@@ -10,8 +10,8 @@ column e = clamp(M - pending + committed, K - 1, M), then the q window inputs; t
 is the last M columns of that sequence). Rows of 0 tokens (CUDA-graph padding, on the NULL
 slot) rewrite their state as the torch version does; tokens past the last row are zero.
 Fixed grid, no host synchronisation, no allocation besides the zeroed output. sm_90
-(K = 4, k = 3, bf16 state; 128 channels on one warp): 128 registers, no spills, no
-shuffles, one barrier, 1,272 SASS instructions. The kernel it replaced (7055fdc) held the
+(K = 4, k = 3, bf16 state; 128 channels on one warp): 128 registers (80 with a bias), no
+spills, no shuffles, one barrier, 1,272 SASS instructions. The kernel it replaced (7055fdc) held the
 state and the inputs as 2-D tiles and picked columns by masked sums across lanes: 211
 registers, 448 shuffles, 2,872 instructions, and 2.5x the time of vLLM's
 `causal_conv1d_update` on the H200 (`spec_conv_update_triton`).
