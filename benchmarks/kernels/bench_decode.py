@@ -387,6 +387,8 @@ GDN_ROUTE_KNOBS = {
         "flush_inverse",
         "readout_precision",
         "flush_readout",
+        "readout_tiles",
+        "readout_stages",
     },
 }
 

@@ -296,18 +296,24 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         for inverse in (False, True)
     ]
     readout = gdn_window._gdn_window_readout_kernel
-    for block_v, warps, lp_dot in (
-        (16, 1, "tf32x3"),
-        (16, 1, "bf16x3"),
-        (32, 1, "tf32x3"),
-        (32, 1, "bf16x3"),
-        (32, 2, "tf32x3"),
-        (64, 4, "tf32x3"),
-        (128, 4, "tf32x3"),
+    for block_v, warps, lp_dot, tiles, stages in (
+        (16, 1, "tf32x3", 1, 1),
+        (16, 1, "bf16x3", 1, 1),
+        (32, 1, "tf32x3", 1, 1),
+        (32, 1, "bf16x3", 1, 1),
+        (32, 2, "tf32x3", 1, 1),
+        (64, 4, "tf32x3", 1, 1),
+        (128, 4, "tf32x3", 1, 1),
+        (16, 1, "bf16x3", 4, 1),
+        (16, 1, "bf16x3", 4, 2),
+        (16, 1, "bf16x3", 4, 3),
+        (32, 1, "bf16x3", 4, 2),
+        (32, 2, "bf16x3", 4, 2),
     ):
+        loop = f", {tiles} tiles, {stages} stages" if tiles > 1 else ""
         out.append(
             (
-                f"window {T} readout, planned, {block_v} rows, LP {lp_dot}",
+                f"window {T} readout, planned, {block_v} rows, LP {lp_dot}{loop}",
                 readout,
                 kernel_args(readout, torch.bfloat16, T),
                 dict(
@@ -328,6 +334,8 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     IS_VARLEN=True,
                     LP_PRECISION=lp_dot,
                     FLUSH_READOUT=False,
+                    TILES=tiles,
+                    NUM_STAGES=stages,
                 ),
                 warps,
             )
@@ -393,11 +401,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tool", required=True, help="path of sm90_report.py")
     p.add_argument("--out-dir", default="/tmp/sm90_gdn", help="where .ptx / .sass files go")
+    p.add_argument("--match", default="", help="only the variants whose name has this")
     args = p.parse_args()
     spec = importlib.util.spec_from_file_location("sm90_report", args.tool)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     for name, kernel, kargs, constexprs, warps in variants() + window_variants():
+        if args.match not in name:
+            continue
         row = tool.compile_sm90(
             kernel,
             kargs,

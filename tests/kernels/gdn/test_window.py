@@ -42,8 +42,9 @@ CASES = {
     "spec_T3_split": dict(L=5, T=3, lp=None, spec=True, route="split"),
     # the planned readout (window_plan: plan, flush, readout launches)
     "spec_T3_split_planned": dict(L=5, T=3, lp=None, spec=True, route="split", plan=True),
+    # two value tiles per readout program (`readout_tiles`)
     "spec_T2_lp_fp16_split_planned": dict(
-        L=4, T=2, lp=torch.float16, spec=True, route="split", plan=True
+        L=4, T=2, lp=torch.float16, spec=True, route="split", plan=True, readout_tiles=2
     ),
     # the flush launch reads flush rows out (`_gdn_window_flush_kernel`)
     "spec_T3_lp_fp16_split_planned_flush_readout": dict(
@@ -63,7 +64,12 @@ def test_kernel_matches_naive(row, device):
     c = CASES[case]
     fam = GDNFamily(
         GEOMS[row["geom"]],
-        decode_op=_op(c["route"], c.get("plan", False), flush_readout=c.get("flush_readout", 0)),
+        decode_op=_op(
+            c["route"],
+            c.get("plan", False),
+            flush_readout=c.get("flush_readout", 0),
+            readout_tiles=c.get("readout_tiles", 1),
+        ),
         device=device,
         seed=3,
         exact_flush=c.get("exact", True),
@@ -144,6 +150,14 @@ WY_ROWS = {
         3,
         BF16,
         dict(flush_precision="bf16x3", readout_precision="bf16x3", block_v=32),
+    ),
+    "split_planned-exact-bf16-T3-readout_tiles": (  # a key head's 4 tiles per program
+        "split_planned",
+        True,
+        BF16,
+        3,
+        BF16,
+        dict(flush_precision="bf16x3", readout_precision="bf16x3", readout_tiles=4),
     ),
     "split_planned-exact-bf16-T3-flush_readout": (
         "split_planned",
@@ -239,6 +253,10 @@ GPU_VARIANTS = {
     "split_planned-wy": ("split_planned", dict(WY, block_v=32)),
     "split_planned-wy_inverse": ("split_planned", dict(WY, flush_inverse=True)),
     "split_planned-wy_flush_readout": ("split_planned", dict(WY, block_v=32, flush_readout=True)),
+    "split_planned-wy_tiles_flush_readout": (
+        "split_planned",
+        dict(WY, block_v=16, readout_tiles=4, readout_stages=2, flush_readout=True),
+    ),
 }
 
 

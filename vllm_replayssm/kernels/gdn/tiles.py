@@ -150,7 +150,7 @@ def _dot3(a, b, acc, PRECISION: tl.constexpr):
     parts are formed before the products, smallest first (fewer live registers: the exact
     WY fold spills none at 64 x 128)."""
     if PRECISION == "bf16x3":
-        a_hi, a_mid, a_lo = _bf16_parts(a)
+        a_hi, a_mid, a_lo = bf16_parts(a)
         acc = _bf16_dot(a_lo, b, acc)
         acc = _bf16_dot(a_mid, b, acc)
         acc = _bf16_dot(a_hi, b, acc)
@@ -168,7 +168,7 @@ def _bf16_dot(a, b, acc):
 
 
 @triton.jit
-def _bf16_parts(x):
+def bf16_parts(x):
     """x (fp32) as hi + mid + lo, three bf16 parts that carry its 24 bits."""
     hi = x.to(tl.bfloat16)
     mid = (x - hi.to(tl.float32)).to(tl.bfloat16)
@@ -181,7 +181,14 @@ def dot_bf16_exact(a, b, acc):
     """acc + a @ b at fp32 accuracy for a bf16 `a` (exact: an LP tile) and an fp32 `b`, in
     three bf16 products (b's parts, smallest first): a third of tf32x3's tensor-core time
     (half-rate tf32 products, and no split of the large operand)."""
-    b_hi, b_mid, b_lo = _bf16_parts(b)
+    b_hi, b_mid, b_lo = bf16_parts(b)
+    return dot_bf16_parts(a, b_hi, b_mid, b_lo, acc)
+
+
+@triton.jit
+def dot_bf16_parts(a, b_hi, b_mid, b_lo, acc):
+    """`dot_bf16_exact` with b's parts (`bf16_parts`) given: a caller that multiplies many
+    tiles by one b splits it once."""
     acc = _bf16_dot(a, b_lo, acc)
     acc = _bf16_dot(a, b_mid, acc)
     acc = _bf16_dot(a, b_hi, acc)

@@ -50,7 +50,8 @@ from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
 from vllm_replayssm.kernels.gdn.plan import history_block, store_fold_inverse
 from vllm_replayssm.kernels.gdn.tiles import (
     beta_gate,
-    dot_bf16_exact,
+    bf16_parts,
+    dot_bf16_parts,
     history_weights,
     l2norm_rows,
     log_decay,
@@ -481,9 +482,12 @@ def _gdn_window_readout_kernel(
     IS_VARLEN: tl.constexpr,
     LP_PRECISION: tl.constexpr,
     FLUSH_READOUT: tl.constexpr,
+    TILES: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
-    """The planned window readout, one program per (value tile, value head, row): no head
-    loop, no cursor words read. The checkpoint tile S [BLOCK_V, K] (LP, or HP where the plan
+    """The planned window readout, one program per TILES consecutive (value head, value
+    tile) pairs of one key head and a row (TILES divides v_per_k * tiles_per_head): no
+    cursor words read. Per tile the checkpoint tile S [BLOCK_V, K] (LP, or HP where the plan
     row says so or without LP) meets the window's keys and queries in one product, the
     history records d_h in a second:
 
@@ -494,14 +498,14 @@ def _gdn_window_readout_kernel(
     Σ_l A_h[i, l] d_l and column BLOCK_W + i the w-side twin; then the forward
     substitution over the window's own corrected values on [BLOCK_V] vectors
     (`_gdn_window_plan_kernel` gives the coefficients). Stores the outputs, the d (and v)
-    records at the plan's write rows; the program of value head 0, tile 0 stores the row's
-    new cursor words from the plan row. FLUSH_READOUT: flush rows were read out by
-    `_gdn_window_flush_kernel`; their programs only store the cursor words."""
+    records at the plan's write rows; the program of the first tile stores the row's new
+    cursor words from the plan row. The plan row, the keys and queries (and their bf16
+    parts) load once per program; the tile loop (NUM_STAGES: Triton's software pipelining)
+    issues a tile's loads while the one before is computed. FLUSH_READOUT: flush rows were
+    read out by `_gdn_window_flush_kernel`; their programs only store the cursor words."""
     pid = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
-    h = pid // tiles_per_head
-    o_v = (pid % tiles_per_head) * BLOCK_V + tl.arange(0, BLOCK_V)
-    m_v = o_v < head_v_dim
+    t0 = pid * TILES  # the program's first (value head, value tile), head-major
     o_k = tl.arange(0, DOT_K)
     m_k = o_k < head_k_dim
     o_n = tl.arange(0, DOT_N)
@@ -514,38 +518,31 @@ def _gdn_window_readout_kernel(
     slot32 = tl.load(p_plan + T_PLAN_SLOT)
     bos, q = row_tokens(qsl_ptr, r, IS_VARLEN)
     m_t = o_t < q
-    m_tv = m_t[:, None] & m_v[None, :]
     tok = bos + o_t
-    p_c = coef_ptr + r * stride_coef_row + h * stride_coef_head
-    c_uw = tl.load(p_c + o_n, mask=m_n, other=0.0)  # [DOT_N]: c_u, then c_w
     kq_t = tl.load(
         kq_ptr
         + r * stride_kq_row
-        + (h // v_per_k) * stride_kq_head
+        + (t0 // (tiles_per_head * v_per_k)) * stride_kq_head
         + (o_n[None, :] * BLOCK_K + o_k[:, None]),
         mask=m_k[:, None] & m_n[None, :],
         other=0.0,
     )  # [DOT_K, DOT_N]: k_1..k_W, q_1..q_W as columns
-    ab_t = tl.load(
-        p_c + 3 * BLOCK_W + (o_n[None, :] * BLOCK_H + o_l[:, None]),
-        mask=(o_l < BLOCK_H)[:, None] & m_n[None, :],
-        other=0.0,
-    )  # [DOT_H, DOT_N]: A_h, then B_h rows as columns
-    v_raw = tl.load(
-        v_ptr + tok[:, None] * stride_v_tok + h * stride_v_head + o_v[None, :] * stride_v_v,
-        mask=m_tv,
-        other=0.0,
-    )  # [BLOCK_W, BLOCK_V]
-    p_out = (
-        out_ptr + tok[:, None] * stride_out_tok + h * stride_out_head + o_v[None, :] * stride_out_v
-    )
+    p_v = v_ptr + tok[:, None] * stride_v_tok
+    p_out = out_ptr + tok[:, None] * stride_out_tok
 
     if pid == 0:
         store_cursor_words(
             p_plan, meta_ptr, slot32, null_block_id, stride_meta_slot, stride_meta_word
         )
     if slot32 == null_block_id:
-        tl.store(p_out, tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32), mask=m_tv)
+        for i in tl.range(TILES):
+            h = (t0 + i) // tiles_per_head
+            o_v = ((t0 + i) % tiles_per_head) * BLOCK_V + tl.arange(0, BLOCK_V)
+            tl.store(
+                p_out + h * stride_out_head + o_v[None, :] * stride_out_v,
+                tl.zeros([BLOCK_W, BLOCK_V], dtype=tl.float32),
+                mask=m_t[:, None] & (o_v < head_v_dim)[None, :],
+            )
         return
     if FLUSH_READOUT:  # noqa: SIM102 (a compile-time gate around a runtime branch)
         if tl.load(p_plan + T_PLAN_FLUSH) != 0:  # `_gdn_window_flush_kernel` read it out
@@ -554,66 +551,221 @@ def _gdn_window_readout_kernel(
     n = tl.load(p_plan + T_PLAN_COUNT)
     write_row = tl.load(p_plan + T_PLAN_WRITE_ROW)
     slot = slot32.to(tl.int64)
-    m_vk = m_v[:, None] & m_k[None, :]
-    p_hp = (
-        hp_ptr
-        + slot * stride_hp_slot
-        + h * stride_hp_head
-        + (o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
-    )
-    x = tl.zeros([BLOCK_V, DOT_N], dtype=tl.float32)
-    if HAS_LP:
-        if tl.load(p_plan + T_PLAN_READ_HP) != 0:  # flush rows (HP just folded), stale LP
-            x = tl.dot(tl.load(p_hp, mask=m_vk, other=0.0), kq_t, x, input_precision="tf32x3")
-        else:
-            S = tl.load(
-                lp_ptr
-                + slot * stride_lp_slot
-                + h * stride_lp_head
-                + (o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k),
-                mask=m_vk,
-                other=0.0,
-            )
-            if LP_PRECISION == "bf16x3":  # the bf16 tile is exact: split the keys only
-                x = dot_bf16_exact(S, kq_t, x)
-            else:
-                x = tl.dot(S.to(tl.float32), kq_t, x, input_precision="tf32x3")
-    else:
-        x = tl.dot(tl.load(p_hp, mask=m_vk, other=0.0), kq_t, x, input_precision="tf32x3")
     rows = o + o_l
     rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
-    d_h_t = tl.load(
-        p_rd + (rows[None, :] * stride_rd_row + o_v[:, None] * stride_rd_v),
-        mask=m_v[:, None] & (o_l < n)[None, :],
-        other=0.0,
-    )  # [BLOCK_V, DOT_H] fp32
-    x = x * c_uw[None, :]
-    x = tl.dot(d_h_t, ab_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
+    m_h = o_l < n
+    p_rd = ring_d_ptr + slot * stride_rd_slot
+    p_rv = ring_v_ptr + slot * stride_rv_slot
+    p_c = coef_ptr + r * stride_coef_row
+    lp_row = False  # whether the row reads LP (a runtime flag with an LP copy)
+    if HAS_LP:
+        lp_row = tl.load(p_plan + T_PLAN_READ_HP) == 0  # else flush rows, stale LP: HP
+    if lp_row:
+        _readout_tiles(
+            lp_ptr + slot * stride_lp_slot,
+            stride_lp_head,
+            stride_lp_v,
+            stride_lp_k,
+            kq_t,
+            rows,
+            m_h,
+            write_row,
+            num_ring_rows,
+            t0,
+            p_c,
+            p_v,
+            p_out,
+            p_rd,
+            p_rv,
+            m_t,
+            o_k,
+            m_k,
+            o_n,
+            m_n,
+            o_l,
+            o_t,
+            stride_rd_head,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_head,
+            stride_rv_row,
+            stride_rv_v,
+            stride_v_head,
+            stride_v_v,
+            stride_out_head,
+            stride_out_v,
+            stride_coef_head,
+            tiles_per_head,
+            head_v_dim,
+            WINDOW,
+            BLOCK_W,
+            BLOCK_V,
+            BLOCK_H,
+            DOT_N,
+            EXACT_FLUSH,
+            TILES,
+            NUM_STAGES,
+            LP_PRECISION,
+        )
+    else:
+        _readout_tiles(
+            hp_ptr + slot * stride_hp_slot,
+            stride_hp_head,
+            stride_hp_v,
+            stride_hp_k,
+            kq_t,
+            rows,
+            m_h,
+            write_row,
+            num_ring_rows,
+            t0,
+            p_c,
+            p_v,
+            p_out,
+            p_rd,
+            p_rv,
+            m_t,
+            o_k,
+            m_k,
+            o_n,
+            m_n,
+            o_l,
+            o_t,
+            stride_rd_head,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_head,
+            stride_rv_row,
+            stride_rv_v,
+            stride_v_head,
+            stride_v_v,
+            stride_out_head,
+            stride_out_v,
+            stride_coef_head,
+            tiles_per_head,
+            head_v_dim,
+            WINDOW,
+            BLOCK_W,
+            BLOCK_V,
+            BLOCK_H,
+            DOT_N,
+            EXACT_FLUSH,
+            TILES,
+            NUM_STAGES,
+            "tf32x3",
+        )
 
-    _finish_window(
-        x,
-        p_c,
-        v_raw,
-        p_out,
-        p_rd,
-        ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
-        write_row,
-        num_ring_rows,
-        o_t,
-        o_n,
-        o_v,
-        m_tv,
-        stride_rd_row,
-        stride_rd_v,
-        stride_rv_row,
-        stride_rv_v,
-        WINDOW,
-        BLOCK_W,
-        BLOCK_V,
-        BLOCK_H,
-        EXACT_FLUSH,
-    )
+
+@triton.jit
+def _readout_tiles(
+    p_s,
+    stride_s_head,
+    stride_s_v,
+    stride_s_k,
+    kq_t,
+    rows,
+    m_h,
+    write_row,
+    num_ring_rows,
+    t0,
+    p_c,
+    p_v,
+    p_out,
+    p_rd,
+    p_rv,
+    m_t,
+    o_k,
+    m_k,
+    o_n,
+    m_n,
+    o_l,
+    o_t,
+    stride_rd_head,
+    stride_rd_row,
+    stride_rd_v,
+    stride_rv_head,
+    stride_rv_row,
+    stride_rv_v,
+    stride_v_head,
+    stride_v_v,
+    stride_out_head,
+    stride_out_v,
+    stride_coef_head,
+    tiles_per_head: tl.constexpr,
+    head_v_dim: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_N: tl.constexpr,
+    EXACT_FLUSH: tl.constexpr,
+    TILES: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """The readout of TILES tiles of one row (`_gdn_window_readout_kernel`) from the state
+    at p_s (the slot's HP or LP; PRECISION: the tile's product with the keys, "tf32x3" or
+    "bf16x3" for an exact bf16 tile)."""
+    if PRECISION == "bf16x3":
+        kq_hi, kq_mid, kq_lo = bf16_parts(kq_t)  # once per program, not per tile
+    for i in tl.range(TILES, num_stages=NUM_STAGES):
+        t = t0 + i
+        h = t // tiles_per_head
+        o_v = (t % tiles_per_head) * BLOCK_V + tl.arange(0, BLOCK_V)
+        m_v = o_v < head_v_dim
+        m_tv = m_t[:, None] & m_v[None, :]
+        S = tl.load(
+            p_s + h * stride_s_head + (o_v[:, None] * stride_s_v + o_k[None, :] * stride_s_k),
+            mask=m_v[:, None] & m_k[None, :],
+            other=0.0,
+        )
+        d_h_t = tl.load(
+            p_rd
+            + h * stride_rd_head
+            + (rows[None, :] * stride_rd_row + o_v[:, None] * stride_rd_v),
+            mask=m_v[:, None] & m_h[None, :],
+            other=0.0,
+        )  # [BLOCK_V, DOT_H] fp32
+        p_ch = p_c + h * stride_coef_head
+        c_uw = tl.load(p_ch + o_n, mask=m_n, other=0.0)  # [DOT_N]: c_u, then c_w
+        ab_t = tl.load(
+            p_ch + 3 * BLOCK_W + (o_n[None, :] * BLOCK_H + o_l[:, None]),
+            mask=(o_l < BLOCK_H)[:, None] & m_n[None, :],
+            other=0.0,
+        )  # [DOT_H, DOT_N]: A_h, then B_h rows as columns
+        v_raw = tl.load(
+            p_v + h * stride_v_head + o_v[None, :] * stride_v_v, mask=m_tv, other=0.0
+        )  # [BLOCK_W, BLOCK_V]
+        x = tl.zeros([BLOCK_V, DOT_N], dtype=tl.float32)
+        if PRECISION == "bf16x3":  # the bf16 tile is exact: split the keys only
+            x = dot_bf16_parts(S, kq_hi, kq_mid, kq_lo, x)
+        else:
+            x = tl.dot(S.to(tl.float32), kq_t, x, input_precision="tf32x3")
+        x = x * c_uw[None, :]
+        x = tl.dot(d_h_t, ab_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
+        _finish_window(
+            x,
+            p_ch,
+            v_raw,
+            p_out + h * stride_out_head + o_v[None, :] * stride_out_v,
+            p_rd + h * stride_rd_head,
+            p_rv + h * stride_rv_head,
+            write_row,
+            num_ring_rows,
+            o_t,
+            o_n,
+            o_v,
+            m_tv,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_row,
+            stride_rv_v,
+            WINDOW,
+            BLOCK_W,
+            BLOCK_V,
+            BLOCK_H,
+            EXACT_FLUSH,
+        )
 
 
 @triton.jit
@@ -1234,6 +1386,8 @@ def gdn_window_decode(
     flush_inverse: bool = False,
     readout_precision: str = "tf32x3",
     flush_readout: bool = False,
+    readout_tiles: int = 1,
+    readout_stages: int = 1,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1261,8 +1415,11 @@ def gdn_window_decode(
     (window_plan): the planned readout's product of a bf16 LP tile with the keys, "tf32x3"
     or "bf16x3" (`tiles.dot_bf16_exact`; HP and fp16 tiles take tf32x3). flush_readout
     (window_plan): the flush launch also reads flush rows out of the tile it folded
-    (`_gdn_window_flush_kernel`), so the readout no longer re-reads their HP. The defaults
-    are the small-batch row of that table.
+    (`_gdn_window_flush_kernel`), so the readout no longer re-reads their HP.
+    readout_tiles (window_plan): value tiles per readout program (a divisor of a key head's
+    v_per_k * cdiv(V, block_v) tiles), which load the plan row and split the keys once;
+    readout_stages: the pipelining of that program's tile loop. The defaults are the
+    small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1310,6 +1467,14 @@ def gdn_window_decode(
         raise ValueError(f"unknown readout_precision {readout_precision!r}")
     if flush_readout and not window_plan:
         raise ValueError("flush_readout runs with window_plan")
+    tiles = triton.cdiv(V, block_v)
+    if (readout_tiles > 1 or readout_stages > 1) and not window_plan:
+        raise ValueError("readout_tiles and readout_stages are the planned readout's")
+    if readout_tiles < 1 or (Hv // Hk * tiles) % readout_tiles:
+        raise ValueError(
+            f"readout_tiles={readout_tiles} must divide the {Hv // Hk * tiles} value tiles "
+            "of a key head"
+        )
     cfg = dict(
         block_v=block_v,
         num_warps=num_warps,
@@ -1439,8 +1604,7 @@ def gdn_window_decode(
             GIVEN_INVERSE=inverse,
             num_warps=1,
         )
-    tiles = triton.cdiv(V, block_v)
-    _gdn_window_readout_kernel[(Hv * tiles, R)](
+    _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
         cache.hp,
         lp,
         cache.ring_d,
@@ -1480,6 +1644,8 @@ def gdn_window_decode(
         IS_VARLEN=query_start_loc is not None,
         LP_PRECISION=readout_precision if lp.dtype == torch.bfloat16 else "tf32x3",
         FLUSH_READOUT=flush_readout,
+        TILES=readout_tiles,
+        NUM_STAGES=readout_stages,
         num_warps=num_warps,
     )
 
