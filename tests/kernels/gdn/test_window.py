@@ -149,7 +149,13 @@ WY_ROWS = {
         BF16,
         3,
         BF16,
-        dict(flush_precision="bf16x3", readout_precision="bf16x3", block_v=32),
+        dict(
+            flush_precision="bf16x3",
+            readout_precision="bf16x3",
+            block_v=32,
+            readout_tiles=0,
+            readout_stages=2,
+        ),
     ),
     "split_planned-exact-bf16-T3-readout_tiles": (  # a key head's 4 tiles per program
         "split_planned",
@@ -184,6 +190,18 @@ WY_ROWS = {
         dict(TF32X3, flush_inverse=True, readout_precision="bf16x3"),  # fp16 tiles: tf32x3
     ),
 }
+
+
+def test_auto_readout_tiles():
+    """readout_tiles=0: the largest divisor of a key head's tiles, at most 8, that leaves
+    READOUT_MIN_PROGRAMS programs."""
+    pick = gdn_window.auto_readout_tiles
+    assert gdn_window.READOUT_MIN_PROGRAMS == 4096
+    assert pick(8, 32 * 4 * 256) == 8  # Qwen3.5-4B, 32-row tiles, bs 256
+    assert pick(8, 32 * 4 * 64) == 2  # bs 64
+    assert pick(8, 32 * 4 * 17) == 1
+    assert pick(12, 10**6) == 6  # 8 does not divide 12
+    assert pick(7, 10**6) == 7 and pick(1, 10**6) == 1
 
 
 @pytest.mark.parametrize("row", list(WY_ROWS))
@@ -250,7 +268,10 @@ GPU_VARIANTS = {
     "split_planned-serial": ("split_planned", dict(flush_precision="serial")),
     "fused-wy": ("fused", WY),
     "split-wy": ("split", WY),
-    "split_planned-wy": ("split_planned", dict(WY, block_v=32)),
+    "split_planned-wy": (
+        "split_planned",
+        dict(WY, block_v=32, readout_tiles=0, readout_stages=2),
+    ),
     "split_planned-wy_inverse": ("split_planned", dict(WY, flush_inverse=True)),
     "split_planned-wy_flush_readout": ("split_planned", dict(WY, block_v=32, flush_readout=True)),
     "split_planned-wy_tiles_flush_readout": (

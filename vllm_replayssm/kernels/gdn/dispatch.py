@@ -53,10 +53,11 @@ def launch_config(
 
     Speculative decode (which the stock route cannot do): the window step, one warp per
     program, fused up to 16 rows (16-row value tiles), else planned (`window_plan`: plan,
-    flush, the planned readout on 32-row value tiles), the flush with all value heads of a
-    key head per program from 64 rows. With bf16 keys, planned steps fold flush rows in WY
-    form (bf16x3) and take the readout's LP products in bf16 (readout_precision bf16x3);
-    fused steps fold in WY form HP only. Measured on the H200 at T = 4 against vLLM's kernel
+    flush, the planned readout on 32-row value tiles, several per program), the flush with
+    all value heads of a key head per program from 64 rows. With bf16 keys, planned steps
+    fold flush rows in WY form (bf16x3) and take the readout's LP products in bf16
+    (readout_precision bf16x3); fused steps fold in WY form HP only. Measured on the H200
+    at T = 4 against vLLM's kernel
     (Qwen3.5-122B; `kernels-h200-20261202-{29d3230-gdn-window4-wy-flush,
     9a2bfab-gdn-window4-knobs,9a2bfab-gdn-window4-fused,7511bec-gdn-window4-readout-tiles}.json`):
     - the WY flush: bs 256 HP only 1,124 -> 754 µs (vLLM 1,588); bf16 LP unchanged (the
@@ -65,7 +66,13 @@ def launch_config(
     - the bf16 readout products: bf16 LP bs 256 1,074 -> 1,046 µs, bs 64 284 -> 276;
     - the plan's fold inverses (flush_inverse): slower (bs 256 bf16 LP 1,046 -> 1,083);
     - readout tiles at bs 256: 32 rows on one warp 974 µs bf16 LP, 752 HP only (16 rows:
-      1,024, 770; two warps slower)."""
+      1,024, 770; two warps slower);
+    - several value tiles per readout program in a pipelined loop (readout_tiles 0:
+      `window.auto_readout_tiles`; readout_stages 2), bf16 LP bs 256, 16-row tiles
+      (`kernels-h200-20261203-fd24f4f-gdn-window4-readout-loop{,32}.json`): 122B 982 ->
+      879 µs at 8 tiles (4 tiles: 904; 3 stages slower than 2), 4B 531 -> 485; with
+      32-row tiles (4B, flush_readout on) 4 tiles and 2 stages 634 -> 588 bf16 LP,
+      451 -> 430 HP only."""
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
         return _route_config("stock" if num_rows <= limit else "replay", 0, 0)
@@ -91,6 +98,8 @@ def _route_config(
         num_stages=1,
         window_plan=route == "split",
     )
+    if route == "split":  # the planned readout's pipelined tile loop
+        cfg.update(readout_tiles=0, readout_stages=2)
     if bf16_keys and (route == "split" or not has_lp):  # exact bf16 products: bf16 keys
         cfg.update(flush_precision="bf16x3")
     if bf16_keys and route == "split":

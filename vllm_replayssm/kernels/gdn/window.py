@@ -1417,7 +1417,8 @@ def gdn_window_decode(
     (window_plan): the flush launch also reads flush rows out of the tile it folded
     (`_gdn_window_flush_kernel`), so the readout no longer re-reads their HP.
     readout_tiles (window_plan): value tiles per readout program (a divisor of a key head's
-    v_per_k * cdiv(V, block_v) tiles), which load the plan row and split the keys once;
+    v_per_k * cdiv(V, block_v) tiles; 0: `auto_readout_tiles`), which load the plan row and
+    split the keys once;
     readout_stages: the pipelining of that program's tile loop. The defaults are the
     small-batch row of that table.
     """
@@ -1468,8 +1469,10 @@ def gdn_window_decode(
     if flush_readout and not window_plan:
         raise ValueError("flush_readout runs with window_plan")
     tiles = triton.cdiv(V, block_v)
-    if (readout_tiles > 1 or readout_stages > 1) and not window_plan:
+    if (readout_tiles != 1 or readout_stages > 1) and not window_plan:
         raise ValueError("readout_tiles and readout_stages are the planned readout's")
+    if readout_tiles == 0:
+        readout_tiles = auto_readout_tiles(Hv // Hk * tiles, Hv * tiles * R)
     if readout_tiles < 1 or (Hv // Hk * tiles) % readout_tiles:
         raise ValueError(
             f"readout_tiles={readout_tiles} must divide the {Hv // Hk * tiles} value tiles "
@@ -1648,6 +1651,23 @@ def gdn_window_decode(
         NUM_STAGES=readout_stages,
         num_warps=num_warps,
     )
+
+
+# The planned readout's programs with readout_tiles=0: as many tiles per program as keep
+# this many programs (H200: 132 SMs of about 8 one-warp programs each, four waves).
+READOUT_MIN_PROGRAMS = 4096
+READOUT_MAX_TILES = 8
+
+
+def auto_readout_tiles(key_head_tiles: int, row_tiles: int) -> int:
+    """readout_tiles=0's choice: the largest divisor of a key head's key_head_tiles value
+    tiles, at most READOUT_MAX_TILES, that leaves READOUT_MIN_PROGRAMS programs of the
+    step's row_tiles (all rows' tiles); 1 for a small step."""
+    best = 1
+    for n in range(2, min(key_head_tiles, READOUT_MAX_TILES) + 1):
+        if key_head_tiles % n == 0 and row_tiles // n >= READOUT_MIN_PROGRAMS:
+            best = n
+    return best
 
 
 def _launch(
