@@ -152,7 +152,7 @@ WY_ROWS = {
         dict(
             flush_precision="bf16x3",
             readout_precision="bf16x3",
-            block_v=32,
+            block_v=16,
             readout_tiles=0,
             readout_stages=2,
         ),
@@ -270,7 +270,7 @@ GPU_VARIANTS = {
     "split-wy": ("split", WY),
     "split_planned-wy": (
         "split_planned",
-        dict(WY, block_v=32, readout_tiles=0, readout_stages=2),
+        dict(WY, block_v=16, readout_tiles=0, readout_stages=2),
     ),
     "split_planned-wy_inverse": ("split_planned", dict(WY, flush_inverse=True)),
     "split_planned-wy_flush_readout": ("split_planned", dict(WY, block_v=32, flush_readout=True)),

@@ -53,7 +53,7 @@ def launch_config(
 
     Speculative decode (which the stock route cannot do): the window step, one warp per
     program, fused up to 16 rows (16-row value tiles), else planned (`window_plan`: plan,
-    flush, the planned readout on 32-row value tiles, several per program), the flush with
+    flush, the planned readout on 16-row value tiles, several per program), the flush with
     all value heads of a key head per program from 64 rows. With bf16 keys, planned steps
     fold flush rows in WY form (bf16x3) and take the readout's LP products in bf16
     (readout_precision bf16x3); fused steps fold in WY form HP only. Measured on the H200
@@ -72,7 +72,10 @@ def launch_config(
       (`kernels-h200-20261203-fd24f4f-gdn-window4-readout-loop{,32}.json`): 122B 982 ->
       879 µs at 8 tiles (4 tiles: 904; 3 stages slower than 2), 4B 531 -> 485; with
       32-row tiles (4B, flush_readout on) 4 tiles and 2 stages 634 -> 588 bf16 LP,
-      451 -> 430 HP only."""
+      451 -> 430 HP only; in the loop 16-row tiles beat 32-row ones (255 registers at 32
+      rows): bs 256 bf16 LP 122B 879 against 891 µs, 4B 485 against 499
+      (`…-3648482-gdn-window4-defaults.json`: 32-row tiles, loop against none, bs 64 / 256,
+      HP only 1.73-2.21x, bf16 LP 1.40-1.76x of vLLM's kernel)."""
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
         return _route_config("stock" if num_rows <= limit else "replay", 0, 0)
@@ -92,7 +95,7 @@ def _route_config(
         raise ValueError(f"launch route must be one of {list(KERNEL_ROUTES)}, got {route!r}")
     cfg = dict(
         route=route,
-        block_v=32 if route == "split" else 16,
+        block_v=16,
         num_warps=1,
         heads_per_program=v_per_k if num_rows >= 64 else 1,
         num_stages=1,
