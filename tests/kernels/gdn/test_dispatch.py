@@ -54,8 +54,8 @@ def test_launch_config(case):
     assert cfg.get("heads_per_program") == hpp
     if route == "replay":  # the replay launches take decode.launch_config's knobs
         assert cfg == {"route": "replay"}
-    else:  # the planned readout takes 32-row tiles, every other window launch 16
-        assert cfg["block_v"] == (32 if route == "split" else 16) and cfg["num_warps"] == 1
+    else:  # 16-row value tiles on one warp (the planned readout: several per program)
+        assert cfg["block_v"] == 16 and cfg["num_warps"] == 1
     want = "stock" if route == "stock" else "replay"
     assert chosen_route("auto", rows, V_PER_K, plain, has_lp=has_lp) == want
 
