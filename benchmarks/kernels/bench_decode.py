@@ -376,7 +376,14 @@ def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tens
 # replay launches take `kernels/gdn/decode.launch_config`'s through --knob.
 GDN_ROUTE_KNOBS = {
     "stock": {"block_v", "num_warps"},
-    "fused": {"block_v", "num_warps", "heads_per_program", "num_stages", "flush_precision"},
+    "fused": {
+        "block_v",
+        "num_warps",
+        "heads_per_program",
+        "num_stages",
+        "flush_precision",
+        "flush_stages",
+    },
     "split": {
         "block_v",
         "num_warps",
@@ -389,6 +396,7 @@ GDN_ROUTE_KNOBS = {
         "flush_readout",
         "readout_tiles",
         "readout_stages",
+        "flush_stages",
     },
 }
 

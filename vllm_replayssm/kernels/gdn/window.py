@@ -1388,6 +1388,7 @@ def gdn_window_decode(
     flush_readout: bool = False,
     readout_tiles: int = 1,
     readout_stages: int = 1,
+    flush_stages: int = 3,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1419,8 +1420,11 @@ def gdn_window_decode(
     readout_tiles (window_plan): value tiles per readout program (a divisor of a key head's
     v_per_k * cdiv(V, block_v) tiles; 0: `auto_readout_tiles`), which load the plan row and
     split the keys once;
-    readout_stages: the pipelining of that program's tile loop. The defaults are the
-    small-batch row of that table.
+    readout_stages: the pipelining of that program's tile loop. flush_stages: Triton's
+    num_stages for the launches of `_gdn_window_kernel` and `_gdn_window_flush_kernel`, the
+    depth to which Triton pipelines their loops that name none (3, Triton's default: the WY
+    fold's loops then take 33 KiB of shared memory per one-warp program at sm_90, 8 KiB with
+    1). The defaults are the small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1484,6 +1488,7 @@ def gdn_window_decode(
         heads_per_program=heads_per_program,
         num_stages=num_stages,
         flush_precision=flush_precision,
+        flush_stages=flush_stages,
     )
     grid = (triton.cdiv(V, block_v), Hv // heads_per_program, R)
     lp = cache.lp if cache.lp is not None else cache.hp
@@ -1606,6 +1611,7 @@ def gdn_window_decode(
             BLOCK_L=bl,
             GIVEN_INVERSE=inverse,
             num_warps=1,
+            num_stages=flush_stages,
         )
     _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
         cache.hp,
@@ -1763,6 +1769,7 @@ def _launch(
         BLOCK_L=history_block(buffer_len),
         GIVEN_INVERSE=winv is not None,
         num_warps=cfg["num_warps"],
+        num_stages=cfg["flush_stages"],
     )
 
 
