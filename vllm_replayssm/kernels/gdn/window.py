@@ -177,11 +177,103 @@ def _history_products(
     return gk, gq
 
 
-def window_coef_len(block_w: int, block_h: int) -> int:
-    """Per (row, value head) words of the window plan's coefficients: c_u, c_w, β [BLOCK_W]
-    each, the history coefficients A_h, B_h [BLOCK_W, BLOCK_H] and the window's own A_w, B_w
-    [BLOCK_W, BLOCK_W] (`_gdn_window_plan_kernel`)."""
+def window_coef_len(block_w: int, block_h: int, solve: str = "serial") -> int:
+    """Per (row, value head) words of the window plan's coefficients
+    (`_gdn_window_plan_kernel`). solve "serial": c_u, c_w, β [BLOCK_W] each, the history
+    coefficients A_h, B_h [BLOCK_W, BLOCK_H] and the window's own A_w, B_w [BLOCK_W,
+    BLOCK_W]; "matrix": the readout's three coefficient matrices C1 [2 BLOCK_W, 2 BLOCK_W],
+    C2 [BLOCK_H, 2 BLOCK_W], C3 [BLOCK_W, 2 BLOCK_W]."""
+    if solve == "matrix":
+        return 2 * block_w * (3 * block_w + block_h)
     return 3 * block_w + 2 * block_w * block_h + 2 * block_w * block_w
+
+
+@triton.jit
+def _store_serial(
+    p_c,
+    m_c,
+    c_u,
+    c_w,
+    beta_w,
+    a_h,
+    b_h,
+    a_w,
+    b_w,
+    o_t,
+    o_h,
+    BLOCK_W: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """The serial substitution's coefficients at p_c ([HG, 1] value heads; m_c their mask):
+    c_u, c_w, β [HG, BLOCK_W], A_h, B_h [HG, BLOCK_W, BLOCK_H], A_w, B_w [HG, BLOCK_W,
+    BLOCK_W] (`window_coef_len`)."""
+    tl.store(p_c + o_t[None, :], c_u, mask=m_c)
+    tl.store(p_c + BLOCK_W + o_t[None, :], c_w, mask=m_c)
+    tl.store(p_c + 2 * BLOCK_W + o_t[None, :], beta_w, mask=m_c)
+    p_c3 = p_c[:, :, None] + 3 * BLOCK_W
+    m_c3 = m_c[:, :, None]
+    p_hist = p_c3 + o_t[None, :, None] * BLOCK_H + o_h[None, None, :]
+    tl.store(p_hist, a_h, mask=m_c3)
+    tl.store(p_hist + BLOCK_W * BLOCK_H, b_h, mask=m_c3)
+    p_win = p_c3 + 2 * BLOCK_W * BLOCK_H + o_t[None, :, None] * BLOCK_W + o_t[None, None, :]
+    tl.store(p_win, a_w, mask=m_c3)
+    tl.store(p_win + BLOCK_W * BLOCK_W, b_w, mask=m_c3)
+
+
+@triton.jit
+def _store_solve(
+    p_c,
+    m_hg,
+    c_u,
+    c_w,
+    beta_w,
+    a_h,
+    b_h,
+    a_w,
+    b_w,
+    o_t,
+    o_h,
+    WINDOW: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """The window substitution solved per value head ([HG] heads at p_c, [HG, 1]): with
+    M = (I + A_w)⁻¹ (forward substitution over the window's rows) and BM = B_w M,
+
+        [d | o] = (S0 [k | q]) C1 + d_h C2 + v C3          (rows: value elements)
+        C1 = [[−diag(c_u) Mᵀ, −diag(c_u) BMᵀ], [0, diag(c_w)]]          [2 BW, 2 BW]
+        C2 = [−(M A_h)ᵀ, B_hᵀ − (BM A_h)ᵀ]                              [BH, 2 BW]
+        C3 = [diag(β) Mᵀ, diag(β) BMᵀ]                                  [BW, 2 BW]
+
+    stored row-major, in that order (`window_coef_len` "matrix"). Causal: column i of d or
+    o takes window tokens j <= i only, so tokens past a row's last one do not reach it."""
+    m_inv = tl.zeros([c_u.shape[0], BLOCK_W, BLOCK_W], dtype=tl.float32)  # [HG, i, c]
+    for i in tl.static_range(WINDOW):
+        a_i = tl.sum(tl.where(o_t[None, :, None] == i, a_w, 0.0), axis=1)  # [HG, j]
+        row = (o_t == i).to(tl.float32)[None, :] - tl.sum(a_i[:, :, None] * m_inv, axis=1)
+        m_inv = tl.where(o_t[None, :, None] == i, row[:, None, :], m_inv)
+    bm = tl.sum(b_w[:, :, :, None] * m_inv[:, None, :, :], axis=2)  # [HG, i, c]
+    ma = tl.sum(m_inv[:, :, :, None] * a_h[:, None, :, :], axis=2)  # [HG, i, l]
+    bma = tl.sum(bm[:, :, :, None] * a_h[:, None, :, :], axis=2)
+    N2: tl.constexpr = 2 * BLOCK_W
+    m3 = m_hg[:, None, None]
+    p3 = p_c[:, :, None]
+    # values indexed [HG, i (output column), j (input row)]: stored at row j, column i
+    col_i = o_t[None, :, None]
+    row_j = o_t[None, None, :] * N2
+    tl.store(p3 + row_j + col_i, -m_inv * c_u[:, None, :], mask=m3)
+    tl.store(p3 + row_j + BLOCK_W + col_i, -bm * c_u[:, None, :], mask=m3)
+    zero = tl.zeros([c_u.shape[0], BLOCK_W, BLOCK_W], dtype=tl.float32)
+    diag = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)[None, :, :] * c_w[:, :, None]
+    tl.store(p3 + BLOCK_W * N2 + row_j + col_i, zero, mask=m3)
+    tl.store(p3 + BLOCK_W * N2 + row_j + BLOCK_W + col_i, diag, mask=m3)
+    row_l = o_h[None, None, :] * N2
+    p_c2 = p3 + N2 * N2
+    tl.store(p_c2 + row_l + col_i, -ma, mask=m3)
+    tl.store(p_c2 + row_l + BLOCK_W + col_i, b_h - bma, mask=m3)
+    p_c3 = p_c2 + BLOCK_H * N2
+    tl.store(p_c3 + row_j + col_i, m_inv * beta_w[:, None, :], mask=m3)
+    tl.store(p_c3 + row_j + BLOCK_W + col_i, bm * beta_w[:, None, :], mask=m3)
 
 
 @triton.jit
@@ -247,6 +339,7 @@ def _gdn_window_plan_kernel(
     EXACT_FLUSH: tl.constexpr,
     HAS_LP: tl.constexpr,
     FOLD_INVERSE: tl.constexpr,
+    SOLVE: tl.constexpr,
 ):
     """The window step's plan, one program per (key head, row): everything but the state
     tile's products, once per row instead of in every (value tile, head block) readout
@@ -265,7 +358,10 @@ def _gdn_window_plan_kernel(
     row's plan words (`plan_row.store_plan_words`; NULL rows: the slot word only), which the
     readout launch reads instead of the cursor words. FOLD_INVERSE: flush rows' fold
     inverses per value head (`plan.store_fold_inverse`, [R, Hv, BLOCK_L, BLOCK_L] at
-    winv_ptr), which the flush launch's value tiles apply instead of each substituting."""
+    winv_ptr), which the flush launch's value tiles apply instead of each substituting.
+    SOLVE "matrix": the substitution solved here instead, d = M (β∘v − c_u∘(S0·k) − A_h d_h)
+    with M = (I + A_w)⁻¹ and o = c_w∘(S0·q) + B_h d_h + B_w d, stored as the three matrices
+    that take the readout from its products to [d | o] (`_store_solve`)."""
     pid_k = tl.program_id(0)
     pid_r = tl.program_id(1).to(tl.int64)
     slot32 = tl.load(state_indices_ptr + pid_r).to(tl.int32)
@@ -388,17 +484,12 @@ def _gdn_window_plan_kernel(
 
     p_c = coef_ptr + pid_r * stride_coef_row + h[:, None] * stride_coef_head  # [HG, 1]
     m_c = m_hg[:, None]
-    tl.store(p_c + o_t[None, :], c_u, mask=m_c)
-    tl.store(p_c + BLOCK_W + o_t[None, :], c_w, mask=m_c)
-    tl.store(p_c + 2 * BLOCK_W + o_t[None, :], beta_w, mask=m_c)
-    p_c3 = p_c[:, :, None] + 3 * BLOCK_W
-    m_c3 = m_hg[:, None, None]
-    p_hist = p_c3 + o_t[None, :, None] * BLOCK_H + o_h[None, None, :]
-    tl.store(p_hist, a_h, mask=m_c3)
-    tl.store(p_hist + BLOCK_W * BLOCK_H, b_h, mask=m_c3)
-    p_win = p_c3 + 2 * BLOCK_W * BLOCK_H + o_t[None, :, None] * BLOCK_W + o_t[None, None, :]
-    tl.store(p_win, a_w, mask=m_c3)
-    tl.store(p_win + BLOCK_W * BLOCK_W, b_w, mask=m_c3)
+    if SOLVE == "matrix":
+        _store_solve(
+            p_c, m_hg, c_u, c_w, beta_w, a_h, b_h, a_w, b_w, o_t, o_h, WINDOW, BLOCK_W, BLOCK_H
+        )
+    else:
+        _store_serial(p_c, m_c, c_u, c_w, beta_w, a_h, b_h, a_w, b_w, o_t, o_h, BLOCK_W, BLOCK_H)
 
     # The window's row-shared records at logical n .. n + q - 1.
     row_w = (o + n + o_t) % num_ring_rows
@@ -484,6 +575,7 @@ def _gdn_window_readout_kernel(
     FLUSH_READOUT: tl.constexpr,
     TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    SOLVE: tl.constexpr,
 ):
     """The planned window readout, one program per TILES consecutive (value head, value
     tile) pairs of one key head and a row (TILES divides v_per_k * tiles_per_head): no
@@ -502,7 +594,9 @@ def _gdn_window_readout_kernel(
     cursor words from the plan row. The plan row, the keys and queries (and their bf16
     parts) load once per program; the tile loop (NUM_STAGES: Triton's software pipelining)
     issues a tile's loads while the one before is computed. FLUSH_READOUT: flush rows were
-    read out by `_gdn_window_flush_kernel`; their programs only store the cursor words."""
+    read out by `_gdn_window_flush_kernel`; their programs only store the cursor words.
+    SOLVE "matrix": the plan solved the substitution (`_store_solve`), so the tile's
+    products go on through two more (X C1 + d_h C2 + v C3 = [d | o], tf32x3) instead."""
     pid = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     t0 = pid * TILES  # the program's first (value head, value tile), head-major
@@ -527,7 +621,6 @@ def _gdn_window_readout_kernel(
         mask=m_k[:, None] & m_n[None, :],
         other=0.0,
     )  # [DOT_K, DOT_N]: k_1..k_W, q_1..q_W as columns
-    p_v = v_ptr + tok[:, None] * stride_v_tok
     p_out = out_ptr + tok[:, None] * stride_out_tok
 
     if pid == 0:
@@ -573,11 +666,13 @@ def _gdn_window_readout_kernel(
             num_ring_rows,
             t0,
             p_c,
-            p_v,
-            p_out,
+            v_ptr + bos * stride_v_tok,
+            out_ptr + bos * stride_out_tok,
+            stride_v_tok,
+            stride_out_tok,
+            q,
             p_rd,
             p_rv,
-            m_t,
             o_k,
             m_k,
             o_n,
@@ -606,6 +701,7 @@ def _gdn_window_readout_kernel(
             TILES,
             NUM_STAGES,
             LP_PRECISION,
+            SOLVE,
         )
     else:
         _readout_tiles(
@@ -620,11 +716,13 @@ def _gdn_window_readout_kernel(
             num_ring_rows,
             t0,
             p_c,
-            p_v,
-            p_out,
+            v_ptr + bos * stride_v_tok,
+            out_ptr + bos * stride_out_tok,
+            stride_v_tok,
+            stride_out_tok,
+            q,
             p_rd,
             p_rv,
-            m_t,
             o_k,
             m_k,
             o_n,
@@ -653,6 +751,7 @@ def _gdn_window_readout_kernel(
             TILES,
             NUM_STAGES,
             "tf32x3",
+            SOLVE,
         )
 
 
@@ -669,11 +768,13 @@ def _readout_tiles(
     num_ring_rows,
     t0,
     p_c,
-    p_v,
-    p_out,
+    p_v0,
+    p_out0,
+    stride_v_tok,
+    stride_out_tok,
+    q,
     p_rd,
     p_rv,
-    m_t,
     o_k,
     m_k,
     o_n,
@@ -702,10 +803,14 @@ def _readout_tiles(
     TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOLVE: tl.constexpr,
 ):
     """The readout of TILES tiles of one row (`_gdn_window_readout_kernel`) from the state
     at p_s (the slot's HP or LP; PRECISION: the tile's product with the keys, "tf32x3" or
-    "bf16x3" for an exact bf16 tile)."""
+    "bf16x3" for an exact bf16 tile); the row's tokens from p_v0 / p_out0 on."""
+    m_t = o_t < q
+    p_v = p_v0 + o_t[:, None] * stride_v_tok
+    p_out = p_out0 + o_t[:, None] * stride_out_tok
     if PRECISION == "bf16x3":
         kq_hi, kq_mid, kq_lo = bf16_parts(kq_t)  # once per program, not per tile
     for i in tl.range(TILES, num_stages=NUM_STAGES):
@@ -727,45 +832,145 @@ def _readout_tiles(
             other=0.0,
         )  # [BLOCK_V, DOT_H] fp32
         p_ch = p_c + h * stride_coef_head
-        c_uw = tl.load(p_ch + o_n, mask=m_n, other=0.0)  # [DOT_N]: c_u, then c_w
-        ab_t = tl.load(
-            p_ch + 3 * BLOCK_W + (o_n[None, :] * BLOCK_H + o_l[:, None]),
-            mask=(o_l < BLOCK_H)[:, None] & m_n[None, :],
-            other=0.0,
-        )  # [DOT_H, DOT_N]: A_h, then B_h rows as columns
-        v_raw = tl.load(
-            p_v + h * stride_v_head + o_v[None, :] * stride_v_v, mask=m_tv, other=0.0
-        )  # [BLOCK_W, BLOCK_V]
         x = tl.zeros([BLOCK_V, DOT_N], dtype=tl.float32)
         if PRECISION == "bf16x3":  # the bf16 tile is exact: split the keys only
             x = dot_bf16_parts(S, kq_hi, kq_mid, kq_lo, x)
         else:
             x = tl.dot(S.to(tl.float32), kq_t, x, input_precision="tf32x3")
-        x = x * c_uw[None, :]
-        x = tl.dot(d_h_t, ab_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
-        _finish_window(
-            x,
-            p_ch,
+        if SOLVE == "matrix":
+            _solve_window(
+                x,
+                d_h_t,
+                p_ch,
+                p_v0 + h * stride_v_head,
+                p_out0 + h * stride_out_head,
+                p_rd + h * stride_rd_head,
+                p_rv + h * stride_rv_head,
+                write_row,
+                num_ring_rows,
+                q,
+                o_n,
+                m_n,
+                o_l,
+                o_v,
+                m_v,
+                stride_v_tok,
+                stride_v_v,
+                stride_out_tok,
+                stride_out_v,
+                stride_rd_row,
+                stride_rd_v,
+                stride_rv_row,
+                stride_rv_v,
+                BLOCK_W,
+                BLOCK_H,
+                EXACT_FLUSH,
+            )
+        else:
+            c_uw = tl.load(p_ch + o_n, mask=m_n, other=0.0)  # [DOT_N]: c_u, then c_w
+            ab_t = tl.load(
+                p_ch + 3 * BLOCK_W + (o_n[None, :] * BLOCK_H + o_l[:, None]),
+                mask=(o_l < BLOCK_H)[:, None] & m_n[None, :],
+                other=0.0,
+            )  # [DOT_H, DOT_N]: A_h, then B_h rows as columns
+            v_raw = tl.load(
+                p_v + h * stride_v_head + o_v[None, :] * stride_v_v, mask=m_tv, other=0.0
+            )  # [BLOCK_W, BLOCK_V]
+            x = x * c_uw[None, :]
+            x = tl.dot(d_h_t, ab_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
+            _finish_window(
+                x,
+                p_ch,
+                v_raw,
+                p_out + h * stride_out_head + o_v[None, :] * stride_out_v,
+                p_rd + h * stride_rd_head,
+                p_rv + h * stride_rv_head,
+                write_row,
+                num_ring_rows,
+                o_t,
+                o_n,
+                o_v,
+                m_tv,
+                stride_rd_row,
+                stride_rd_v,
+                stride_rv_row,
+                stride_rv_v,
+                WINDOW,
+                BLOCK_W,
+                BLOCK_V,
+                BLOCK_H,
+                EXACT_FLUSH,
+            )
+
+
+@triton.jit
+def _solve_window(
+    x,
+    d_h_t,
+    p_ch,
+    p_v0,
+    p_out0,
+    p_rd,
+    p_rv,
+    write_row,
+    num_ring_rows,
+    q,
+    o_n,
+    m_n,
+    o_l,
+    o_v,
+    m_v,
+    stride_v_tok,
+    stride_v_v,
+    stride_out_tok,
+    stride_out_v,
+    stride_rd_row,
+    stride_rd_v,
+    stride_rv_row,
+    stride_rv_v,
+    BLOCK_W: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    EXACT_FLUSH: tl.constexpr,
+):
+    """A planned window's outputs by the plan's solved substitution (`_store_solve`): from
+    X = S0 [k | q] ([BLOCK_V, DOT_N]), the history records d_h_t ([BLOCK_V, DOT_H]) and the
+    window's v (loaded here as [BLOCK_V, DOT_N] columns, tokens past q zero),
+    Y = X C1 + d_h C2 + v C3 (tf32x3) holds d_i in column i and o_i in column BLOCK_W + i;
+    stores the outputs at p_out0 (the row's first token), the d (and, EXACT_FLUSH, the
+    raw v) records at the ring rows from write_row on."""
+    N2: tl.constexpr = 2 * BLOCK_W
+    m_nn = m_n[:, None] & m_n[None, :]
+    c1 = tl.load(p_ch + o_n[:, None] * N2 + o_n[None, :], mask=m_nn, other=0.0)
+    y = tl.dot(x, c1, input_precision="tf32x3")
+    c2 = tl.load(
+        p_ch + N2 * N2 + o_l[:, None] * N2 + o_n[None, :],
+        mask=(o_l < BLOCK_H)[:, None] & m_n[None, :],
+        other=0.0,
+    )
+    y = tl.dot(d_h_t, c2, y, input_precision="tf32x3")
+    m_tok = o_n < q  # window tokens as columns
+    m_vt = m_v[:, None] & m_tok[None, :]
+    v_raw = tl.load(
+        p_v0 + o_n[None, :] * stride_v_tok + o_v[:, None] * stride_v_v, mask=m_vt, other=0.0
+    )  # [BLOCK_V, DOT_N]
+    c3 = tl.load(
+        p_ch + N2 * (N2 + BLOCK_H) + o_n[:, None] * N2 + o_n[None, :],
+        mask=(o_n < BLOCK_W)[:, None] & m_n[None, :],
+        other=0.0,
+    )
+    y = tl.dot(v_raw.to(tl.float32), c3, y, input_precision="tf32x3")
+    rows_w = write_row + o_n
+    rows_w = tl.where(rows_w >= num_ring_rows, rows_w - num_ring_rows, rows_w)
+    tl.store(p_rd + (rows_w[None, :] * stride_rd_row + o_v[:, None] * stride_rd_v), y, mask=m_vt)
+    if EXACT_FLUSH:
+        tl.store(
+            p_rv + (rows_w[None, :] * stride_rv_row + o_v[:, None] * stride_rv_v),
             v_raw,
-            p_out + h * stride_out_head + o_v[None, :] * stride_out_v,
-            p_rd + h * stride_rd_head,
-            p_rv + h * stride_rv_head,
-            write_row,
-            num_ring_rows,
-            o_t,
-            o_n,
-            o_v,
-            m_tv,
-            stride_rd_row,
-            stride_rd_v,
-            stride_rv_row,
-            stride_rv_v,
-            WINDOW,
-            BLOCK_W,
-            BLOCK_V,
-            BLOCK_H,
-            EXACT_FLUSH,
+            mask=m_vt,
         )
+    t_o = o_n - BLOCK_W
+    m_o = m_v[:, None] & ((o_n >= BLOCK_W) & (t_o < q))[None, :]
+    tl.store(p_out0 + (t_o[None, :] * stride_out_tok + o_v[:, None] * stride_out_v), y, mask=m_o)
 
 
 @triton.jit
@@ -1389,6 +1594,7 @@ def gdn_window_decode(
     readout_tiles: int = 1,
     readout_stages: int = 1,
     flush_stages: int = 3,
+    readout_solve: str = "serial",
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1424,7 +1630,10 @@ def gdn_window_decode(
     num_stages for the launches of `_gdn_window_kernel` and `_gdn_window_flush_kernel`, the
     depth to which Triton pipelines their loops that name none (3, Triton's default: the WY
     fold's loops then take 33 KiB of shared memory per one-warp program at sm_90, 8 KiB with
-    1). The defaults are the small-batch row of that table.
+    1). readout_solve (window_plan, not with flush_readout): "serial", the readout
+    substitutes over the window's tokens itself, or "matrix", the plan solves that
+    substitution into three small matrices and the readout applies them as products
+    (`_store_solve`, `_solve_window`). The defaults are the small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1475,6 +1684,10 @@ def gdn_window_decode(
     tiles = triton.cdiv(V, block_v)
     if (readout_tiles != 1 or readout_stages > 1) and not window_plan:
         raise ValueError("readout_tiles and readout_stages are the planned readout's")
+    if readout_solve not in ("serial", "matrix"):
+        raise ValueError(f"unknown readout_solve {readout_solve!r}")
+    if readout_solve == "matrix" and (not window_plan or flush_readout):
+        raise ValueError("readout_solve 'matrix' runs with window_plan, without flush_readout")
     if readout_tiles == 0:
         readout_tiles = auto_readout_tiles(Hv // Hk * tiles, Hv * tiles * R)
     if readout_tiles < 1 or (Hv // Hk * tiles) % readout_tiles:
@@ -1506,7 +1719,7 @@ def gdn_window_decode(
     f32 = dict(dtype=torch.float32, device=v.device)
     plan = torch.empty((R, PLAN_LEN), dtype=torch.int32, device=v.device)
     kq = torch.empty((R, Hk, 2 * bw * bk), **f32)
-    coef = torch.empty((R, Hv, window_coef_len(bw, bh)), **f32)
+    coef = torch.empty((R, Hv, window_coef_len(bw, bh, readout_solve)), **f32)
     inverse = flush_inverse and flush_precision != "serial" and recomputes_d(cache, None)
     winv = torch.empty((R if inverse else 1, Hv, bl, bl), **f32)
     qsl = query_start_loc if query_start_loc is not None else state_indices
@@ -1555,6 +1768,7 @@ def gdn_window_decode(
         EXACT_FLUSH=cache.exact_flush,
         HAS_LP=cache.lp is not None,
         FOLD_INVERSE=inverse,
+        SOLVE=readout_solve,
         num_warps=1,
     )
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
@@ -1655,6 +1869,7 @@ def gdn_window_decode(
         FLUSH_READOUT=flush_readout,
         TILES=readout_tiles,
         NUM_STAGES=readout_stages,
+        SOLVE=readout_solve,
         num_warps=num_warps,
     )
 
