@@ -397,6 +397,7 @@ GDN_ROUTE_KNOBS = {
         "readout_tiles",
         "readout_stages",
         "flush_stages",
+        "readout_solve",
     },
 }
 
