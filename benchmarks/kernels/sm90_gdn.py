@@ -341,6 +341,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     LP_PRECISION=lp_dot,
                     FLUSH_READOUT=False,
                     TILES=tiles,
+                    HEAD_TILES=min(tiles, V // block_v),
                     NUM_STAGES=stages,
                     SOLVE=solve,
                 ),

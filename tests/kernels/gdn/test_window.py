@@ -228,6 +228,8 @@ def test_auto_readout_tiles():
     assert pick(8, 32 * 4 * 17) == 1
     assert pick(12, 10**6) == 6  # 8 does not divide 12
     assert pick(7, 10**6) == 7 and pick(1, 10**6) == 1
+    assert pick(6, 10**6, head_tiles=2) == 6 and pick(6, 10**6, head_tiles=4) == 2
+    assert pick(12, 10**6, head_tiles=3) == 6  # 4 neither divides nor is a multiple of 3
 
 
 @pytest.mark.parametrize("row", list(WY_ROWS))
@@ -300,6 +302,10 @@ GPU_VARIANTS = {
     ),
     "split_planned-wy_inverse": ("split_planned", dict(WY, flush_inverse=True)),
     "split_planned-wy_flush_readout": ("split_planned", dict(WY, block_v=32, flush_readout=True)),
+    "split_planned-wy_solved": (
+        "split_planned",
+        dict(WY, block_v=16, readout_tiles=0, readout_stages=2, readout_solve="matrix"),
+    ),
     "split_planned-wy_tiles_flush_readout": (
         "split_planned",
         dict(WY, block_v=16, readout_tiles=4, readout_stages=2, flush_readout=True),

@@ -574,12 +574,14 @@ def _gdn_window_readout_kernel(
     LP_PRECISION: tl.constexpr,
     FLUSH_READOUT: tl.constexpr,
     TILES: tl.constexpr,
+    HEAD_TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     SOLVE: tl.constexpr,
 ):
     """The planned window readout, one program per TILES consecutive (value head, value
-    tile) pairs of one key head and a row (TILES divides v_per_k * tiles_per_head): no
-    cursor words read. Per tile the checkpoint tile S [BLOCK_V, K] (LP, or HP where the plan
+    tile) pairs of one key head and a row (TILES divides v_per_k * tiles_per_head; HEAD_TILES
+    of one value head in a row: TILES and tiles_per_head, the smaller divides the larger):
+    no cursor words read. Per tile the checkpoint tile S [BLOCK_V, K] (LP, or HP where the plan
     row says so or without LP) meets the window's keys and queries in one product, the
     history records d_h in a second:
 
@@ -698,7 +700,8 @@ def _gdn_window_readout_kernel(
             BLOCK_H,
             DOT_N,
             EXACT_FLUSH,
-            TILES,
+            TILES // HEAD_TILES,
+            HEAD_TILES,
             NUM_STAGES,
             LP_PRECISION,
             SOLVE,
@@ -748,7 +751,8 @@ def _gdn_window_readout_kernel(
             BLOCK_H,
             DOT_N,
             EXACT_FLUSH,
-            TILES,
+            TILES // HEAD_TILES,
+            HEAD_TILES,
             NUM_STAGES,
             "tf32x3",
             SOLVE,
@@ -800,114 +804,132 @@ def _readout_tiles(
     BLOCK_H: tl.constexpr,
     DOT_N: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
-    TILES: tl.constexpr,
+    HEADS: tl.constexpr,
+    HEAD_TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     PRECISION: tl.constexpr,
     SOLVE: tl.constexpr,
 ):
-    """The readout of TILES tiles of one row (`_gdn_window_readout_kernel`) from the state
-    at p_s (the slot's HP or LP; PRECISION: the tile's product with the keys, "tf32x3" or
-    "bf16x3" for an exact bf16 tile); the row's tokens from p_v0 / p_out0 on."""
+    """The readout of HEADS x HEAD_TILES tiles of one row (`_gdn_window_readout_kernel`):
+    HEADS value heads from t0's on, HEAD_TILES value tiles of each, from the state at p_s
+    (the slot's HP or LP; PRECISION: the tile's product with the keys, "tf32x3" or "bf16x3"
+    for an exact bf16 tile); the row's tokens from p_v0 / p_out0 on. A value head's
+    coefficients load once, its tiles in a loop that Triton pipelines (NUM_STAGES). SOLVE
+    "matrix": per tile [d | o] = (S kq) C1 + d_h C2 + v C3 with the plan's matrices
+    (`_store_solve`, `_solve_window`)."""
     m_t = o_t < q
     p_v = p_v0 + o_t[:, None] * stride_v_tok
     p_out = p_out0 + o_t[:, None] * stride_out_tok
+    N2: tl.constexpr = 2 * BLOCK_W
+    m_hn = (o_l < BLOCK_H)[:, None] & m_n[None, :]
     if PRECISION == "bf16x3":
         kq_hi, kq_mid, kq_lo = bf16_parts(kq_t)  # once per program, not per tile
-    for i in tl.range(TILES, num_stages=NUM_STAGES):
-        t = t0 + i
-        h = t // tiles_per_head
-        o_v = (t % tiles_per_head) * BLOCK_V + tl.arange(0, BLOCK_V)
-        m_v = o_v < head_v_dim
-        m_tv = m_t[:, None] & m_v[None, :]
-        S = tl.load(
-            p_s + h * stride_s_head + (o_v[:, None] * stride_s_v + o_k[None, :] * stride_s_k),
-            mask=m_v[:, None] & m_k[None, :],
-            other=0.0,
-        )
-        d_h_t = tl.load(
-            p_rd
-            + h * stride_rd_head
-            + (rows[None, :] * stride_rd_row + o_v[:, None] * stride_rd_v),
-            mask=m_v[:, None] & m_h[None, :],
-            other=0.0,
-        )  # [BLOCK_V, DOT_H] fp32
+    for hh in tl.static_range(HEADS):  # unrolled: the keys die after the last head
+        t_h = t0 + hh * HEAD_TILES
+        h = t_h // tiles_per_head
         p_ch = p_c + h * stride_coef_head
-        x = tl.zeros([BLOCK_V, DOT_N], dtype=tl.float32)
-        if PRECISION == "bf16x3":  # the bf16 tile is exact: split the keys only
-            x = dot_bf16_parts(S, kq_hi, kq_mid, kq_lo, x)
-        else:
-            x = tl.dot(S.to(tl.float32), kq_t, x, input_precision="tf32x3")
         if SOLVE == "matrix":
-            _solve_window(
-                x,
-                d_h_t,
-                p_ch,
-                p_v0 + h * stride_v_head,
-                p_out0 + h * stride_out_head,
-                p_rd + h * stride_rd_head,
-                p_rv + h * stride_rv_head,
-                write_row,
-                num_ring_rows,
-                q,
-                o_n,
-                m_n,
-                o_l,
-                o_v,
-                m_v,
-                stride_v_tok,
-                stride_v_v,
-                stride_out_tok,
-                stride_out_v,
-                stride_rd_row,
-                stride_rd_v,
-                stride_rv_row,
-                stride_rv_v,
-                BLOCK_W,
-                BLOCK_H,
-                EXACT_FLUSH,
+            c1 = tl.load(
+                p_ch + o_n[:, None] * N2 + o_n[None, :],
+                mask=m_n[:, None] & m_n[None, :],
+                other=0.0,
+            )
+            a_t = tl.load(p_ch + N2 * N2 + o_l[:, None] * N2 + o_n[None, :], mask=m_hn, other=0.0)
+            c3 = tl.load(
+                p_ch + N2 * (N2 + BLOCK_H) + o_n[:, None] * N2 + o_n[None, :],
+                mask=(o_n < BLOCK_W)[:, None] & m_n[None, :],
+                other=0.0,
             )
         else:
             c_uw = tl.load(p_ch + o_n, mask=m_n, other=0.0)  # [DOT_N]: c_u, then c_w
-            ab_t = tl.load(
+            a_t = tl.load(
                 p_ch + 3 * BLOCK_W + (o_n[None, :] * BLOCK_H + o_l[:, None]),
-                mask=(o_l < BLOCK_H)[:, None] & m_n[None, :],
+                mask=m_hn,
                 other=0.0,
             )  # [DOT_H, DOT_N]: A_h, then B_h rows as columns
-            v_raw = tl.load(
-                p_v + h * stride_v_head + o_v[None, :] * stride_v_v, mask=m_tv, other=0.0
-            )  # [BLOCK_W, BLOCK_V]
-            x = x * c_uw[None, :]
-            x = tl.dot(d_h_t, ab_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
-            _finish_window(
-                x,
-                p_ch,
-                v_raw,
-                p_out + h * stride_out_head + o_v[None, :] * stride_out_v,
-                p_rd + h * stride_rd_head,
-                p_rv + h * stride_rv_head,
-                write_row,
-                num_ring_rows,
-                o_t,
-                o_n,
-                o_v,
-                m_tv,
-                stride_rd_row,
-                stride_rd_v,
-                stride_rv_row,
-                stride_rv_v,
-                WINDOW,
-                BLOCK_W,
-                BLOCK_V,
-                BLOCK_H,
-                EXACT_FLUSH,
+        for i in tl.range(HEAD_TILES, num_stages=NUM_STAGES):
+            o_v = ((t_h + i) % tiles_per_head) * BLOCK_V + tl.arange(0, BLOCK_V)
+            m_v = o_v < head_v_dim
+            S = tl.load(
+                p_s + h * stride_s_head + (o_v[:, None] * stride_s_v + o_k[None, :] * stride_s_k),
+                mask=m_v[:, None] & m_k[None, :],
+                other=0.0,
             )
+            d_h_t = tl.load(
+                p_rd
+                + h * stride_rd_head
+                + (rows[None, :] * stride_rd_row + o_v[:, None] * stride_rd_v),
+                mask=m_v[:, None] & m_h[None, :],
+                other=0.0,
+            )  # [BLOCK_V, DOT_H] fp32
+            x = tl.zeros([BLOCK_V, DOT_N], dtype=tl.float32)
+            if PRECISION == "bf16x3":  # the bf16 tile is exact: split the keys only
+                x = dot_bf16_parts(S, kq_hi, kq_mid, kq_lo, x)
+            else:
+                x = tl.dot(S.to(tl.float32), kq_t, x, input_precision="tf32x3")
+            if SOLVE == "matrix":
+                x = tl.dot(x, c1, input_precision="tf32x3")
+                x = tl.dot(d_h_t, a_t, x, input_precision="tf32x3")
+                _solve_window(
+                    x,
+                    c3,
+                    p_v0 + h * stride_v_head,
+                    p_out0 + h * stride_out_head,
+                    p_rd + h * stride_rd_head,
+                    p_rv + h * stride_rv_head,
+                    write_row,
+                    num_ring_rows,
+                    q,
+                    o_n,
+                    o_v,
+                    m_v,
+                    stride_v_tok,
+                    stride_v_v,
+                    stride_out_tok,
+                    stride_out_v,
+                    stride_rd_row,
+                    stride_rd_v,
+                    stride_rv_row,
+                    stride_rv_v,
+                    BLOCK_W,
+                    EXACT_FLUSH,
+                )
+            else:
+                m_tv = m_t[:, None] & m_v[None, :]
+                v_raw = tl.load(
+                    p_v + h * stride_v_head + o_v[None, :] * stride_v_v, mask=m_tv, other=0.0
+                )  # [BLOCK_W, BLOCK_V]
+                x = x * c_uw[None, :]
+                x = tl.dot(d_h_t, a_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
+                _finish_window(
+                    x,
+                    p_ch,
+                    v_raw,
+                    p_out + h * stride_out_head + o_v[None, :] * stride_out_v,
+                    p_rd + h * stride_rd_head,
+                    p_rv + h * stride_rv_head,
+                    write_row,
+                    num_ring_rows,
+                    o_t,
+                    o_n,
+                    o_v,
+                    m_tv,
+                    stride_rd_row,
+                    stride_rd_v,
+                    stride_rv_row,
+                    stride_rv_v,
+                    WINDOW,
+                    BLOCK_W,
+                    BLOCK_V,
+                    BLOCK_H,
+                    EXACT_FLUSH,
+                )
 
 
 @triton.jit
 def _solve_window(
     x,
-    d_h_t,
-    p_ch,
+    c3,
     p_v0,
     p_out0,
     p_rd,
@@ -916,8 +938,6 @@ def _solve_window(
     num_ring_rows,
     q,
     o_n,
-    m_n,
-    o_l,
     o_v,
     m_v,
     stride_v_tok,
@@ -929,36 +949,18 @@ def _solve_window(
     stride_rv_row,
     stride_rv_v,
     BLOCK_W: tl.constexpr,
-    BLOCK_H: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
 ):
-    """A planned window's outputs by the plan's solved substitution (`_store_solve`): from
-    X = S0 [k | q] ([BLOCK_V, DOT_N]), the history records d_h_t ([BLOCK_V, DOT_H]) and the
-    window's v (loaded here as [BLOCK_V, DOT_N] columns, tokens past q zero),
-    Y = X C1 + d_h C2 + v C3 (tf32x3) holds d_i in column i and o_i in column BLOCK_W + i;
-    stores the outputs at p_out0 (the row's first token), the d (and, EXACT_FLUSH, the
-    raw v) records at the ring rows from write_row on."""
-    N2: tl.constexpr = 2 * BLOCK_W
-    m_nn = m_n[:, None] & m_n[None, :]
-    c1 = tl.load(p_ch + o_n[:, None] * N2 + o_n[None, :], mask=m_nn, other=0.0)
-    y = tl.dot(x, c1, input_precision="tf32x3")
-    c2 = tl.load(
-        p_ch + N2 * N2 + o_l[:, None] * N2 + o_n[None, :],
-        mask=(o_l < BLOCK_H)[:, None] & m_n[None, :],
-        other=0.0,
-    )
-    y = tl.dot(d_h_t, c2, y, input_precision="tf32x3")
-    m_tok = o_n < q  # window tokens as columns
-    m_vt = m_v[:, None] & m_tok[None, :]
+    """A planned window's outputs by the plan's solved substitution (`_store_solve`): x =
+    (S0 kq) C1 + d_h C2 ([BLOCK_V, DOT_N]) plus v C3 (v loaded here as [BLOCK_V, DOT_N]
+    columns, tokens past q zero; tf32x3) holds d_i in column i and o_i in column
+    BLOCK_W + i. Stores the outputs at p_out0 (the row's first token), the d (and,
+    EXACT_FLUSH, the raw v) records at the ring rows from write_row on."""
+    m_vt = m_v[:, None] & (o_n < q)[None, :]  # window tokens as columns
     v_raw = tl.load(
         p_v0 + o_n[None, :] * stride_v_tok + o_v[:, None] * stride_v_v, mask=m_vt, other=0.0
     )  # [BLOCK_V, DOT_N]
-    c3 = tl.load(
-        p_ch + N2 * (N2 + BLOCK_H) + o_n[:, None] * N2 + o_n[None, :],
-        mask=(o_n < BLOCK_W)[:, None] & m_n[None, :],
-        other=0.0,
-    )
-    y = tl.dot(v_raw.to(tl.float32), c3, y, input_precision="tf32x3")
+    y = tl.dot(v_raw.to(tl.float32), c3, x, input_precision="tf32x3")
     rows_w = write_row + o_n
     rows_w = tl.where(rows_w >= num_ring_rows, rows_w - num_ring_rows, rows_w)
     tl.store(p_rd + (rows_w[None, :] * stride_rd_row + o_v[:, None] * stride_rd_v), y, mask=m_vt)
@@ -1689,11 +1691,15 @@ def gdn_window_decode(
     if readout_solve == "matrix" and (not window_plan or flush_readout):
         raise ValueError("readout_solve 'matrix' runs with window_plan, without flush_readout")
     if readout_tiles == 0:
-        readout_tiles = auto_readout_tiles(Hv // Hk * tiles, Hv * tiles * R)
-    if readout_tiles < 1 or (Hv // Hk * tiles) % readout_tiles:
+        readout_tiles = auto_readout_tiles(Hv // Hk * tiles, Hv * tiles * R, tiles)
+    if (
+        readout_tiles < 1
+        or (Hv // Hk * tiles) % readout_tiles
+        or (readout_tiles % tiles and tiles % readout_tiles)
+    ):
         raise ValueError(
             f"readout_tiles={readout_tiles} must divide the {Hv // Hk * tiles} value tiles "
-            "of a key head"
+            f"of a key head, and divide or be a multiple of a value head's {tiles}"
         )
     cfg = dict(
         block_v=block_v,
@@ -1868,6 +1874,7 @@ def gdn_window_decode(
         LP_PRECISION=readout_precision if lp.dtype == torch.bfloat16 else "tf32x3",
         FLUSH_READOUT=flush_readout,
         TILES=readout_tiles,
+        HEAD_TILES=min(readout_tiles, tiles),
         NUM_STAGES=readout_stages,
         SOLVE=readout_solve,
         num_warps=num_warps,
@@ -1880,13 +1887,15 @@ READOUT_MIN_PROGRAMS = 4096
 READOUT_MAX_TILES = 8
 
 
-def auto_readout_tiles(key_head_tiles: int, row_tiles: int) -> int:
+def auto_readout_tiles(key_head_tiles: int, row_tiles: int, head_tiles: int = 1) -> int:
     """readout_tiles=0's choice: the largest divisor of a key head's key_head_tiles value
     tiles, at most READOUT_MAX_TILES, that leaves READOUT_MIN_PROGRAMS programs of the
-    step's row_tiles (all rows' tiles); 1 for a small step."""
+    step's row_tiles (all rows' tiles) and divides or is a multiple of a value head's
+    head_tiles; 1 for a small step."""
     best = 1
     for n in range(2, min(key_head_tiles, READOUT_MAX_TILES) + 1):
-        if key_head_tiles % n == 0 and row_tiles // n >= READOUT_MIN_PROGRAMS:
+        fits = n % head_tiles == 0 or head_tiles % n == 0
+        if fits and key_head_tiles % n == 0 and row_tiles // n >= READOUT_MIN_PROGRAMS:
             best = n
     return best
 
