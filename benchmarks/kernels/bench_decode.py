@@ -397,7 +397,6 @@ GDN_ROUTE_KNOBS = {
         "readout_tiles",
         "readout_stages",
         "flush_stages",
-        "readout_solve",
     },
 }
 

@@ -171,11 +171,10 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                 HAS_LP=True,
                 EXACT_FLUSH=True,
                 FOLD_INVERSE=inverse,
-                SOLVE=solve,
             ),
             1,
         )
-        for inverse, solve in ((False, "serial"), (True, "serial"), (False, "matrix"))
+        for inverse in (False, True)
     ]
     for lp, rows in ((None, 16), (torch.bfloat16, 32), (torch.float16, 32)):
         name = "fp32" if lp is None else str(lp).split(".")[1]
@@ -274,9 +273,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
     )
     out = [
         (
-            f"window {T} plan"
-            + (", fold inverses" if inverse else "")
-            + (", solved" if solve == "matrix" else ""),
+            f"window {T} plan" + (", fold inverses" if inverse else ""),
             gdn_window._gdn_window_plan_kernel,
             kernel_args(gdn_window._gdn_window_plan_kernel, torch.bfloat16, T),
             dict(
@@ -293,30 +290,27 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 EXACT_FLUSH=True,
                 HAS_LP=True,
                 FOLD_INVERSE=inverse,
-                SOLVE=solve,
             ),
             1,
         )
-        for inverse, solve in ((False, "serial"), (True, "serial"), (False, "matrix"))
+        for inverse in (False, True)
     ]
     readout = gdn_window._gdn_window_readout_kernel
-    for block_v, warps, lp_dot, tiles, stages, solve in (
-        (16, 1, "bf16x3", 4, 2, "matrix"),
-        (16, 1, "tf32x3", 1, 1, "serial"),
-        (16, 1, "bf16x3", 1, 1, "serial"),
-        (32, 1, "tf32x3", 1, 1, "serial"),
-        (32, 1, "bf16x3", 1, 1, "serial"),
-        (32, 2, "tf32x3", 1, 1, "serial"),
-        (64, 4, "tf32x3", 1, 1, "serial"),
-        (128, 4, "tf32x3", 1, 1, "serial"),
-        (16, 1, "bf16x3", 4, 1, "serial"),
-        (16, 1, "bf16x3", 4, 2, "serial"),
-        (16, 1, "bf16x3", 4, 3, "serial"),
-        (32, 1, "bf16x3", 4, 2, "serial"),
-        (32, 2, "bf16x3", 4, 2, "serial"),
+    for block_v, warps, lp_dot, tiles, stages in (
+        (16, 1, "tf32x3", 1, 1),
+        (16, 1, "bf16x3", 1, 1),
+        (32, 1, "tf32x3", 1, 1),
+        (32, 1, "bf16x3", 1, 1),
+        (32, 2, "tf32x3", 1, 1),
+        (64, 4, "tf32x3", 1, 1),
+        (128, 4, "tf32x3", 1, 1),
+        (16, 1, "bf16x3", 4, 1),
+        (16, 1, "bf16x3", 4, 2),
+        (16, 1, "bf16x3", 4, 3),
+        (32, 1, "bf16x3", 4, 2),
+        (32, 2, "bf16x3", 4, 2),
     ):
         loop = f", {tiles} tiles, {stages} stages" if tiles > 1 else ""
-        loop += ", solved" if solve == "matrix" else ""
         out.append(
             (
                 f"window {T} readout, planned, {block_v} rows, LP {lp_dot}{loop}",
@@ -343,15 +337,14 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     TILES=tiles,
                     HEAD_TILES=min(tiles, V // block_v),
                     NUM_STAGES=stages,
-                    SOLVE=solve,
                 ),
                 warps,
             )
         )
     for name, mode, fold in (
-        ("readout, unplanned", gdn_window.READOUT, "serial"),
-        ("fused, unplanned", gdn_window.FUSED, "serial"),
-        ("flush only", gdn_window.FLUSH_ONLY, "serial"),
+        ("readout, unplanned", gdn_window.READOUT),
+        ("fused, unplanned", gdn_window.FUSED),
+        ("flush only", gdn_window.FLUSH_ONLY),
         ("flush only, WY bf16x3", gdn_window.FLUSH_ONLY, "bf16x3"),
         ("flush only, WY bf16x3, 1 head", gdn_window.FLUSH_ONLY, "bf16x3"),
         ("flush only, WY bf16x3, 1 head, fold inverse", gdn_window.FLUSH_ONLY, "bf16x3"),

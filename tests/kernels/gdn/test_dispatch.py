@@ -68,6 +68,7 @@ def test_window_steps_fold_in_wy_form_with_bf16_keys(bf16_keys):
     split = launch_config(64, V_PER_K, plain=False, bf16_keys=bf16_keys)
     assert split["route"] == "split" and split["window_plan"]
     assert split["readout_tiles"] == 0 and split["readout_stages"] == 2  # the tile loop
+    assert split["flush_stages"] == 1
     wy = dict(flush_precision="bf16x3", readout_precision="bf16x3")
     assert {k: split.get(k) for k in wy} == (wy if bf16_keys else dict.fromkeys(wy))
     for has_lp in (True, False):

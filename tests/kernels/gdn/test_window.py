@@ -46,10 +46,6 @@ CASES = {
     "spec_T2_lp_fp16_split_planned": dict(
         L=4, T=2, lp=torch.float16, spec=True, route="split", plan=True, readout_tiles=2
     ),
-    # the plan solves the window substitution (`readout_solve` "matrix")
-    "spec_T3_lp_fp16_split_planned_solved": dict(
-        L=5, T=3, lp=torch.float16, spec=True, route="split", plan=True, solve="matrix"
-    ),
     # the flush launch reads flush rows out (`_gdn_window_flush_kernel`)
     "spec_T3_lp_fp16_split_planned_flush_readout": dict(
         L=5, T=3, lp=torch.float16, spec=True, route="split", plan=True, flush_readout=True
@@ -73,7 +69,6 @@ def test_kernel_matches_naive(row, device):
             c.get("plan", False),
             flush_readout=c.get("flush_readout", 0),
             readout_tiles=c.get("readout_tiles", 1),
-            readout_solve=c.get("solve", "serial"),
         ),
         device=device,
         seed=3,
@@ -160,6 +155,7 @@ WY_ROWS = {
             block_v=16,
             readout_tiles=0,
             readout_stages=2,
+            flush_stages=1,
         ),
     ),
     "split_planned-exact-bf16-T3-readout_tiles": (  # a key head's 4 tiles per program
@@ -169,27 +165,6 @@ WY_ROWS = {
         3,
         BF16,
         dict(flush_precision="bf16x3", readout_precision="bf16x3", readout_tiles=4),
-    ),
-    "split_planned-exact-bf16-T3-solved": (  # the plan solves the window substitution
-        "split_planned",
-        True,
-        BF16,
-        3,
-        BF16,
-        dict(
-            flush_precision="bf16x3",
-            readout_precision="bf16x3",
-            readout_tiles=2,
-            readout_solve="matrix",
-        ),
-    ),
-    "split_planned-fold-fp16-T2-solved": (
-        "split_planned",
-        False,
-        torch.float16,
-        2,
-        torch.float16,
-        dict(readout_solve="matrix"),
     ),
     "split_planned-exact-bf16-T3-flush_readout": (
         "split_planned",
@@ -298,14 +273,10 @@ GPU_VARIANTS = {
     "split-wy": ("split", WY),
     "split_planned-wy": (
         "split_planned",
-        dict(WY, block_v=16, readout_tiles=0, readout_stages=2),
+        dict(WY, block_v=16, readout_tiles=0, readout_stages=2, flush_stages=1),
     ),
     "split_planned-wy_inverse": ("split_planned", dict(WY, flush_inverse=True)),
     "split_planned-wy_flush_readout": ("split_planned", dict(WY, block_v=32, flush_readout=True)),
-    "split_planned-wy_solved": (
-        "split_planned",
-        dict(WY, block_v=16, readout_tiles=0, readout_stages=2, readout_solve="matrix"),
-    ),
     "split_planned-wy_tiles_flush_readout": (
         "split_planned",
         dict(WY, block_v=16, readout_tiles=4, readout_stages=2, flush_readout=True),

@@ -75,7 +75,13 @@ def launch_config(
       451 -> 430 HP only; in the loop 16-row tiles beat 32-row ones (255 registers at 32
       rows): bs 256 bf16 LP 122B 879 against 891 µs, 4B 485 against 499
       (`…-3648482-gdn-window4-defaults.json`: 32-row tiles, loop against none, bs 64 / 256,
-      HP only 1.73-2.21x, bf16 LP 1.40-1.76x of vLLM's kernel)."""
+      HP only 1.73-2.21x, bf16 LP 1.40-1.76x of vLLM's kernel);
+    - the flush launches at num_stages 1 (flush_stages; Triton's default 3 pipelines the WY
+      fold's loops into 33 KiB of shared memory per program), bs 256 bf16 LP
+      (`…-e262e85-gdn-window4-flush-stages-solve.json`): 4B 478 -> 450 µs (1.78x vLLM's
+      800), 122B 869 -> 817 (1.95x of 1,590). The plan solving the window substitution into
+      matrices applied by products (tried at e262e85) was slower (4B 450 -> 465, 122B 817
+      -> 845: 228 registers against 168) and is gone."""
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
         return _route_config("stock" if num_rows <= limit else "replay", 0, 0)
@@ -101,8 +107,8 @@ def _route_config(
         num_stages=1,
         window_plan=route == "split",
     )
-    if route == "split":  # the planned readout's pipelined tile loop
-        cfg.update(readout_tiles=0, readout_stages=2)
+    if route == "split":  # the planned readout's pipelined tile loop; the flush unpipelined
+        cfg.update(readout_tiles=0, readout_stages=2, flush_stages=1)
     if bf16_keys and (route == "split" or not has_lp):  # exact bf16 products: bf16 keys
         cfg.update(flush_precision="bf16x3")
     if bf16_keys and route == "split":

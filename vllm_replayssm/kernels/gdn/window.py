@@ -177,19 +177,15 @@ def _history_products(
     return gk, gq
 
 
-def window_coef_len(block_w: int, block_h: int, solve: str = "serial") -> int:
-    """Per (row, value head) words of the window plan's coefficients
-    (`_gdn_window_plan_kernel`). solve "serial": c_u, c_w, β [BLOCK_W] each, the history
-    coefficients A_h, B_h [BLOCK_W, BLOCK_H] and the window's own A_w, B_w [BLOCK_W,
-    BLOCK_W]; "matrix": the readout's three coefficient matrices C1 [2 BLOCK_W, 2 BLOCK_W],
-    C2 [BLOCK_H, 2 BLOCK_W], C3 [BLOCK_W, 2 BLOCK_W]."""
-    if solve == "matrix":
-        return 2 * block_w * (3 * block_w + block_h)
+def window_coef_len(block_w: int, block_h: int) -> int:
+    """Per (row, value head) words of the window plan's coefficients: c_u, c_w, β [BLOCK_W]
+    each, the history coefficients A_h, B_h [BLOCK_W, BLOCK_H] and the window's own A_w, B_w
+    [BLOCK_W, BLOCK_W] (`_gdn_window_plan_kernel`)."""
     return 3 * block_w + 2 * block_w * block_h + 2 * block_w * block_w
 
 
 @triton.jit
-def _store_serial(
+def _store_coefficients(
     p_c,
     m_c,
     c_u,
@@ -204,7 +200,7 @@ def _store_serial(
     BLOCK_W: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    """The serial substitution's coefficients at p_c ([HG, 1] value heads; m_c their mask):
+    """The readout's coefficients at p_c ([HG, 1] value heads; m_c their mask):
     c_u, c_w, β [HG, BLOCK_W], A_h, B_h [HG, BLOCK_W, BLOCK_H], A_w, B_w [HG, BLOCK_W,
     BLOCK_W] (`window_coef_len`)."""
     tl.store(p_c + o_t[None, :], c_u, mask=m_c)
@@ -218,62 +214,6 @@ def _store_serial(
     p_win = p_c3 + 2 * BLOCK_W * BLOCK_H + o_t[None, :, None] * BLOCK_W + o_t[None, None, :]
     tl.store(p_win, a_w, mask=m_c3)
     tl.store(p_win + BLOCK_W * BLOCK_W, b_w, mask=m_c3)
-
-
-@triton.jit
-def _store_solve(
-    p_c,
-    m_hg,
-    c_u,
-    c_w,
-    beta_w,
-    a_h,
-    b_h,
-    a_w,
-    b_w,
-    o_t,
-    o_h,
-    WINDOW: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    """The window substitution solved per value head ([HG] heads at p_c, [HG, 1]): with
-    M = (I + A_w)⁻¹ (forward substitution over the window's rows) and BM = B_w M,
-
-        [d | o] = (S0 [k | q]) C1 + d_h C2 + v C3          (rows: value elements)
-        C1 = [[−diag(c_u) Mᵀ, −diag(c_u) BMᵀ], [0, diag(c_w)]]          [2 BW, 2 BW]
-        C2 = [−(M A_h)ᵀ, B_hᵀ − (BM A_h)ᵀ]                              [BH, 2 BW]
-        C3 = [diag(β) Mᵀ, diag(β) BMᵀ]                                  [BW, 2 BW]
-
-    stored row-major, in that order (`window_coef_len` "matrix"). Causal: column i of d or
-    o takes window tokens j <= i only, so tokens past a row's last one do not reach it."""
-    m_inv = tl.zeros([c_u.shape[0], BLOCK_W, BLOCK_W], dtype=tl.float32)  # [HG, i, c]
-    for i in tl.static_range(WINDOW):
-        a_i = tl.sum(tl.where(o_t[None, :, None] == i, a_w, 0.0), axis=1)  # [HG, j]
-        row = (o_t == i).to(tl.float32)[None, :] - tl.sum(a_i[:, :, None] * m_inv, axis=1)
-        m_inv = tl.where(o_t[None, :, None] == i, row[:, None, :], m_inv)
-    bm = tl.sum(b_w[:, :, :, None] * m_inv[:, None, :, :], axis=2)  # [HG, i, c]
-    ma = tl.sum(m_inv[:, :, :, None] * a_h[:, None, :, :], axis=2)  # [HG, i, l]
-    bma = tl.sum(bm[:, :, :, None] * a_h[:, None, :, :], axis=2)
-    N2: tl.constexpr = 2 * BLOCK_W
-    m3 = m_hg[:, None, None]
-    p3 = p_c[:, :, None]
-    # values indexed [HG, i (output column), j (input row)]: stored at row j, column i
-    col_i = o_t[None, :, None]
-    row_j = o_t[None, None, :] * N2
-    tl.store(p3 + row_j + col_i, -m_inv * c_u[:, None, :], mask=m3)
-    tl.store(p3 + row_j + BLOCK_W + col_i, -bm * c_u[:, None, :], mask=m3)
-    zero = tl.zeros([c_u.shape[0], BLOCK_W, BLOCK_W], dtype=tl.float32)
-    diag = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)[None, :, :] * c_w[:, :, None]
-    tl.store(p3 + BLOCK_W * N2 + row_j + col_i, zero, mask=m3)
-    tl.store(p3 + BLOCK_W * N2 + row_j + BLOCK_W + col_i, diag, mask=m3)
-    row_l = o_h[None, None, :] * N2
-    p_c2 = p3 + N2 * N2
-    tl.store(p_c2 + row_l + col_i, -ma, mask=m3)
-    tl.store(p_c2 + row_l + BLOCK_W + col_i, b_h - bma, mask=m3)
-    p_c3 = p_c2 + BLOCK_H * N2
-    tl.store(p_c3 + row_j + col_i, m_inv * beta_w[:, None, :], mask=m3)
-    tl.store(p_c3 + row_j + BLOCK_W + col_i, bm * beta_w[:, None, :], mask=m3)
 
 
 @triton.jit
@@ -339,7 +279,6 @@ def _gdn_window_plan_kernel(
     EXACT_FLUSH: tl.constexpr,
     HAS_LP: tl.constexpr,
     FOLD_INVERSE: tl.constexpr,
-    SOLVE: tl.constexpr,
 ):
     """The window step's plan, one program per (key head, row): everything but the state
     tile's products, once per row instead of in every (value tile, head block) readout
@@ -358,10 +297,7 @@ def _gdn_window_plan_kernel(
     row's plan words (`plan_row.store_plan_words`; NULL rows: the slot word only), which the
     readout launch reads instead of the cursor words. FOLD_INVERSE: flush rows' fold
     inverses per value head (`plan.store_fold_inverse`, [R, Hv, BLOCK_L, BLOCK_L] at
-    winv_ptr), which the flush launch's value tiles apply instead of each substituting.
-    SOLVE "matrix": the substitution solved here instead, d = M (β∘v − c_u∘(S0·k) − A_h d_h)
-    with M = (I + A_w)⁻¹ and o = c_w∘(S0·q) + B_h d_h + B_w d, stored as the three matrices
-    that take the readout from its products to [d | o] (`_store_solve`)."""
+    winv_ptr), which the flush launch's value tiles apply instead of each substituting."""
     pid_k = tl.program_id(0)
     pid_r = tl.program_id(1).to(tl.int64)
     slot32 = tl.load(state_indices_ptr + pid_r).to(tl.int32)
@@ -484,12 +420,7 @@ def _gdn_window_plan_kernel(
 
     p_c = coef_ptr + pid_r * stride_coef_row + h[:, None] * stride_coef_head  # [HG, 1]
     m_c = m_hg[:, None]
-    if SOLVE == "matrix":
-        _store_solve(
-            p_c, m_hg, c_u, c_w, beta_w, a_h, b_h, a_w, b_w, o_t, o_h, WINDOW, BLOCK_W, BLOCK_H
-        )
-    else:
-        _store_serial(p_c, m_c, c_u, c_w, beta_w, a_h, b_h, a_w, b_w, o_t, o_h, BLOCK_W, BLOCK_H)
+    _store_coefficients(p_c, m_c, c_u, c_w, beta_w, a_h, b_h, a_w, b_w, o_t, o_h, BLOCK_W, BLOCK_H)
 
     # The window's row-shared records at logical n .. n + q - 1.
     row_w = (o + n + o_t) % num_ring_rows
@@ -576,7 +507,6 @@ def _gdn_window_readout_kernel(
     TILES: tl.constexpr,
     HEAD_TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    SOLVE: tl.constexpr,
 ):
     """The planned window readout, one program per TILES consecutive (value head, value
     tile) pairs of one key head and a row (TILES divides v_per_k * tiles_per_head; HEAD_TILES
@@ -596,9 +526,7 @@ def _gdn_window_readout_kernel(
     cursor words from the plan row. The plan row, the keys and queries (and their bf16
     parts) load once per program; the tile loop (NUM_STAGES: Triton's software pipelining)
     issues a tile's loads while the one before is computed. FLUSH_READOUT: flush rows were
-    read out by `_gdn_window_flush_kernel`; their programs only store the cursor words.
-    SOLVE "matrix": the plan solved the substitution (`_store_solve`), so the tile's
-    products go on through two more (X C1 + d_h C2 + v C3 = [d | o], tf32x3) instead."""
+    read out by `_gdn_window_flush_kernel`; their programs only store the cursor words."""
     pid = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     t0 = pid * TILES  # the program's first (value head, value tile), head-major
@@ -704,7 +632,6 @@ def _gdn_window_readout_kernel(
             HEAD_TILES,
             NUM_STAGES,
             LP_PRECISION,
-            SOLVE,
         )
     else:
         _readout_tiles(
@@ -755,7 +682,6 @@ def _gdn_window_readout_kernel(
             HEAD_TILES,
             NUM_STAGES,
             "tf32x3",
-            SOLVE,
         )
 
 
@@ -808,45 +734,27 @@ def _readout_tiles(
     HEAD_TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     PRECISION: tl.constexpr,
-    SOLVE: tl.constexpr,
 ):
     """The readout of HEADS x HEAD_TILES tiles of one row (`_gdn_window_readout_kernel`):
     HEADS value heads from t0's on, HEAD_TILES value tiles of each, from the state at p_s
     (the slot's HP or LP; PRECISION: the tile's product with the keys, "tf32x3" or "bf16x3"
     for an exact bf16 tile); the row's tokens from p_v0 / p_out0 on. A value head's
-    coefficients load once, its tiles in a loop that Triton pipelines (NUM_STAGES). SOLVE
-    "matrix": per tile [d | o] = (S kq) C1 + d_h C2 + v C3 with the plan's matrices
-    (`_store_solve`, `_solve_window`)."""
+    coefficients load once, its tiles in a loop that Triton pipelines (NUM_STAGES)."""
     m_t = o_t < q
     p_v = p_v0 + o_t[:, None] * stride_v_tok
     p_out = p_out0 + o_t[:, None] * stride_out_tok
-    N2: tl.constexpr = 2 * BLOCK_W
-    m_hn = (o_l < BLOCK_H)[:, None] & m_n[None, :]
     if PRECISION == "bf16x3":
         kq_hi, kq_mid, kq_lo = bf16_parts(kq_t)  # once per program, not per tile
     for hh in tl.static_range(HEADS):  # unrolled: the keys die after the last head
         t_h = t0 + hh * HEAD_TILES
         h = t_h // tiles_per_head
         p_ch = p_c + h * stride_coef_head
-        if SOLVE == "matrix":
-            c1 = tl.load(
-                p_ch + o_n[:, None] * N2 + o_n[None, :],
-                mask=m_n[:, None] & m_n[None, :],
-                other=0.0,
-            )
-            a_t = tl.load(p_ch + N2 * N2 + o_l[:, None] * N2 + o_n[None, :], mask=m_hn, other=0.0)
-            c3 = tl.load(
-                p_ch + N2 * (N2 + BLOCK_H) + o_n[:, None] * N2 + o_n[None, :],
-                mask=(o_n < BLOCK_W)[:, None] & m_n[None, :],
-                other=0.0,
-            )
-        else:
-            c_uw = tl.load(p_ch + o_n, mask=m_n, other=0.0)  # [DOT_N]: c_u, then c_w
-            a_t = tl.load(
-                p_ch + 3 * BLOCK_W + (o_n[None, :] * BLOCK_H + o_l[:, None]),
-                mask=m_hn,
-                other=0.0,
-            )  # [DOT_H, DOT_N]: A_h, then B_h rows as columns
+        c_uw = tl.load(p_ch + o_n, mask=m_n, other=0.0)  # [DOT_N]: c_u, then c_w
+        ab_t = tl.load(
+            p_ch + 3 * BLOCK_W + (o_n[None, :] * BLOCK_H + o_l[:, None]),
+            mask=(o_l < BLOCK_H)[:, None] & m_n[None, :],
+            other=0.0,
+        )  # [DOT_H, DOT_N]: A_h, then B_h rows as columns
         for i in tl.range(HEAD_TILES, num_stages=NUM_STAGES):
             o_v = ((t_h + i) % tiles_per_head) * BLOCK_V + tl.arange(0, BLOCK_V)
             m_v = o_v < head_v_dim
@@ -867,112 +775,35 @@ def _readout_tiles(
                 x = dot_bf16_parts(S, kq_hi, kq_mid, kq_lo, x)
             else:
                 x = tl.dot(S.to(tl.float32), kq_t, x, input_precision="tf32x3")
-            if SOLVE == "matrix":
-                x = tl.dot(x, c1, input_precision="tf32x3")
-                x = tl.dot(d_h_t, a_t, x, input_precision="tf32x3")
-                _solve_window(
-                    x,
-                    c3,
-                    p_v0 + h * stride_v_head,
-                    p_out0 + h * stride_out_head,
-                    p_rd + h * stride_rd_head,
-                    p_rv + h * stride_rv_head,
-                    write_row,
-                    num_ring_rows,
-                    q,
-                    o_n,
-                    o_v,
-                    m_v,
-                    stride_v_tok,
-                    stride_v_v,
-                    stride_out_tok,
-                    stride_out_v,
-                    stride_rd_row,
-                    stride_rd_v,
-                    stride_rv_row,
-                    stride_rv_v,
-                    BLOCK_W,
-                    EXACT_FLUSH,
-                )
-            else:
-                m_tv = m_t[:, None] & m_v[None, :]
-                v_raw = tl.load(
-                    p_v + h * stride_v_head + o_v[None, :] * stride_v_v, mask=m_tv, other=0.0
-                )  # [BLOCK_W, BLOCK_V]
-                x = x * c_uw[None, :]
-                x = tl.dot(d_h_t, a_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
-                _finish_window(
-                    x,
-                    p_ch,
-                    v_raw,
-                    p_out + h * stride_out_head + o_v[None, :] * stride_out_v,
-                    p_rd + h * stride_rd_head,
-                    p_rv + h * stride_rv_head,
-                    write_row,
-                    num_ring_rows,
-                    o_t,
-                    o_n,
-                    o_v,
-                    m_tv,
-                    stride_rd_row,
-                    stride_rd_v,
-                    stride_rv_row,
-                    stride_rv_v,
-                    WINDOW,
-                    BLOCK_W,
-                    BLOCK_V,
-                    BLOCK_H,
-                    EXACT_FLUSH,
-                )
-
-
-@triton.jit
-def _solve_window(
-    x,
-    c3,
-    p_v0,
-    p_out0,
-    p_rd,
-    p_rv,
-    write_row,
-    num_ring_rows,
-    q,
-    o_n,
-    o_v,
-    m_v,
-    stride_v_tok,
-    stride_v_v,
-    stride_out_tok,
-    stride_out_v,
-    stride_rd_row,
-    stride_rd_v,
-    stride_rv_row,
-    stride_rv_v,
-    BLOCK_W: tl.constexpr,
-    EXACT_FLUSH: tl.constexpr,
-):
-    """A planned window's outputs by the plan's solved substitution (`_store_solve`): x =
-    (S0 kq) C1 + d_h C2 ([BLOCK_V, DOT_N]) plus v C3 (v loaded here as [BLOCK_V, DOT_N]
-    columns, tokens past q zero; tf32x3) holds d_i in column i and o_i in column
-    BLOCK_W + i. Stores the outputs at p_out0 (the row's first token), the d (and,
-    EXACT_FLUSH, the raw v) records at the ring rows from write_row on."""
-    m_vt = m_v[:, None] & (o_n < q)[None, :]  # window tokens as columns
-    v_raw = tl.load(
-        p_v0 + o_n[None, :] * stride_v_tok + o_v[:, None] * stride_v_v, mask=m_vt, other=0.0
-    )  # [BLOCK_V, DOT_N]
-    y = tl.dot(v_raw.to(tl.float32), c3, x, input_precision="tf32x3")
-    rows_w = write_row + o_n
-    rows_w = tl.where(rows_w >= num_ring_rows, rows_w - num_ring_rows, rows_w)
-    tl.store(p_rd + (rows_w[None, :] * stride_rd_row + o_v[:, None] * stride_rd_v), y, mask=m_vt)
-    if EXACT_FLUSH:
-        tl.store(
-            p_rv + (rows_w[None, :] * stride_rv_row + o_v[:, None] * stride_rv_v),
-            v_raw,
-            mask=m_vt,
-        )
-    t_o = o_n - BLOCK_W
-    m_o = m_v[:, None] & ((o_n >= BLOCK_W) & (t_o < q))[None, :]
-    tl.store(p_out0 + (t_o[None, :] * stride_out_tok + o_v[:, None] * stride_out_v), y, mask=m_o)
+            m_tv = m_t[:, None] & m_v[None, :]
+            v_raw = tl.load(
+                p_v + h * stride_v_head + o_v[None, :] * stride_v_v, mask=m_tv, other=0.0
+            )  # [BLOCK_W, BLOCK_V]
+            x = x * c_uw[None, :]
+            x = tl.dot(d_h_t, ab_t, acc=x, input_precision="tf32x3")  # [BLOCK_V, DOT_N]
+            _finish_window(
+                x,
+                p_ch,
+                v_raw,
+                p_out + h * stride_out_head + o_v[None, :] * stride_out_v,
+                p_rd + h * stride_rd_head,
+                p_rv + h * stride_rv_head,
+                write_row,
+                num_ring_rows,
+                o_t,
+                o_n,
+                o_v,
+                m_tv,
+                stride_rd_row,
+                stride_rd_v,
+                stride_rv_row,
+                stride_rv_v,
+                WINDOW,
+                BLOCK_W,
+                BLOCK_V,
+                BLOCK_H,
+                EXACT_FLUSH,
+            )
 
 
 @triton.jit
@@ -1596,7 +1427,6 @@ def gdn_window_decode(
     readout_tiles: int = 1,
     readout_stages: int = 1,
     flush_stages: int = 3,
-    readout_solve: str = "serial",
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1632,10 +1462,7 @@ def gdn_window_decode(
     num_stages for the launches of `_gdn_window_kernel` and `_gdn_window_flush_kernel`, the
     depth to which Triton pipelines their loops that name none (3, Triton's default: the WY
     fold's loops then take 33 KiB of shared memory per one-warp program at sm_90, 8 KiB with
-    1). readout_solve (window_plan, not with flush_readout): "serial", the readout
-    substitutes over the window's tokens itself, or "matrix", the plan solves that
-    substitution into three small matrices and the readout applies them as products
-    (`_store_solve`, `_solve_window`). The defaults are the small-batch row of that table.
+    1). The defaults are the small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1686,10 +1513,6 @@ def gdn_window_decode(
     tiles = triton.cdiv(V, block_v)
     if (readout_tiles != 1 or readout_stages > 1) and not window_plan:
         raise ValueError("readout_tiles and readout_stages are the planned readout's")
-    if readout_solve not in ("serial", "matrix"):
-        raise ValueError(f"unknown readout_solve {readout_solve!r}")
-    if readout_solve == "matrix" and (not window_plan or flush_readout):
-        raise ValueError("readout_solve 'matrix' runs with window_plan, without flush_readout")
     if readout_tiles == 0:
         readout_tiles = auto_readout_tiles(Hv // Hk * tiles, Hv * tiles * R, tiles)
     if (
@@ -1725,7 +1548,7 @@ def gdn_window_decode(
     f32 = dict(dtype=torch.float32, device=v.device)
     plan = torch.empty((R, PLAN_LEN), dtype=torch.int32, device=v.device)
     kq = torch.empty((R, Hk, 2 * bw * bk), **f32)
-    coef = torch.empty((R, Hv, window_coef_len(bw, bh, readout_solve)), **f32)
+    coef = torch.empty((R, Hv, window_coef_len(bw, bh)), **f32)
     inverse = flush_inverse and flush_precision != "serial" and recomputes_d(cache, None)
     winv = torch.empty((R if inverse else 1, Hv, bl, bl), **f32)
     qsl = query_start_loc if query_start_loc is not None else state_indices
@@ -1774,7 +1597,6 @@ def gdn_window_decode(
         EXACT_FLUSH=cache.exact_flush,
         HAS_LP=cache.lp is not None,
         FOLD_INVERSE=inverse,
-        SOLVE=readout_solve,
         num_warps=1,
     )
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
@@ -1876,7 +1698,6 @@ def gdn_window_decode(
         TILES=readout_tiles,
         HEAD_TILES=min(readout_tiles, tiles),
         NUM_STAGES=readout_stages,
-        SOLVE=readout_solve,
         num_warps=num_warps,
     )
 
