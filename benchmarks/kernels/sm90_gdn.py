@@ -342,9 +342,9 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
             )
         )
     for name, mode, fold in (
-        ("readout, unplanned", gdn_window.READOUT),
-        ("fused, unplanned", gdn_window.FUSED),
-        ("flush only", gdn_window.FLUSH_ONLY),
+        ("readout, unplanned", gdn_window.READOUT, "serial"),
+        ("fused, unplanned", gdn_window.FUSED, "serial"),
+        ("flush only", gdn_window.FLUSH_ONLY, "serial"),
         ("flush only, WY bf16x3", gdn_window.FLUSH_ONLY, "bf16x3"),
         ("flush only, WY bf16x3, 1 head", gdn_window.FLUSH_ONLY, "bf16x3"),
         ("flush only, WY bf16x3, 1 head, fold inverse", gdn_window.FLUSH_ONLY, "bf16x3"),
