@@ -583,43 +583,20 @@ def _gdn_window_readout_kernel(
     lp_row = False  # whether the row reads LP (a runtime flag with an LP copy)
     if HAS_LP:
         lp_row = tl.load(p_plan + T_PLAN_READ_HP) == 0  # else flush rows, stale LP: HP
+    # what both branches pass (Triton takes tuples of tensors and scalars as arguments)
+    row = (kq_t, rows, m_h, write_row, num_ring_rows, t0, p_c, q, p_rd, p_rv)
+    row += (v_ptr + bos * stride_v_tok, out_ptr + bos * stride_out_tok)
+    lanes = (o_k, m_k, o_n, m_n, o_l, o_t)
+    strides = (stride_rd_head, stride_rd_row, stride_rd_v, stride_rv_head, stride_rv_row)
+    strides += (stride_rv_v, stride_v_tok, stride_v_head, stride_v_v, stride_out_tok)
+    strides += (stride_out_head, stride_out_v, stride_coef_head)
     if lp_row:
         _readout_tiles(
             lp_ptr + slot * stride_lp_slot,
-            stride_lp_head,
-            stride_lp_v,
-            stride_lp_k,
-            kq_t,
-            rows,
-            m_h,
-            write_row,
-            num_ring_rows,
-            t0,
-            p_c,
-            v_ptr + bos * stride_v_tok,
-            out_ptr + bos * stride_out_tok,
-            stride_v_tok,
-            stride_out_tok,
-            q,
-            p_rd,
-            p_rv,
-            o_k,
-            m_k,
-            o_n,
-            m_n,
-            o_l,
-            o_t,
-            stride_rd_head,
-            stride_rd_row,
-            stride_rd_v,
-            stride_rv_head,
-            stride_rv_row,
-            stride_rv_v,
-            stride_v_head,
-            stride_v_v,
-            stride_out_head,
-            stride_out_v,
-            stride_coef_head,
+            (stride_lp_head, stride_lp_v, stride_lp_k),
+            row,
+            lanes,
+            strides,
             tiles_per_head,
             head_v_dim,
             WINDOW,
@@ -636,40 +613,10 @@ def _gdn_window_readout_kernel(
     else:
         _readout_tiles(
             hp_ptr + slot * stride_hp_slot,
-            stride_hp_head,
-            stride_hp_v,
-            stride_hp_k,
-            kq_t,
-            rows,
-            m_h,
-            write_row,
-            num_ring_rows,
-            t0,
-            p_c,
-            v_ptr + bos * stride_v_tok,
-            out_ptr + bos * stride_out_tok,
-            stride_v_tok,
-            stride_out_tok,
-            q,
-            p_rd,
-            p_rv,
-            o_k,
-            m_k,
-            o_n,
-            m_n,
-            o_l,
-            o_t,
-            stride_rd_head,
-            stride_rd_row,
-            stride_rd_v,
-            stride_rv_head,
-            stride_rv_row,
-            stride_rv_v,
-            stride_v_head,
-            stride_v_v,
-            stride_out_head,
-            stride_out_v,
-            stride_coef_head,
+            (stride_hp_head, stride_hp_v, stride_hp_k),
+            row,
+            lanes,
+            strides,
             tiles_per_head,
             head_v_dim,
             WINDOW,
@@ -688,40 +635,10 @@ def _gdn_window_readout_kernel(
 @triton.jit
 def _readout_tiles(
     p_s,
-    stride_s_head,
-    stride_s_v,
-    stride_s_k,
-    kq_t,
-    rows,
-    m_h,
-    write_row,
-    num_ring_rows,
-    t0,
-    p_c,
-    p_v0,
-    p_out0,
-    stride_v_tok,
-    stride_out_tok,
-    q,
-    p_rd,
-    p_rv,
-    o_k,
-    m_k,
-    o_n,
-    m_n,
-    o_l,
-    o_t,
-    stride_rd_head,
-    stride_rd_row,
-    stride_rd_v,
-    stride_rv_head,
-    stride_rv_row,
-    stride_rv_v,
-    stride_v_head,
-    stride_v_v,
-    stride_out_head,
-    stride_out_v,
-    stride_coef_head,
+    s_strides,
+    row,
+    lanes,
+    strides,
     tiles_per_head: tl.constexpr,
     head_v_dim: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -739,7 +656,15 @@ def _readout_tiles(
     HEADS value heads from t0's on, HEAD_TILES value tiles of each, from the state at p_s
     (the slot's HP or LP; PRECISION: the tile's product with the keys, "tf32x3" or "bf16x3"
     for an exact bf16 tile); the row's tokens from p_v0 / p_out0 on. A value head's
-    coefficients load once, its tiles in a loop that Triton pipelines (NUM_STAGES)."""
+    coefficients load once, its tiles in a loop that Triton pipelines (NUM_STAGES). s_strides:
+    the state's head, value and key strides; row, lanes, strides: as the readout kernel
+    packs them."""
+    stride_s_head, stride_s_v, stride_s_k = s_strides
+    kq_t, rows, m_h, write_row, num_ring_rows, t0, p_c, q, p_rd, p_rv, p_v0, p_out0 = row
+    o_k, m_k, o_n, m_n, o_l, o_t = lanes
+    stride_rd_head, stride_rd_row, stride_rd_v, stride_rv_head, stride_rv_row = strides[:5]
+    stride_rv_v, stride_v_tok, stride_v_head, stride_v_v, stride_out_tok = strides[5:10]
+    stride_out_head, stride_out_v, stride_coef_head = strides[10:]
     m_t = o_t < q
     p_v = p_v0 + o_t[:, None] * stride_v_tok
     p_out = p_out0 + o_t[:, None] * stride_out_tok
