@@ -177,18 +177,11 @@ def bf16_parts(x):
 
 
 @triton.jit
-def dot_bf16_exact(a, b, acc):
-    """acc + a @ b at fp32 accuracy for a bf16 `a` (exact: an LP tile) and an fp32 `b`, in
-    three bf16 products (b's parts, smallest first): a third of tf32x3's tensor-core time
-    (half-rate tf32 products, and no split of the large operand)."""
-    b_hi, b_mid, b_lo = bf16_parts(b)
-    return dot_bf16_parts(a, b_hi, b_mid, b_lo, acc)
-
-
-@triton.jit
 def dot_bf16_parts(a, b_hi, b_mid, b_lo, acc):
-    """`dot_bf16_exact` with b's parts (`bf16_parts`) given: a caller that multiplies many
-    tiles by one b splits it once."""
+    """acc + a @ b at fp32 accuracy for a bf16 `a` (exact: an LP tile) and an fp32 `b` given
+    as its bf16 parts (`bf16_parts`, split once for many tiles), in three bf16 products
+    (smallest part first): a third of tf32x3's tensor-core time (half-rate tf32 products,
+    and no split of the large operand)."""
     acc = _bf16_dot(a, b_lo, acc)
     acc = _bf16_dot(a, b_mid, acc)
     acc = _bf16_dot(a, b_hi, acc)

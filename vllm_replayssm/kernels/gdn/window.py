@@ -1377,13 +1377,13 @@ def gdn_window_decode(
     fold inverse per value head (`plan.store_fold_inverse`) and the flush's value tiles
     apply it instead of each building the Gram matrix and substituting. readout_precision
     (window_plan): the planned readout's product of a bf16 LP tile with the keys, "tf32x3"
-    or "bf16x3" (`tiles.dot_bf16_exact`; HP and fp16 tiles take tf32x3). flush_readout
+    or "bf16x3" (`tiles.dot_bf16_parts`; HP and fp16 tiles take tf32x3). flush_readout
     (window_plan): the flush launch also reads flush rows out of the tile it folded
     (`_gdn_window_flush_kernel`), so the readout no longer re-reads their HP.
     readout_tiles (window_plan): value tiles per readout program (a divisor of a key head's
-    v_per_k * cdiv(V, block_v) tiles; 0: `auto_readout_tiles`), which load the plan row and
-    split the keys once;
-    readout_stages: the pipelining of that program's tile loop. flush_stages: Triton's
+    v_per_k * cdiv(V, block_v) tiles that divides or is a multiple of a value head's
+    cdiv(V, block_v); 0: `auto_readout_tiles`), which load the plan row and split the keys
+    once; readout_stages: the pipelining of that program's tile loop. flush_stages: Triton's
     num_stages for the launches of `_gdn_window_kernel` and `_gdn_window_flush_kernel`, the
     depth to which Triton pipelines their loops that name none (3, Triton's default: the WY
     fold's loops then take 33 KiB of shared memory per one-warp program at sm_90, 8 KiB with
