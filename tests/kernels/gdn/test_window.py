@@ -277,6 +277,11 @@ GPU_VARIANTS = {
     ),
     "split_planned-wy_inverse": ("split_planned", dict(WY, flush_inverse=True)),
     "split_planned-wy_flush_readout": ("split_planned", dict(WY, block_v=32, flush_readout=True)),
+    # 8 tiles per readout program as at bs 256 (`auto_readout_tiles` picks 1 for 8 rows)
+    "split_planned-wy_tiles8": (
+        "split_planned",
+        dict(WY, block_v=16, readout_tiles=8, readout_stages=2, flush_stages=1),
+    ),
     "split_planned-wy_tiles_flush_readout": (
         "split_planned",
         dict(WY, block_v=16, readout_tiles=4, readout_stages=2, flush_readout=True),
