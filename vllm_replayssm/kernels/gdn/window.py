@@ -16,9 +16,9 @@ Three launch forms; `dispatch.py` picks one, the launcher here runs what it is g
 - "split" with `window_plan` (the GPU default above 16 rows): the window plan (one program
   per (key head, row): plan rows, the window's normalised keys and queries, every readout
   coefficient, the row-shared records), the flush-only launch, then the planned readout:
-  one program per (value tile, value head, row) that takes the tile's products with the
-  window's keys and queries and with the history as two tensor-core products and stores the
-  cursor words from the plan row.
+  one program per row and up to 8 value tiles of one key head (a pipelined tile loop) that
+  takes each tile's products with the window's keys and queries and with the history as two
+  tensor-core products and stores the cursor words from the plan row.
 Semantics: `reference.gdn_replay_decode`.
 """
 
@@ -182,38 +182,6 @@ def window_coef_len(block_w: int, block_h: int) -> int:
     each, the history coefficients A_h, B_h [BLOCK_W, BLOCK_H] and the window's own A_w, B_w
     [BLOCK_W, BLOCK_W] (`_gdn_window_plan_kernel`)."""
     return 3 * block_w + 2 * block_w * block_h + 2 * block_w * block_w
-
-
-@triton.jit
-def _store_coefficients(
-    p_c,
-    m_c,
-    c_u,
-    c_w,
-    beta_w,
-    a_h,
-    b_h,
-    a_w,
-    b_w,
-    o_t,
-    o_h,
-    BLOCK_W: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    """The readout's coefficients at p_c ([HG, 1] value heads; m_c their mask):
-    c_u, c_w, β [HG, BLOCK_W], A_h, B_h [HG, BLOCK_W, BLOCK_H], A_w, B_w [HG, BLOCK_W,
-    BLOCK_W] (`window_coef_len`)."""
-    tl.store(p_c + o_t[None, :], c_u, mask=m_c)
-    tl.store(p_c + BLOCK_W + o_t[None, :], c_w, mask=m_c)
-    tl.store(p_c + 2 * BLOCK_W + o_t[None, :], beta_w, mask=m_c)
-    p_c3 = p_c[:, :, None] + 3 * BLOCK_W
-    m_c3 = m_c[:, :, None]
-    p_hist = p_c3 + o_t[None, :, None] * BLOCK_H + o_h[None, None, :]
-    tl.store(p_hist, a_h, mask=m_c3)
-    tl.store(p_hist + BLOCK_W * BLOCK_H, b_h, mask=m_c3)
-    p_win = p_c3 + 2 * BLOCK_W * BLOCK_H + o_t[None, :, None] * BLOCK_W + o_t[None, None, :]
-    tl.store(p_win, a_w, mask=m_c3)
-    tl.store(p_win + BLOCK_W * BLOCK_W, b_w, mask=m_c3)
 
 
 @triton.jit
@@ -420,7 +388,17 @@ def _gdn_window_plan_kernel(
 
     p_c = coef_ptr + pid_r * stride_coef_row + h[:, None] * stride_coef_head  # [HG, 1]
     m_c = m_hg[:, None]
-    _store_coefficients(p_c, m_c, c_u, c_w, beta_w, a_h, b_h, a_w, b_w, o_t, o_h, BLOCK_W, BLOCK_H)
+    tl.store(p_c + o_t[None, :], c_u, mask=m_c)
+    tl.store(p_c + BLOCK_W + o_t[None, :], c_w, mask=m_c)
+    tl.store(p_c + 2 * BLOCK_W + o_t[None, :], beta_w, mask=m_c)
+    p_c3 = p_c[:, :, None] + 3 * BLOCK_W
+    m_c3 = m_hg[:, None, None]
+    p_hist = p_c3 + o_t[None, :, None] * BLOCK_H + o_h[None, None, :]
+    tl.store(p_hist, a_h, mask=m_c3)
+    tl.store(p_hist + BLOCK_W * BLOCK_H, b_h, mask=m_c3)
+    p_win = p_c3 + 2 * BLOCK_W * BLOCK_H + o_t[None, :, None] * BLOCK_W + o_t[None, None, :]
+    tl.store(p_win, a_w, mask=m_c3)
+    tl.store(p_win + BLOCK_W * BLOCK_W, b_w, mask=m_c3)
 
     # The window's row-shared records at logical n .. n + q - 1.
     row_w = (o + n + o_t) % num_ring_rows
@@ -1365,8 +1343,9 @@ def gdn_window_decode(
     [R, PLAN_LEN] int32; the window's normalised keys and queries, [R, Hk, 2 BLOCK_W
     BLOCK_K]; per value head the readout's coefficients, [R, Hv, window_coef_len]; from the
     graph pool under CUDA-graph capture) and appends the row-shared records; the flush
-    launch folds the flush rows; the readout (`_gdn_window_readout_kernel`, one block_v x K
-    tile per program, num_warps: block_v and num_warps configure it, the flush launch keeps
+    launch folds the flush rows; the readout (`_gdn_window_readout_kernel`, readout_tiles
+    block_v x K tiles per program, num_warps: block_v and num_warps configure it, the flush
+    launch keeps
     FLUSH_BLOCK_V rows on one warp) reads the plan instead of the cursor words and takes the
     tile's products with the window as two tensor-core products. `dispatch.launch_config`
     chooses; `benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob
