@@ -36,7 +36,20 @@ from vllm_replayssm.layout import (
 
 GEOM = GDNGeometry(num_k_heads=16, num_v_heads=64, head_k_dim=128, head_v_dim=128)
 L, R = 16, 256  # buffer_len, rows
-KEYS = ("regs", "local", "stack", "sass", "LDG128", "STG128", "BAR", "SHFL", "MMA", "ATOM", "INT")
+KEYS = (
+    "regs",
+    "local",
+    "stack",
+    "smem",
+    "sass",
+    "LDG128",
+    "STG128",
+    "BAR",
+    "SHFL",
+    "MMA",
+    "ATOM",
+    "INT",
+)
 TORCH_TO_TRITON = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 TORCH_TO_TRITON[torch.int32] = "*i32"
 
@@ -403,6 +416,12 @@ def main() -> None:
     p.add_argument("--tool", required=True, help="path of sm90_report.py")
     p.add_argument("--out-dir", default="/tmp/sm90_gdn", help="where .ptx / .sass files go")
     p.add_argument("--match", default="", help="only the variants whose name has this")
+    p.add_argument(
+        "--num-stages",
+        type=int,
+        default=1,
+        help="Triton num_stages of every compile (launchers that pass none get Triton's 3)",
+    )
     args = p.parse_args()
     spec = importlib.util.spec_from_file_location("sm90_report", args.tool)
     tool = importlib.util.module_from_spec(spec)
@@ -415,7 +434,7 @@ def main() -> None:
             kargs,
             constexprs,
             num_warps=warps,
-            num_stages=1,
+            num_stages=args.num_stages,
             tag="_".join(name.replace(",", "").split()),
             out_dir=args.out_dir,
         )
