@@ -189,11 +189,20 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
         )
         for inverse in (False, True)
     ]
-    for lp, rows in ((None, 16), (torch.bfloat16, 32), (torch.float16, 32)):
+    # the readout's tile loop: one tile per program, 8 tiles pipelined at 2 stages (bs 256)
+    for lp, rows, tiles, stages in (
+        (None, 16, 1, 1),
+        (torch.bfloat16, 32, 1, 1),
+        (torch.float16, 32, 1, 1),
+        (None, 16, 8, 2),
+        (torch.bfloat16, 32, 8, 2),
+        (torch.bfloat16, 32, 4, 3),
+    ):
         name = "fp32" if lp is None else str(lp).split(".")[1]
+        loop = f" tiles {tiles} stages {stages}" if tiles > 1 else ""
         out.append(
             (
-                f"readout {rows} x {K} {name}",
+                f"readout {rows} x {K} {name}{loop}",
                 readout._gdn_readout_kernel,
                 kernel_args(readout._gdn_readout_kernel, lp),
                 dict(
@@ -205,6 +214,8 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     BLOCK_K=K,
                     BLOCK_L=BL,
                     EXACT_FLUSH=True,
+                    TILES=tiles,
+                    NUM_STAGES=stages,
                 ),
                 1,
             )

@@ -68,6 +68,14 @@ SCENARIOS = {
     "uneven_fold_inverse": dict(geom="uneven", lp=torch.float16, knobs=dict(flush_inverse=1)),
     # several value tiles per head in both launches (V = 16)
     "tiles_of_8": dict(geom="qwen3_next", knobs=dict(readout_block_v=8, flush_block_v=8)),
+    # the readout's tile loop: 4 of a key head's 8 tiles per program (two value heads), and
+    # pipelined; with rows that join and leave (NULL rows store zeros from the loop); 3
+    # value heads of V = 20 on one program
+    "readout_tile_loop": dict(
+        geom="qwen35_122b", knobs=dict(readout_block_v=8, readout_tiles=4, readout_stages=2)
+    ),
+    "readout_tile_loop_churn": dict(churn=True, knobs=dict(readout_tiles=2, readout_stages=2)),
+    "uneven_readout_tiles": dict(geom="uneven", knobs=dict(readout_tiles=3)),
 }
 
 
@@ -281,6 +289,23 @@ def test_real_geometry_fold_inverse_on_gpu(geom):
         out_tol=out_tolerance(torch.bfloat16, "cuda"),
         requests=6,
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geom", list(REAL))
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
+@pytest.mark.parametrize("tiles", [4, 8])
+def test_real_geometry_readout_tile_loop_on_gpu(geom, lp, tiles):
+    """Several value tiles per readout program, pipelined (at 8 rows `auto_readout_tiles`
+    picks 1; bs 256 takes 8)."""
+    fam = GDNFamily(
+        REAL[geom],
+        act_dtype=torch.bfloat16,
+        device="cuda",
+        seed=13,
+        decode_op=_op(readout_tiles=tiles, readout_stages=2),
+    )
+    check_scenario(fam, L=16, T=1, lp=lp, spec=False, requests=8, cycles=2)
 
 
 @pytest.mark.gpu

@@ -193,20 +193,6 @@ WY_ROWS = {
 }
 
 
-def test_auto_readout_tiles():
-    """readout_tiles=0: the largest divisor of a key head's tiles, at most 8, that leaves
-    READOUT_MIN_PROGRAMS programs."""
-    pick = gdn_window.auto_readout_tiles
-    assert gdn_window.READOUT_MIN_PROGRAMS == 4096
-    assert pick(8, 32 * 4 * 256) == 8  # Qwen3.5-4B, 32-row tiles, bs 256
-    assert pick(8, 32 * 4 * 64) == 2  # bs 64
-    assert pick(8, 32 * 4 * 17) == 1
-    assert pick(12, 10**6) == 6  # 8 does not divide 12
-    assert pick(7, 10**6) == 7 and pick(1, 10**6) == 1
-    assert pick(6, 10**6, head_tiles=2) == 6 and pick(6, 10**6, head_tiles=4) == 2
-    assert pick(12, 10**6, head_tiles=3) == 6  # 4 neither divides nor is a multiple of 3
-
-
 @pytest.mark.parametrize("row", list(WY_ROWS))
 def test_wy_flush_matches_reference_buffers(row, device):
     route, exact, lp, T, act, knobs = WY_ROWS[row]

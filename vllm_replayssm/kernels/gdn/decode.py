@@ -62,8 +62,10 @@ def launch_config(
     """Launch knobs of the plain-decode launches (measured on the H200, Qwen3.5-122B bs 256:
     `benchmarks/results/kernels-h200-20261201-5721ade-gdn-*.json`).
 
-    readout: block_v rows of the checkpoint per program (TILE_BYTES of them: 16 x 128 fp32,
-    32 x 128 bf16/fp16), one warp (no cross-warp reductions). flush: 16-row value tiles,
+    readout: block_v rows of the checkpoint per tile (TILE_BYTES of them: 16 x 128 fp32,
+    32 x 128 bf16/fp16), one warp (no cross-warp reductions), readout_tiles tiles of one key
+    head per program (0: `blocks.auto_readout_tiles`) in a loop pipelined at readout_stages
+    > 1. flush: 16-row value tiles,
     one warp per program, a persistent grid of four programs per SM (8 in the interpreter),
     on a side stream beside the readout (GPU): the flush is a chain of dependent steps per
     tile (HP load, three products, a substitution, stores), so many small programs hide its
@@ -87,6 +89,8 @@ def launch_config(
     return dict(
         readout_block_v=block_v,
         readout_warps=1,
+        readout_tiles=1,
+        readout_stages=1,
         flush_block_v=flush_v,
         flush_warps=1,
         flush_programs=min(programs, flush_items),
@@ -122,8 +126,9 @@ def gdn_replay_decode(
 
     scratch: `GDNScratch` for at least R rows (plain decode); None allocates one per call
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
-    readout_block_v, readout_warps, flush_block_v, flush_warps, flush_programs, plan_warps,
-    overlap, flush_recompute, flush_inverse, dot_precision) or set the window step's
+    readout_block_v, readout_warps, readout_tiles, readout_stages, flush_block_v,
+    flush_warps, flush_programs, plan_warps, overlap, flush_recompute, flush_inverse,
+    dot_precision) or set the window step's
     (speculative: route, block_v, num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
@@ -214,6 +219,8 @@ def gdn_replay_decode(
         null_block_id=null_block_id,
         block_v=cfg["readout_block_v"],
         num_warps=cfg["readout_warps"],
+        readout_tiles=cfg["readout_tiles"],
+        num_stages=cfg["readout_stages"],
         **common,
     )
     if side is not None:

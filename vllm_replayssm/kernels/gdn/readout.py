@@ -1,18 +1,19 @@
 """Plain-decode readout for Gated DeltaNet (the third launch; `decode.py` runs them).
 
-One one-warp program per (row, value head, value tile) of BLOCK_V x K checkpoint elements
-(about 8 KiB: 16 x 128 fp32 HP or 32 x 128 bf16/fp16 LP), no loop over heads:
+One one-warp program per (row, TILES value tiles of one key head) of BLOCK_V x K checkpoint
+elements each (about 8 KiB: 16 x 128 fp32 HP or 32 x 128 bf16/fp16 LP):
 
     u = e^{Γn}(S0·k_t) + Σ_j a_j d_j,   w = e^{Γn}(S0·q_t) + Σ_j b_j d_j,
     d_t = β_t(v_t − α_t u),   o_t = α_t w + (k_t·q_t) d_t
 
 with the coefficients and the normalised k_t / q_t from the plan and d_j the cached fp32
-corrected values of this head and tile (`tiles.readout_tile`). Everything but the tile and
-the history records is loaded before the plan row arrives. It stores d_t (and, for the
-exact flush, v_t) at the row's write row and o_t. Rows that read HP (flush rows, stale LP)
-are left to the flush launch, which may run at the same time (the two touch different
-rows). The program of value head 0, tile 0 stores the row's new cursor words from the plan
-row. No atomics, no barriers across warps.
+corrected values of this head and tile (`tiles.readout_tile`). The plan row and the key
+head's k_t / q_t load once per program; the tiles run in a `tl.range` loop that Triton
+pipelines at NUM_STAGES > 1 (the next tiles' checkpoint and history loads in flight while
+one is read out). Each tile stores d_t (and, for the exact flush, v_t) at the row's write
+row and o_t. Rows that read HP (flush rows, stale LP) are left to the flush launch, which
+may run at the same time (the two touch different rows). The row's first program stores
+the row's new cursor words from the plan row. No atomics, no barriers across warps.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_LEN,
@@ -88,90 +89,102 @@ def _gdn_readout_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_L: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
+    TILES: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     r = tl.program_id(1)
-    h = pid // TILES_PER_HEAD
-    hk = h // V_PER_K
-    o_v = (pid % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
-    m_v = o_v < head_v_dim
+    t0 = pid * TILES  # the program's first tile of the row's V_PER_K * TILES_PER_HEAD per head
+    hk = t0 // (V_PER_K * TILES_PER_HEAD)
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
     o_j = tl.arange(0, BLOCK_L)
     r64 = r.to(tl.int64)
 
-    # Loads that do not depend on the plan row.
     p_plan = plan_ptr + r * T_PLAN_LEN
     slot32 = tl.load(p_plan + T_PLAN_SLOT)
     o = tl.load(p_plan + T_PLAN_ORIGIN)
     n = tl.load(p_plan + T_PLAN_COUNT)
     write_row = tl.load(p_plan + T_PLAN_WRITE_ROW)
     read_hp = tl.load(p_plan + T_PLAN_READ_HP)
-    p_coef = coef_ptr + r64 * stride_coef_row + h * stride_coef_head
-    coef_k = tl.load(p_coef + o_j)
-    coef_q = tl.load(p_coef + BLOCK_L + o_j)
-    exp_gam = tl.load(p_coef + 2 * BLOCK_L + T_COEF_EXP_GAMMA)
-    alpha = tl.load(p_coef + 2 * BLOCK_L + T_COEF_ALPHA)
-    beta = tl.load(p_coef + 2 * BLOCK_L + T_COEF_BETA)
-    kq = tl.load(p_coef + 2 * BLOCK_L + T_COEF_KQ)
     p_kq = kq_ptr + r64 * stride_kq_row + hk * stride_kq_head + o_k
     kn = tl.load(p_kq, mask=m_k, other=0.0)
     qn = tl.load(p_kq + stride_kq_which, mask=m_k, other=0.0)
-    v_raw = tl.load(
-        v_ptr + r64 * stride_v_tok + h * stride_v_head + o_v * stride_v_v, mask=m_v, other=0.0
-    )
-    p_out = out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v
 
     if pid == 0:
         store_cursor_words(
             p_plan, meta_ptr, slot32, null_block_id, stride_meta_slot, stride_meta_word
         )
     if slot32 == null_block_id:
-        tl.store(p_out, tl.zeros([BLOCK_V], dtype=tl.float32), mask=m_v)
+        for i in tl.static_range(TILES):
+            h = (t0 + i) // TILES_PER_HEAD
+            o_v = ((t0 + i) % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
+            p_out = out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v
+            tl.store(p_out, tl.zeros([BLOCK_V], dtype=tl.float32), mask=o_v < head_v_dim)
         return
     if read_hp != 0:
         return
     slot = slot32.to(tl.int64)
-    S0 = tl.load(
-        ckpt_ptr
-        + slot * stride_ck_slot
-        + h * stride_ck_head
-        + (o_v[:, None] * stride_ck_v + o_k[None, :] * stride_ck_k),
-        mask=m_v[:, None] & m_k[None, :],
-        other=0.0,
-    )  # [BLOCK_V, BLOCK_K]
     rows = o + o_j
     rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
-    d_h = tl.load(
-        p_rd + (rows[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v),
-        mask=(o_j < n)[:, None] & m_v[None, :],
-        other=0.0,
-    )  # [BLOCK_L, BLOCK_V] fp32
-    d_t, o_t = readout_tile(
-        S0.to(tl.float32),
-        kn,
-        qn,
-        coef_k,
-        coef_q,
-        d_h,
-        exp_gam,
-        alpha,
-        beta,
-        kq,
-        v_raw.to(tl.float32),
-    )
-    tl.store(p_out, o_t, mask=m_v)
-    tl.store(p_rd + (write_row * stride_rd_row + o_v * stride_rd_v), d_t, mask=m_v)
-    if EXACT_FLUSH:
+    for i in tl.range(TILES, num_stages=NUM_STAGES):
+        h = (t0 + i) // TILES_PER_HEAD
+        o_v = ((t0 + i) % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
+        m_v = o_v < head_v_dim
+        p_coef = coef_ptr + r64 * stride_coef_row + h * stride_coef_head
+        coef_k = tl.load(p_coef + o_j)
+        coef_q = tl.load(p_coef + BLOCK_L + o_j)
+        exp_gam = tl.load(p_coef + 2 * BLOCK_L + T_COEF_EXP_GAMMA)
+        alpha = tl.load(p_coef + 2 * BLOCK_L + T_COEF_ALPHA)
+        beta = tl.load(p_coef + 2 * BLOCK_L + T_COEF_BETA)
+        kq = tl.load(p_coef + 2 * BLOCK_L + T_COEF_KQ)
+        v_raw = tl.load(
+            v_ptr + r64 * stride_v_tok + h * stride_v_head + o_v * stride_v_v,
+            mask=m_v,
+            other=0.0,
+        )
+        S0 = tl.load(
+            ckpt_ptr
+            + slot * stride_ck_slot
+            + h * stride_ck_head
+            + (o_v[:, None] * stride_ck_v + o_k[None, :] * stride_ck_k),
+            mask=m_v[:, None] & m_k[None, :],
+            other=0.0,
+        )  # [BLOCK_V, BLOCK_K]
+        p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
+        d_h = tl.load(
+            p_rd + (rows[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v),
+            mask=(o_j < n)[:, None] & m_v[None, :],
+            other=0.0,
+        )  # [BLOCK_L, BLOCK_V] fp32
+        d_t, o_t = readout_tile(
+            S0.to(tl.float32),
+            kn,
+            qn,
+            coef_k,
+            coef_q,
+            d_h,
+            exp_gam,
+            alpha,
+            beta,
+            kq,
+            v_raw.to(tl.float32),
+        )
         tl.store(
-            ring_v_ptr
-            + slot * stride_rv_slot
-            + h * stride_rv_head
-            + (write_row * stride_rv_row + o_v * stride_rv_v),
-            v_raw,
+            out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v,
+            o_t,
             mask=m_v,
         )
+        tl.store(p_rd + (write_row * stride_rd_row + o_v * stride_rd_v), d_t, mask=m_v)
+        if EXACT_FLUSH:
+            tl.store(
+                ring_v_ptr
+                + slot * stride_rv_slot
+                + h * stride_rv_head
+                + (write_row * stride_rv_row + o_v * stride_rv_v),
+                v_raw,
+                mask=m_v,
+            )
 
 
 def gdn_readout(
@@ -185,8 +198,14 @@ def gdn_readout(
     null_block_id: int,
     block_v: int,
     num_warps: int,
+    readout_tiles: int = 1,
+    num_stages: int = 1,
 ) -> None:
     """Launch the readout for R rows after `gdn_plan` (alongside `gdn_flush`).
+
+    readout_tiles: value tiles per program (0: `blocks.auto_readout_tiles`); it
+    must divide a key head's V_PER_K * cdiv(V, block_v) tiles. num_stages: Triton's
+    pipelining of the tile loop (1: none).
 
     Reads LP (HP when LP is off), the ring_d history and the plan; writes out [R, Hv, V]
     for rows that read neither HP nor a NULL slot (zeros for NULL rows), their d (and v)
@@ -197,7 +216,15 @@ def gdn_readout(
     ckpt = cache.lp if cache.lp is not None else cache.hp
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
     tiles = triton.cdiv(V, block_v)
-    _gdn_readout_kernel[(Hv * tiles, R)](
+    key_head_tiles = Hv // Hk * tiles
+    if readout_tiles == 0:
+        readout_tiles = auto_readout_tiles(key_head_tiles, Hv * tiles * R)
+    if readout_tiles < 1 or key_head_tiles % readout_tiles:
+        raise ValueError(
+            f"readout_tiles must divide a key head's {key_head_tiles} value tiles, "
+            f"got {readout_tiles}"
+        )
+    _gdn_readout_kernel[(Hv * tiles // readout_tiles, R)](
         ckpt,
         cache.ring_d,
         ring_v,
@@ -226,5 +253,7 @@ def gdn_readout(
         BLOCK_K=pow2_block(K),
         BLOCK_L=history_block(buffer_len),
         EXACT_FLUSH=cache.exact_flush,
+        TILES=readout_tiles,
+        NUM_STAGES=num_stages,
         num_warps=num_warps,
     )
