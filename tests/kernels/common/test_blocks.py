@@ -20,3 +20,5 @@ def test_auto_readout_tiles():
     assert pick(7, 10**6) == 7 and pick(1, 10**6) == 1
     assert pick(6, 10**6, head_tiles=2) == 6 and pick(6, 10**6, head_tiles=4) == 2
     assert pick(12, 10**6, head_tiles=3) == 6  # 4 neither divides nor is a multiple of 3
+    # the plain GDN readout's cap (`readout.MAX_TILES`): Qwen3.5-122B bf16 LP at bs 256 / 64
+    assert pick(16, 64 * 4 * 256, max_tiles=4) == 4 and pick(16, 64 * 4 * 16, max_tiles=4) == 1

@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 
-from vllm_replayssm.kernels.gdn import decode
+from vllm_replayssm.kernels.gdn import decode, readout
 from vllm_replayssm.kernels.gdn import stock_route as gdn_stock
 from vllm_replayssm.kernels.gdn.plan import GDNScratch
 from vllm_replayssm.layout import GDNGeometry
@@ -77,6 +77,14 @@ SCENARIOS = {
     "readout_tile_loop_churn": dict(churn=True, knobs=dict(readout_tiles=2, readout_stages=2)),
     "uneven_readout_tiles": dict(geom="uneven", knobs=dict(readout_tiles=3)),
 }
+
+
+def test_plain_readout_defaults():
+    """Plain decode's readout takes auto_readout_tiles' choice of at most four tiles per
+    program, unpipelined (the H200 sweep in `decode.launch_config`)."""
+    cfg = decode.launch_config(256, 64, 128, 128, 2, torch.device("cpu"))
+    assert (cfg["readout_block_v"], cfg["readout_tiles"], cfg["readout_stages"]) == (32, 0, 1)
+    assert readout.MAX_TILES == 4
 
 
 SLOW = {"L16"}  # a minute in the interpreter

@@ -15,13 +15,15 @@ READOUT_MIN_PROGRAMS = 4096
 READOUT_MAX_TILES = 8
 
 
-def auto_readout_tiles(key_head_tiles: int, row_tiles: int, head_tiles: int = 1) -> int:
+def auto_readout_tiles(
+    key_head_tiles: int, row_tiles: int, head_tiles: int = 1, max_tiles: int = READOUT_MAX_TILES
+) -> int:
     """readout_tiles=0's choice: the largest divisor of a key head's key_head_tiles value
-    tiles, at most READOUT_MAX_TILES, that leaves READOUT_MIN_PROGRAMS programs of the
-    step's row_tiles (all rows' tiles) and divides or is a multiple of a value head's
-    head_tiles; 1 for a small step."""
+    tiles, at most max_tiles, that leaves READOUT_MIN_PROGRAMS programs of the step's
+    row_tiles (all rows' tiles) and divides or is a multiple of a value head's head_tiles;
+    1 for a small step."""
     best = 1
-    for n in range(2, min(key_head_tiles, READOUT_MAX_TILES) + 1):
+    for n in range(2, min(key_head_tiles, max_tiles) + 1):
         fits = n % head_tiles == 0 or head_tiles % n == 0
         if fits and key_head_tiles % n == 0 and row_tiles // n >= READOUT_MIN_PROGRAMS:
             best = n

@@ -68,7 +68,7 @@ def launch_config(
     - readout tiles at bs 256: 32 rows on one warp 974 µs bf16 LP, 752 HP only (16 rows:
       1,024, 770; two warps slower);
     - several value tiles per readout program in a pipelined loop (readout_tiles 0:
-      `window.auto_readout_tiles`; readout_stages 2), bf16 LP bs 256, 16-row tiles
+      `blocks.auto_readout_tiles`; readout_stages 2), bf16 LP bs 256, 16-row tiles
       (`kernels-h200-20261203-fd24f4f-gdn-window4-readout-loop{,32}.json`): 122B 982 ->
       879 µs at 8 tiles (4 tiles: 904; 3 stages slower than 2), 4B 531 -> 485; with
       32-row tiles (4B, flush_readout on) 4 tiles and 2 stages 634 -> 588 bf16 LP,

@@ -42,6 +42,11 @@ from vllm_replayssm.kernels.gdn.plan import (
 )
 from vllm_replayssm.kernels.gdn.tiles import readout_tile
 
+# readout_tiles=0 takes at most this many tiles per program: at bs 256 four beat eight
+# (`kernels-h200-20261203-fa40548-gdn-plain-readout-loop.json`; 122B bf16 LP 240.6 against
+# 245.9 µs per layer and step, HP only 330.3 against 334.9).
+MAX_TILES = 4
+
 
 @triton.jit
 def _gdn_readout_kernel(
@@ -218,7 +223,7 @@ def gdn_readout(
     tiles = triton.cdiv(V, block_v)
     key_head_tiles = Hv // Hk * tiles
     if readout_tiles == 0:
-        readout_tiles = auto_readout_tiles(key_head_tiles, Hv * tiles * R)
+        readout_tiles = auto_readout_tiles(key_head_tiles, Hv * tiles * R, max_tiles=MAX_TILES)
     if readout_tiles < 1 or key_head_tiles % readout_tiles:
         raise ValueError(
             f"readout_tiles must divide a key head's {key_head_tiles} value tiles, "
