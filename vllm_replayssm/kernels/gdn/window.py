@@ -697,10 +697,7 @@ def _readout_tiles(
                 o_n,
                 o_v,
                 m_tv,
-                stride_rd_row,
-                stride_rd_v,
-                stride_rv_row,
-                stride_rv_v,
+                (stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v),
                 WINDOW,
                 BLOCK_W,
                 BLOCK_V,
@@ -723,10 +720,7 @@ def _finish_window(
     o_n,
     o_v,
     m_tv,
-    stride_rd_row,
-    stride_rd_v,
-    stride_rv_row,
-    stride_rv_v,
+    ring_strides,
     WINDOW: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -737,7 +731,9 @@ def _finish_window(
     history terms, column BLOCK_W + i the w-side twin) by the forward substitution over the
     window's own corrected values (coefficients at p_c, `_gdn_window_plan_kernel`); stores
     the outputs ([BLOCK_W, BLOCK_V] at p_out), the d records and (EXACT_FLUSH) the raw v
-    records at the ring rows from write_row on."""
+    records at the ring rows from write_row on. ring_strides: the d and v records' (row,
+    value) strides."""
+    stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v = ring_strides
     v_w = v_raw.to(tl.float32)
     c_aw = 3 * BLOCK_W + 2 * BLOCK_W * BLOCK_H
     c_bw = c_aw + BLOCK_W * BLOCK_W
@@ -944,10 +940,7 @@ def _gdn_window_flush_kernel(
             o_n,
             o_v,
             m_tv,
-            stride_rd_row,
-            stride_rd_v,
-            stride_rv_row,
-            stride_rv_v,
+            (stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v),
             WINDOW,
             BLOCK_W,
             BLOCK_V,
