@@ -8,12 +8,13 @@ elements each (about 8 KiB: 16 x 128 fp32 HP or 32 x 128 bf16/fp16 LP):
 
 with the coefficients and the normalised k_t / q_t from the plan and d_j the cached fp32
 corrected values of this head and tile (`tiles.readout_tile`). The plan row and the key
-head's k_t / q_t load once per program; the tiles run in a `tl.range` loop that Triton
-pipelines at NUM_STAGES > 1 (the next tiles' checkpoint and history loads in flight while
-one is read out). Each tile stores d_t (and, for the exact flush, v_t) at the row's write
-row and o_t. Rows that read HP (flush rows, stale LP) are left to the flush launch, which
-may run at the same time (the two touch different rows). The row's first program stores
-the row's new cursor words from the plan row. No atomics, no barriers across warps.
+head's k_t / q_t load once per program; the tiles run in a `tl.range` loop, which Triton
+pipelines at NUM_STAGES > 1 (cp.async loads of the next tiles into shared memory; measured
+slower on the H200, so the launcher's default is 1). Each tile stores d_t (and, for the
+exact flush, v_t) at the row's write row and o_t. Rows that read HP (flush rows, stale LP)
+are left to the flush launch, which may run at the same time (the two touch different
+rows). The row's first program stores the row's new cursor words from the plan row. No
+atomics, no barriers across warps.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _gdn_readout_kernel(
 ):
     pid = tl.program_id(0)
     r = tl.program_id(1)
-    t0 = pid * TILES  # the program's first tile of the row's V_PER_K * TILES_PER_HEAD per head
+    t0 = pid * TILES  # the program's first tile (all its tiles of one key head)
     hk = t0 // (V_PER_K * TILES_PER_HEAD)
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
@@ -208,8 +209,8 @@ def gdn_readout(
 ) -> None:
     """Launch the readout for R rows after `gdn_plan` (alongside `gdn_flush`).
 
-    readout_tiles: value tiles per program (0: `blocks.auto_readout_tiles`); it
-    must divide a key head's V_PER_K * cdiv(V, block_v) tiles. num_stages: Triton's
+    readout_tiles: value tiles per program (0: `blocks.auto_readout_tiles`, at most
+    MAX_TILES); it must divide a key head's V_PER_K * cdiv(V, block_v) tiles. num_stages: Triton's
     pipelining of the tile loop (1: none).
 
     Reads LP (HP when LP is off), the ring_d history and the plan; writes out [R, Hv, V]
