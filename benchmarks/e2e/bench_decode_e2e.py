@@ -76,6 +76,7 @@ JSON only with --json):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import importlib
@@ -83,6 +84,7 @@ import json
 import os
 import random
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -656,6 +658,64 @@ def kv_cache_capacity(line: str, found: dict[str, float]) -> None:
             found[key] = float(m.group(1).replace(",", ""))
 
 
+def _live_in_group(pgid: int) -> list[int]:
+    """The processes of process group pgid that have not exited (zombies excluded: they
+    hold no GPU memory, and a container's init may never reap an orphan's)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited while we looked
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            live.append(int(stat.parent.name))
+    return live
+
+
+def end_group(pgid: int, wait_s: float = 60.0) -> list[int]:
+    """SIGKILL what is left of process group pgid and wait until it has exited; returns
+    the pids still alive after wait_s (empty when the group is gone). A worker's vLLM
+    engine core runs in its own process, which killing only the worker leaves running,
+    with the GPU's memory: after such a kill on 2026-12-03 the next mode's engine failed
+    to start (its root cause went unlogged; the memory left in use is the likely one)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while (live := _live_in_group(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return live
+
+
+def run_worker_process(cmd: list[str], timeout: float | None, on_line) -> int | str:
+    """Run cmd in its own process group, its stdout line by line to on_line; after it
+    exits or times out (returns "timeout"), end its group: no engine process outlives it."""
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+
+    def forward() -> None:
+        for line in proc.stdout:
+            on_line(line)
+
+    reader = threading.Thread(target=forward, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    left = end_group(proc.pid)
+    proc.wait()
+    reader.join(timeout=10)
+    if left:
+        print(f"# processes {left} of the worker's group outlived SIGKILL", file=sys.stderr)
+    return rc
+
+
 def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
     """Run one (model, mode) in a child python; its stdout (vLLM's logs) goes to stderr,
     read on the way for vLLM's KV-cache capacity lines."""
@@ -664,24 +724,12 @@ def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
     spec_path.write_text(json.dumps({**spec, "result_path": str(result_path)}))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
     capacity: dict[str, float] = {}
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, errors="replace"
-    )
 
-    def forward() -> None:
-        for line in proc.stdout:
-            sys.stderr.write(line)
-            kv_cache_capacity(line, capacity)
+    def on_line(line: str) -> None:
+        sys.stderr.write(line)
+        kv_cache_capacity(line, capacity)
 
-    reader = threading.Thread(target=forward, daemon=True)
-    reader.start()
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        rc = "timeout"
-    reader.join(timeout=10)
+    rc = run_worker_process(cmd, timeout, on_line)
     if not result_path.is_file():
         return {
             "model": spec["model"],
@@ -979,7 +1027,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--worker-timeout",
         type=float,
         default=None,
-        help="seconds per (model, mode) child process (default none)",
+        help="seconds per (model, mode) child process (default none); at the limit the "
+        "child and its engine processes are killed before the next mode starts (a first "
+        "engine start on a fresh GPU host took 217 s)",
     )
     p.add_argument(
         "--json",
