@@ -225,21 +225,24 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     # flush_block_v / flush_warps; bf16x3 is the GPU default with bf16 k records).
     # The exact flush recomputes d from HP with an LP copy, and sums the cached d without one
     # (`flush.gdn_flush`'s recompute).
-    for rows, warps, precision, lp, inverse in (
-        (16, 1, "bf16x3", torch.bfloat16, True),
-        (64, 4, "bf16x3", torch.bfloat16, False),
-        (64, 4, "tf32x3", torch.bfloat16, False),
-        (64, 8, "bf16x3", torch.bfloat16, False),
-        (32, 4, "bf16x3", torch.bfloat16, False),
-        (32, 4, "tf32x3", torch.bfloat16, False),
-        (32, 2, "bf16x3", torch.bfloat16, False),
-        (16, 1, "bf16x3", torch.bfloat16, False),
-        (64, 4, "bf16x3", None, False),
-        (32, 2, "bf16x3", None, False),
-        (16, 1, "bf16x3", None, False),
+    # head_inverse: a value head's tiles one after another, its fold inverse formed once.
+    for rows, warps, precision, lp, inverse, head_inverse in (
+        (16, 1, "bf16x3", torch.bfloat16, True, False),
+        (64, 4, "bf16x3", torch.bfloat16, False, False),
+        (64, 4, "tf32x3", torch.bfloat16, False, False),
+        (64, 8, "bf16x3", torch.bfloat16, False, False),
+        (32, 4, "bf16x3", torch.bfloat16, False, False),
+        (32, 4, "tf32x3", torch.bfloat16, False, False),
+        (32, 2, "bf16x3", torch.bfloat16, False, False),
+        (16, 1, "bf16x3", torch.bfloat16, False, False),
+        (16, 1, "bf16x3", torch.bfloat16, False, True),
+        (64, 4, "bf16x3", None, False, False),
+        (32, 2, "bf16x3", None, False, False),
+        (16, 1, "bf16x3", None, False, False),
     ):
         kind = "recompute" if lp is not None else "sum d, HP only"
         kind += ", fold inverse" if inverse else ""
+        kind += ", head inverse" if head_inverse else ""
         out.append(
             (
                 f"flush {rows} x {K} {precision} {kind}",
@@ -260,6 +263,7 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     RECOMPUTE_D=lp is not None,
                     DOT_PRECISION=precision,
                     GIVEN_INVERSE=inverse,
+                    HEAD_INVERSE=head_inverse,
                 ),
                 warps,
             )

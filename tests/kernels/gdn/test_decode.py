@@ -66,6 +66,19 @@ SCENARIOS = {
     # the plan's fold inverse applied by the recomputing flush (L = 16 : 16 records folded)
     "lp_bf16_fold_inverse": dict(lp=torch.bfloat16, knobs=dict(flush_inverse=1)),
     "uneven_fold_inverse": dict(geom="uneven", lp=torch.float16, knobs=dict(flush_inverse=1)),
+    # the flush's own fold inverse per (flush row, value head), programs taking contiguous
+    # runs of items: one program (every head starts at its tile 0), three programs over two
+    # tiles per head (runs that start mid-head form it too; the interpreter runs programs
+    # in order, so there the head's tile 0 has always written it already)
+    "lp_bf16_head_inverse": dict(lp=torch.bfloat16, knobs=dict(flush_head_inverse=1)),
+    "head_inverse_one_program": dict(
+        lp=torch.bfloat16, knobs=dict(flush_head_inverse=1, flush_programs=1)
+    ),
+    "head_inverse_split_heads": dict(
+        geom="qwen3_next",
+        lp=torch.bfloat16,
+        knobs=dict(flush_head_inverse=1, flush_block_v=8, flush_programs=3),
+    ),
     # several value tiles per head in both launches (V = 16)
     "tiles_of_8": dict(geom="qwen3_next", knobs=dict(readout_block_v=8, flush_block_v=8)),
     # the readout's tile loop: 4 of a key head's 8 tiles per program (two value heads), and
@@ -193,19 +206,23 @@ def test_stock_route_interleaved(lp, device):
     check_mixed_routes(fam, L=4, lp=lp)
 
 
-@pytest.mark.parametrize("inverse", [0, 1], ids=["substitution", "fold_inverse"])
-def test_hp_independent_of_lp(inverse, device):
+@pytest.mark.parametrize(
+    "knobs",
+    [{}, dict(flush_inverse=1), dict(flush_head_inverse=1)],
+    ids=["substitution", "fold_inverse", "head_inverse"],
+)
+def test_hp_independent_of_lp(knobs, device):
     """The exact flush reads HP only: HP after every flush is bitwise the same with LP off,
     bf16 and fp16. The flush recomputes d from HP in all three (LP off sums the cached d by
     default: the same HP up to reassociation, test_hp_only_replay_is_fp32_accurate), by
-    per-tile substitution or with the plan's fold inverse."""
+    per-tile substitution or with a fold inverse (the plan's or the flush's own)."""
     check_hp_independent_of_lp(
         lambda: GDNFamily(
             GEOMS["tiny"],
             act_dtype=torch.bfloat16,
             device=device,
             seed=5,
-            decode_op=_op(flush_recompute=1, flush_inverse=inverse),
+            decode_op=_op(flush_recompute=1, **knobs),
         ),
         L=4,
         T=1,
@@ -276,21 +293,23 @@ def test_real_geometry_on_gpu(geom, lp, exact):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("geom", list(REAL))
-def test_real_geometry_fold_inverse_on_gpu(geom):
-    """The recomputing flush with the plan's fold inverses (`flush_inverse`), bf16 LP."""
+@pytest.mark.parametrize("knob", ["flush_inverse", "flush_head_inverse"])
+def test_real_geometry_fold_inverse_on_gpu(geom, knob):
+    """The recomputing flush with fold inverses, bf16 LP: the plan's (`flush_inverse`) or
+    the flush's own, once per head (`flush_head_inverse`)."""
     fam = GDNFamily(
         REAL[geom],
         act_dtype=torch.bfloat16,
         device="cuda",
         seed=11,
-        decode_op=_op(flush_inverse=1),
+        decode_op=_op(**{knob: 1}),
     )
     check_scenario(fam, L=16, T=1, lp=torch.bfloat16, spec=False, requests=8, cycles=2)
     check_kernel_matches_reference(
         lambda op: GDNFamily(
             REAL[geom], act_dtype=torch.bfloat16, device="cuda", decode_op=op, seed=4
         ),
-        _op(flush_inverse=1),
+        _op(**{knob: 1}),
         L=16,
         T=1,
         lp=torch.bfloat16,

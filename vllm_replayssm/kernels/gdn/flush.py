@@ -9,7 +9,9 @@ fp32 reassociation); fold mode, the weighted sum of the cached d), writes
 HP and LP from registers and reads out the current token from the new state (an empty
 history); a stale row reads out from HP and its history exactly as the readout launch would
 from LP. LP never enters HP. It stores d_t (and v_t) at the write row and o_t; the readout
-launch skips these rows.
+launch skips these rows. With HEAD_INVERSE each program walks a contiguous run of items
+instead, and a flush row's value head forms its fold inverse once, at its first tile in the
+run (`tiles.wy_fold_inverse`), which its tiles then apply as one product each.
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ from vllm_replayssm.kernels.gdn.plan import (
     GDNScratch,
     history_block,
 )
-from vllm_replayssm.kernels.gdn.tiles import advance_tile, readout_tile, wy_fold_tile
+from vllm_replayssm.kernels.gdn.tiles import (
+    advance_tile,
+    readout_tile,
+    wy_fold_inverse,
+    wy_fold_tile,
+)
 
 
 @triton.jit
@@ -201,7 +208,42 @@ def _gdn_flush_kernel(
     RECOMPUTE_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     GIVEN_INVERSE: tl.constexpr,
+    HEAD_INVERSE: tl.constexpr = False,
 ):
+    strides = (
+        stride_hp_slot,
+        stride_hp_head,
+        stride_hp_v,
+        stride_hp_k,
+        stride_lp_slot,
+        stride_lp_head,
+        stride_lp_v,
+        stride_lp_k,
+        stride_rg_slot,
+        stride_rg_head,
+        stride_rg_row,
+        stride_rbeta_slot,
+        stride_rbeta_head,
+        stride_rbeta_row,
+        stride_rk_slot,
+        stride_rk_head,
+        stride_rk_row,
+        stride_rk_k,
+        stride_rd_slot,
+        stride_rd_head,
+        stride_rd_row,
+        stride_rd_v,
+        stride_rv_slot,
+        stride_rv_head,
+        stride_rv_row,
+        stride_rv_v,
+        stride_v_tok,
+        stride_v_head,
+        stride_v_v,
+        stride_out_tok,
+        stride_out_head,
+        stride_out_v,
+    )
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     items_per_row: tl.constexpr = NUM_V_HEADS * TILES_PER_HEAD
@@ -209,13 +251,15 @@ def _gdn_flush_kernel(
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
     o_j = tl.arange(0, BLOCK_L)
-    for item in tl.range(pid, total, num_programs):
+    if HEAD_INVERSE:  # a contiguous run of items per program: a head's tiles one after another
+        chunk = tl.cdiv(total, num_programs)
+        first, step, end = pid * chunk, 1, tl.minimum(total, pid * chunk + chunk)
+    else:
+        first, step, end = pid, num_programs, total
+    for item in tl.range(first, end, step):
         i = item // items_per_row
         h = (item % items_per_row) // TILES_PER_HEAD
         hk = h // V_PER_K
-        o_v = (item % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
-        m_v = o_v < head_v_dim
-        m_vk = m_v[:, None] & m_k[None, :]
         r = tl.load(hp_rows_ptr + i)
         r64 = r.to(tl.int64)
         p_plan = plan_ptr + r * T_PLAN_LEN
@@ -236,77 +280,228 @@ def _gdn_flush_kernel(
         p_kq = kq_ptr + r64 * stride_kq_row + hk * stride_kq_head + o_k
         kn = tl.load(p_kq, mask=m_k, other=0.0)
         qn = tl.load(p_kq + stride_kq_which, mask=m_k, other=0.0)
-        v_raw = tl.load(
-            v_ptr + r64 * stride_v_tok + h * stride_v_head + o_v * stride_v_v, mask=m_v, other=0.0
-        )
-        p_hp = (
-            hp_ptr
-            + slot * stride_hp_slot
-            + h * stride_hp_head
-            + (o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
-        )
-        S = tl.load(p_hp, mask=m_vk, other=0.0)  # [BLOCK_V, BLOCK_K]
-        p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
-        p_rv = ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head
-        if flush != 0:
-            S = fold_tile(
-                S,
-                ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-                ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-                ring_k_ptr + slot * stride_rk_slot + hk * stride_rk_head,
-                p_rd,
-                p_rv,
-                fo,
-                fn,
-                num_ring_rows,
-                o_v,
-                o_k,
-                m_v,
-                m_k,
-                stride_rg_row,
-                stride_rbeta_row,
-                stride_rk_row,
-                stride_rk_k,
-                stride_rd_row,
-                stride_rd_v,
-                stride_rv_row,
-                stride_rv_v,
-                winv_ptr + r64 * stride_winv_row + h * stride_winv_head,
-                RECOMPUTE_D,
-                BLOCK_L,
-                DOT_PRECISION,
-                GIVEN_INVERSE,
-            )
-            tl.store(p_hp, S, mask=m_vk)
-            if HAS_LP:
-                store_lp(
-                    lp_ptr
-                    + slot * stride_lp_slot
-                    + h * stride_lp_head
-                    + (o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k),
-                    S,
-                    m_vk,
-                    LP_IS_FP16,
+        p_inv = winv_ptr + r64 * stride_winv_row + h * stride_winv_head
+        if HEAD_INVERSE:  # a flush row's head: its fold inverse once, at its first tile here
+            head_start = (item % TILES_PER_HEAD == 0) | (item == first)
+            if (flush != 0) & head_start:
+                wy_fold_inverse(
+                    ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+                    ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+                    ring_k_ptr + slot * stride_rk_slot + hk * stride_rk_head,
+                    p_inv,
+                    fo,
+                    fn,
+                    num_ring_rows,
+                    o_k,
+                    m_k,
+                    (stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k),
+                    BLOCK_L,
+                    DOT_PRECISION,
                 )
-        # Flush rows: n = 0 (coefficients of an empty history); stale rows: their history.
-        rows = o + o_j
-        rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-        d_h = tl.load(
-            p_rd + (rows[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v),
-            mask=(o_j < n)[:, None] & m_v[None, :],
-            other=0.0,
+                tl.debug_barrier()  # one warp: its stores seen by all its lanes
+        _flush_tile(
+            item % TILES_PER_HEAD,
+            h,
+            hk,
+            r64,
+            slot,
+            o,
+            n,
+            write_row,
+            flush,
+            fo,
+            fn,
+            coef_k,
+            coef_q,
+            exp_gam,
+            alpha,
+            beta,
+            kq,
+            kn,
+            qn,
+            hp_ptr,
+            lp_ptr,
+            ring_g_ptr,
+            ring_beta_ptr,
+            ring_k_ptr,
+            ring_d_ptr,
+            ring_v_ptr,
+            v_ptr,
+            out_ptr,
+            p_inv,
+            num_ring_rows,
+            o_k,
+            m_k,
+            o_j,
+            strides,
+            head_v_dim,
+            BLOCK_V,
+            BLOCK_L,
+            HAS_LP,
+            LP_IS_FP16,
+            EXACT_FLUSH,
+            RECOMPUTE_D,
+            DOT_PRECISION,
+            GIVEN_INVERSE or HEAD_INVERSE,
         )
-        d_t, o_t = readout_tile(
-            S, kn, qn, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v_raw.to(tl.float32)
+
+
+@triton.jit
+def _flush_tile(
+    tile,
+    h,
+    hk,
+    r64,
+    slot,
+    o,
+    n,
+    write_row,
+    flush,
+    fo,
+    fn,
+    coef_k,
+    coef_q,
+    exp_gam,
+    alpha,
+    beta,
+    kq,
+    kn,
+    qn,
+    hp_ptr,
+    lp_ptr,
+    ring_g_ptr,
+    ring_beta_ptr,
+    ring_k_ptr,
+    ring_d_ptr,
+    ring_v_ptr,
+    v_ptr,
+    out_ptr,
+    p_inv,
+    num_ring_rows,
+    o_k,
+    m_k,
+    o_j,
+    strides,
+    head_v_dim: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr,
+    EXACT_FLUSH: tl.constexpr,
+    RECOMPUTE_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    GIVEN_INVERSE: tl.constexpr,
+):
+    """One value tile of a flush item (`_gdn_flush_kernel`): HP read, the fold (flush rows),
+    HP and LP written, the readout from the tile. strides: the kernel's, in its order."""
+    (
+        stride_hp_slot,
+        stride_hp_head,
+        stride_hp_v,
+        stride_hp_k,
+        stride_lp_slot,
+        stride_lp_head,
+        stride_lp_v,
+        stride_lp_k,
+        stride_rg_slot,
+        stride_rg_head,
+        stride_rg_row,
+        stride_rbeta_slot,
+        stride_rbeta_head,
+        stride_rbeta_row,
+        stride_rk_slot,
+        stride_rk_head,
+        stride_rk_row,
+        stride_rk_k,
+        stride_rd_slot,
+        stride_rd_head,
+        stride_rd_row,
+        stride_rd_v,
+        stride_rv_slot,
+        stride_rv_head,
+        stride_rv_row,
+        stride_rv_v,
+        stride_v_tok,
+        stride_v_head,
+        stride_v_v,
+        stride_out_tok,
+        stride_out_head,
+        stride_out_v,
+    ) = strides
+    o_v = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_v = o_v < head_v_dim
+    m_vk = m_v[:, None] & m_k[None, :]
+    v_raw = tl.load(
+        v_ptr + r64 * stride_v_tok + h * stride_v_head + o_v * stride_v_v, mask=m_v, other=0.0
+    )
+    p_hp = (
+        hp_ptr
+        + slot * stride_hp_slot
+        + h * stride_hp_head
+        + (o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
+    )
+    S = tl.load(p_hp, mask=m_vk, other=0.0)  # [BLOCK_V, BLOCK_K]
+    p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
+    p_rv = ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head
+    if flush != 0:
+        S = fold_tile(
+            S,
+            ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+            ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+            ring_k_ptr + slot * stride_rk_slot + hk * stride_rk_head,
+            p_rd,
+            p_rv,
+            fo,
+            fn,
+            num_ring_rows,
+            o_v,
+            o_k,
+            m_v,
+            m_k,
+            stride_rg_row,
+            stride_rbeta_row,
+            stride_rk_row,
+            stride_rk_k,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_row,
+            stride_rv_v,
+            p_inv,
+            RECOMPUTE_D,
+            BLOCK_L,
+            DOT_PRECISION,
+            GIVEN_INVERSE,
         )
-        tl.store(
-            out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v,
-            o_t,
-            mask=m_v,
-        )
-        tl.store(p_rd + (write_row * stride_rd_row + o_v * stride_rd_v), d_t, mask=m_v)
-        if EXACT_FLUSH:
-            tl.store(p_rv + (write_row * stride_rv_row + o_v * stride_rv_v), v_raw, mask=m_v)
+        tl.store(p_hp, S, mask=m_vk)
+        if HAS_LP:
+            store_lp(
+                lp_ptr
+                + slot * stride_lp_slot
+                + h * stride_lp_head
+                + (o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k),
+                S,
+                m_vk,
+                LP_IS_FP16,
+            )
+    # Flush rows: n = 0 (coefficients of an empty history); stale rows: their history.
+    rows = o + o_j
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+    d_h = tl.load(
+        p_rd + (rows[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v),
+        mask=(o_j < n)[:, None] & m_v[None, :],
+        other=0.0,
+    )
+    d_t, o_t = readout_tile(
+        S, kn, qn, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v_raw.to(tl.float32)
+    )
+    tl.store(
+        out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v,
+        o_t,
+        mask=m_v,
+    )
+    tl.store(p_rd + (write_row * stride_rd_row + o_v * stride_rd_v), d_t, mask=m_v)
+    if EXACT_FLUSH:
+        tl.store(p_rv + (write_row * stride_rv_row + o_v * stride_rv_v), v_raw, mask=m_v)
 
 
 def recomputes_d(cache, recompute: bool | int | None) -> bool:
@@ -331,6 +526,7 @@ def gdn_flush(
     dot_precision: str | None = None,
     recompute: bool | None = None,
     inverse: bool = False,
+    head_inverse: bool = False,
 ) -> None:
     """Launch the flush over the plan's HP list (after `gdn_plan`, before or beside
     `gdn_readout`): HP and LP of flush rows written; out [R, Hv, V] and the d (and v)
@@ -349,7 +545,13 @@ def gdn_flush(
 
     inverse (a recomputing WY fold only): apply the fold inverses the plan stored
     (`gdn_plan(fold_inverse=True)` in the same step) instead of each tile forming the Gram
-    matrix and substituting."""
+    matrix and substituting.
+
+    head_inverse (a recomputing WY fold, not with inverse): each program takes a
+    contiguous run of items, so a value head's tiles follow one another, and forms a flush
+    row's fold inverse at the head's first tile (`tiles.wy_fold_inverse`, into the
+    scratch's fold_inverse, which must be allocated); its tiles apply it as one product
+    each, as with inverse but without the plan's share."""
     if dot_precision is None:
         bf16_records = cache.ring_k.dtype == torch.bfloat16
         dot_precision = "bf16x3" if bf16_records and v.is_cuda else "tf32x3"
@@ -362,6 +564,10 @@ def gdn_flush(
         raise ValueError("inverse needs a recomputing WY fold (exact flush, not serial)")
     Hv, V = v.shape[1], v.shape[2]
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
+    if head_inverse and (inverse or not recompute or dot_precision == "serial"):
+        raise ValueError("head_inverse takes a recomputing WY fold (not serial), no inverse")
+    if head_inverse and scratch.fold_inverse.shape[0] < v.shape[0]:
+        raise ValueError("head_inverse needs GDNScratch.allocate(..., fold_inverse=True)")
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
@@ -410,5 +616,6 @@ def gdn_flush(
         RECOMPUTE_D=recompute,
         DOT_PRECISION=dot_precision,
         GIVEN_INVERSE=inverse,
+        HEAD_INVERSE=head_inverse,
         num_warps=num_warps,
     )

@@ -2,7 +2,8 @@
 `plan.py`, `readout.py`, `flush.py`; the window step `window.py`; the stock route
 `stock_route.py`): the key normalisation, the plain-decode readout of one tile, and the
 advance of one value head's checkpoint tile over committed ring entries, record by record
-(`advance_tile`) or in chunked WY form with tensor-core products (`wy_fold_tile`)."""
+(`advance_tile`) or in chunked WY form with tensor-core products (`wy_fold_tile`, and the
+fold's inverse alone, `wy_fold_inverse`)."""
 
 import os
 
@@ -264,25 +265,8 @@ def wy_fold_tile(
             X = tl.load(p_inv + o_l[:, None] * BLOCK_L + o_l[None, :])
             D = tl.dot(R, tl.trans(X), input_precision="ieee")
         else:
-            if PRECISION == "bf16x3":  # exact products
-                gram = _bf16_dot(k, tl.trans(k), tl.zeros([BLOCK_L, BLOCK_L], dtype=tl.float32))
-                gram = gram * rnorm[:, None] * rnorm[None, :]
-            else:
-                gram = tl.dot(k_op, tl.trans(k_op), input_precision=PRECISION)
-            # A[j, i] = β_j e^{Γ_j − Γ_i} (k̂_i · k̂_j), i < j; Γ_j − Γ_i = Λ_i − Λ_j.
-            below = o_l[None, :] < o_l[:, None]  # no exponent above the diagonal
-            A = tl.where(
-                below,
-                beta[:, None] * tl.exp(tl.where(below, lam[None, :] - lam[:, None], 0.0)) * gram,
-                0.0,
-            )  # [BLOCK_L (j), BLOCK_L (i)]
-            # (I + A) D = R by forward substitution, column i of D final at step i:
-            # in-register rank-1 updates without barriers.
-            D = R
-            for i in tl.static_range(BLOCK_L - 1):
-                d_i = tl.sum(tl.where(o_l[None, :] == i, D, 0.0), axis=1)  # [BLOCK_V]
-                a_i = tl.sum(tl.where(o_l[None, :] == i, A, 0.0), axis=1)  # [BLOCK_L (j)]
-                D -= d_i[:, None] * a_i[None, :]
+            A = _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L, PRECISION)
+            D = _substitute(R, A, BLOCK_L)
     else:
         D = tl.load(
             p_rd + o_v[:, None] * stride_rd_v + rows[None, :] * stride_rd_row,
@@ -293,3 +277,76 @@ def wy_fold_tile(
     if PRECISION == "bf16x3":
         w = w * rnorm
     return _dot3(D * w[None, :], k_op, S * decay, PRECISION)
+
+
+@triton.jit
+def _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L: tl.constexpr, PRECISION: tl.constexpr):
+    """The WY fold's strictly lower A [BLOCK_L (j), BLOCK_L (i)]: A[j, i] = β_j e^{Γ_j −
+    Γ_i} (k̂_i · k̂_j) for i < j (Γ_j − Γ_i = Λ_i − Λ_j), from the raw k records (bf16x3:
+    exact products, then the norms) or the normalised k_op."""
+    o_l = tl.arange(0, BLOCK_L)
+    if PRECISION == "bf16x3":  # exact products
+        gram = _bf16_dot(k, tl.trans(k), tl.zeros([BLOCK_L, BLOCK_L], dtype=tl.float32))
+        gram = gram * rnorm[:, None] * rnorm[None, :]
+    else:
+        gram = tl.dot(k_op, tl.trans(k_op), input_precision=PRECISION)
+    below = o_l[None, :] < o_l[:, None]  # no exponent above the diagonal
+    return tl.where(
+        below,
+        beta[:, None] * tl.exp(tl.where(below, lam[None, :] - lam[:, None], 0.0)) * gram,
+        0.0,
+    )
+
+
+@triton.jit
+def _substitute(D, A, BLOCK_L: tl.constexpr):
+    """D (I + A)⁻ᵀ for D [N, BLOCK_L] and the strictly lower A (`_wy_lower`): (I + A) Dᵀ =
+    Rᵀ by forward substitution, column i of D final at step i; in-register rank-1 updates
+    without barriers."""
+    o_l = tl.arange(0, BLOCK_L)
+    for i in tl.static_range(BLOCK_L - 1):
+        d_i = tl.sum(tl.where(o_l[None, :] == i, D, 0.0), axis=1)  # [N]
+        a_i = tl.sum(tl.where(o_l[None, :] == i, A, 0.0), axis=1)  # [BLOCK_L (j)]
+        D -= d_i[:, None] * a_i[None, :]
+    return D
+
+
+@triton.jit
+def wy_fold_inverse(
+    p_rg,
+    p_rbeta,
+    p_rk,
+    p_inv,
+    fo,
+    fn,
+    num_ring_rows,
+    o_k,
+    m_k,
+    strides,
+    BLOCK_L: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Stores at p_inv the (I + A)⁻¹ that `wy_fold_tile` with GIVEN_INVERSE applies ([BLOCK_L,
+    BLOCK_L] row-major fp32; A as that fold forms it, over ring entries [fo, fo + fn) of one
+    value head), by the fold's substitution applied to the identity: a program folding
+    several tiles of the head forms it once. strides: (g row, β row, k row, k dim)."""
+    stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k = strides
+    o_l = tl.arange(0, BLOCK_L)
+    m_l = o_l < fn
+    rows = fo + o_l
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+    rows_next = tl.where(rows + 1 >= num_ring_rows, rows + 1 - num_ring_rows, rows + 1)
+    g_next = tl.load(p_rg + rows_next * stride_rg_row, mask=o_l + 1 < fn, other=0.0)
+    lam = tl.cumsum(g_next, axis=0, reverse=True)  # Λ_j, as wy_fold_tile
+    k = tl.load(
+        p_rk + rows[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
+        mask=m_l[:, None] & m_k[None, :],
+        other=0.0,
+    )
+    k32 = k.to(tl.float32)
+    rnorm = 1.0 / tl.sqrt(tl.sum(k32 * k32, axis=1) + 1e-6)
+    k_op = k if PRECISION == "bf16x3" else k32 * rnorm[:, None]
+    beta = tl.load(p_rbeta + rows * stride_rbeta_row, mask=m_l, other=0.0)
+    A = _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L, PRECISION)
+    xt = _substitute(tl.where(o_l[:, None] == o_l[None, :], 1.0, 0.0), A, BLOCK_L)  # (I+A)⁻ᵀ
+    tl.store(p_inv + o_l[None, :] * BLOCK_L + o_l[:, None], xt)  # transposed: (I + A)⁻¹
