@@ -226,29 +226,22 @@ def wy_fold_tile(
     runs in the interpreter only. GIVEN_INVERSE (exact): p_inv points at the fold's
     (I + A)⁻¹ ([BLOCK_L, BLOCK_L] row-major fp32, `plan.store_fold_inverse`), applied as
     one fp32 product instead of the Gram matrix and the substitution here."""
+    rows, m_l, g, lam, k, k_op, rnorm = _wy_records(
+        p_rg,
+        p_rk,
+        fo,
+        fn,
+        num_ring_rows,
+        o_k,
+        m_k,
+        stride_rg_row,
+        stride_rk_row,
+        stride_rk_k,
+        BLOCK_L,
+        PRECISION,
+    )
     o_l = tl.arange(0, BLOCK_L)
-    m_l = o_l < fn
-    rows = fo + o_l
-    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    g = tl.load(p_rg + rows * stride_rg_row, mask=m_l, other=0.0)
-    # Λ_j = Σ_{l>j} g_l summed from the end (no difference of long prefix sums): the decay
-    # of record j to the fold's end, accurate to u |Λ_j| where its weight e^{Λ_j} is large.
-    rows_next = tl.where(rows + 1 >= num_ring_rows, rows + 1 - num_ring_rows, rows + 1)
-    g_next = tl.load(p_rg + rows_next * stride_rg_row, mask=o_l + 1 < fn, other=0.0)
-    lam = tl.cumsum(g_next, axis=0, reverse=True)  # [BLOCK_L]
     decay = tl.exp(tl.sum(g, axis=0))
-    k = tl.load(
-        p_rk + rows[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-        mask=m_l[:, None] & m_k[None, :],
-        other=0.0,
-    )  # [BLOCK_L, BLOCK_K], raw records
-    k32 = k.to(tl.float32)
-    rnorm = 1.0 / tl.sqrt(tl.sum(k32 * k32, axis=1) + 1e-6)  # [BLOCK_L]
-    if PRECISION == "bf16x3":
-        tl.static_assert(k.dtype == tl.bfloat16, "bf16x3 needs bf16 k records")
-        k_op = k
-    else:
-        k_op = k32 * rnorm[:, None]
     if EXACT_FLUSH:
         beta = tl.load(p_rbeta + rows * stride_rbeta_row, mask=m_l, other=0.0)
         gam = tl.cumsum(g, axis=0)  # Γ_j, inclusive
@@ -280,6 +273,49 @@ def wy_fold_tile(
 
 
 @triton.jit
+def _wy_records(
+    p_rg,
+    p_rk,
+    fo,
+    fn,
+    num_ring_rows,
+    o_k,
+    m_k,
+    stride_rg_row,
+    stride_rk_row,
+    stride_rk_k,
+    BLOCK_L: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """A WY fold's records over ring entries [fo, fo + fn): (rows, m_l, g, Λ, k, k_op,
+    rnorm); k raw [BLOCK_L, BLOCK_K], k_op the products' operand (bf16x3: k itself, else
+    the normalised fp32 keys), rnorm the keys' 1 / ‖k‖."""
+    o_l = tl.arange(0, BLOCK_L)
+    m_l = o_l < fn
+    rows = fo + o_l
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+    g = tl.load(p_rg + rows * stride_rg_row, mask=m_l, other=0.0)
+    # Λ_j = Σ_{l>j} g_l summed from the end (no difference of long prefix sums): the decay
+    # of record j to the fold's end, accurate to u |Λ_j| where its weight e^{Λ_j} is large.
+    rows_next = tl.where(rows + 1 >= num_ring_rows, rows + 1 - num_ring_rows, rows + 1)
+    g_next = tl.load(p_rg + rows_next * stride_rg_row, mask=o_l + 1 < fn, other=0.0)
+    lam = tl.cumsum(g_next, axis=0, reverse=True)  # [BLOCK_L]
+    k = tl.load(
+        p_rk + rows[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
+        mask=m_l[:, None] & m_k[None, :],
+        other=0.0,
+    )  # [BLOCK_L, BLOCK_K], raw records
+    k32 = k.to(tl.float32)
+    rnorm = 1.0 / tl.sqrt(tl.sum(k32 * k32, axis=1) + 1e-6)  # [BLOCK_L]
+    if PRECISION == "bf16x3":
+        tl.static_assert(k.dtype == tl.bfloat16, "bf16x3 needs bf16 k records")
+        k_op = k
+    else:
+        k_op = k32 * rnorm[:, None]
+    return rows, m_l, g, lam, k, k_op, rnorm
+
+
+@triton.jit
 def _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L: tl.constexpr, PRECISION: tl.constexpr):
     """The WY fold's strictly lower A [BLOCK_L (j), BLOCK_L (i)]: A[j, i] = β_j e^{Γ_j −
     Γ_i} (k̂_i · k̂_j) for i < j (Γ_j − Γ_i = Λ_i − Λ_j), from the raw k records (bf16x3:
@@ -300,9 +336,9 @@ def _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L: tl.constexpr, PRECISION: tl.co
 
 @triton.jit
 def _substitute(D, A, BLOCK_L: tl.constexpr):
-    """D (I + A)⁻ᵀ for D [N, BLOCK_L] and the strictly lower A (`_wy_lower`): (I + A) Dᵀ =
-    Rᵀ by forward substitution, column i of D final at step i; in-register rank-1 updates
-    without barriers."""
+    """X = D (I + A)⁻ᵀ for D [N, BLOCK_L] and the strictly lower A (`_wy_lower`), i.e.
+    (I + A) Xᵀ = Dᵀ, by forward substitution in place, column i final at step i;
+    in-register rank-1 updates without barriers."""
     o_l = tl.arange(0, BLOCK_L)
     for i in tl.static_range(BLOCK_L - 1):
         d_i = tl.sum(tl.where(o_l[None, :] == i, D, 0.0), axis=1)  # [N]
@@ -331,21 +367,21 @@ def wy_fold_inverse(
     value head), by the fold's substitution applied to the identity: a program folding
     several tiles of the head forms it once. strides: (g row, β row, k row, k dim)."""
     stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k = strides
-    o_l = tl.arange(0, BLOCK_L)
-    m_l = o_l < fn
-    rows = fo + o_l
-    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    rows_next = tl.where(rows + 1 >= num_ring_rows, rows + 1 - num_ring_rows, rows + 1)
-    g_next = tl.load(p_rg + rows_next * stride_rg_row, mask=o_l + 1 < fn, other=0.0)
-    lam = tl.cumsum(g_next, axis=0, reverse=True)  # Λ_j, as wy_fold_tile
-    k = tl.load(
-        p_rk + rows[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-        mask=m_l[:, None] & m_k[None, :],
-        other=0.0,
+    rows, m_l, _, lam, k, k_op, rnorm = _wy_records(
+        p_rg,
+        p_rk,
+        fo,
+        fn,
+        num_ring_rows,
+        o_k,
+        m_k,
+        stride_rg_row,
+        stride_rk_row,
+        stride_rk_k,
+        BLOCK_L,
+        PRECISION,
     )
-    k32 = k.to(tl.float32)
-    rnorm = 1.0 / tl.sqrt(tl.sum(k32 * k32, axis=1) + 1e-6)
-    k_op = k if PRECISION == "bf16x3" else k32 * rnorm[:, None]
+    o_l = tl.arange(0, BLOCK_L)
     beta = tl.load(p_rbeta + rows * stride_rbeta_row, mask=m_l, other=0.0)
     A = _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L, PRECISION)
     xt = _substitute(tl.where(o_l[:, None] == o_l[None, :], 1.0, 0.0), A, BLOCK_L)  # (I+A)⁻ᵀ
