@@ -210,40 +210,6 @@ def _gdn_flush_kernel(
     GIVEN_INVERSE: tl.constexpr,
     HEAD_INVERSE: tl.constexpr = False,
 ):
-    strides = (
-        stride_hp_slot,
-        stride_hp_head,
-        stride_hp_v,
-        stride_hp_k,
-        stride_lp_slot,
-        stride_lp_head,
-        stride_lp_v,
-        stride_lp_k,
-        stride_rg_slot,
-        stride_rg_head,
-        stride_rg_row,
-        stride_rbeta_slot,
-        stride_rbeta_head,
-        stride_rbeta_row,
-        stride_rk_slot,
-        stride_rk_head,
-        stride_rk_row,
-        stride_rk_k,
-        stride_rd_slot,
-        stride_rd_head,
-        stride_rd_row,
-        stride_rd_v,
-        stride_rv_slot,
-        stride_rv_head,
-        stride_rv_row,
-        stride_rv_v,
-        stride_v_tok,
-        stride_v_head,
-        stride_v_v,
-        stride_out_tok,
-        stride_out_head,
-        stride_out_v,
-    )
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     items_per_row: tl.constexpr = NUM_V_HEADS * TILES_PER_HEAD
@@ -299,209 +265,80 @@ def _gdn_flush_kernel(
                     DOT_PRECISION,
                 )
                 tl.debug_barrier()  # one warp: its stores seen by all its lanes
-        _flush_tile(
-            item % TILES_PER_HEAD,
-            h,
-            hk,
-            r64,
-            slot,
-            o,
-            n,
-            write_row,
-            flush,
-            fo,
-            fn,
-            coef_k,
-            coef_q,
-            exp_gam,
-            alpha,
-            beta,
-            kq,
-            kn,
-            qn,
-            hp_ptr,
-            lp_ptr,
-            ring_g_ptr,
-            ring_beta_ptr,
-            ring_k_ptr,
-            ring_d_ptr,
-            ring_v_ptr,
-            v_ptr,
-            out_ptr,
-            p_inv,
-            num_ring_rows,
-            o_k,
-            m_k,
-            o_j,
-            strides,
-            head_v_dim,
-            BLOCK_V,
-            BLOCK_L,
-            HAS_LP,
-            LP_IS_FP16,
-            EXACT_FLUSH,
-            RECOMPUTE_D,
-            DOT_PRECISION,
-            GIVEN_INVERSE or HEAD_INVERSE,
+        o_v = (item % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
+        m_v = o_v < head_v_dim
+        m_vk = m_v[:, None] & m_k[None, :]
+        v_raw = tl.load(
+            v_ptr + r64 * stride_v_tok + h * stride_v_head + o_v * stride_v_v, mask=m_v, other=0.0
         )
-
-
-@triton.jit
-def _flush_tile(
-    tile,
-    h,
-    hk,
-    r64,
-    slot,
-    o,
-    n,
-    write_row,
-    flush,
-    fo,
-    fn,
-    coef_k,
-    coef_q,
-    exp_gam,
-    alpha,
-    beta,
-    kq,
-    kn,
-    qn,
-    hp_ptr,
-    lp_ptr,
-    ring_g_ptr,
-    ring_beta_ptr,
-    ring_k_ptr,
-    ring_d_ptr,
-    ring_v_ptr,
-    v_ptr,
-    out_ptr,
-    p_inv,
-    num_ring_rows,
-    o_k,
-    m_k,
-    o_j,
-    strides,
-    head_v_dim: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-    HAS_LP: tl.constexpr,
-    LP_IS_FP16: tl.constexpr,
-    EXACT_FLUSH: tl.constexpr,
-    RECOMPUTE_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    GIVEN_INVERSE: tl.constexpr,
-):
-    """One value tile of a flush item (`_gdn_flush_kernel`): HP read, the fold (flush rows),
-    HP and LP written, the readout from the tile. strides: the kernel's, in its order."""
-    (
-        stride_hp_slot,
-        stride_hp_head,
-        stride_hp_v,
-        stride_hp_k,
-        stride_lp_slot,
-        stride_lp_head,
-        stride_lp_v,
-        stride_lp_k,
-        stride_rg_slot,
-        stride_rg_head,
-        stride_rg_row,
-        stride_rbeta_slot,
-        stride_rbeta_head,
-        stride_rbeta_row,
-        stride_rk_slot,
-        stride_rk_head,
-        stride_rk_row,
-        stride_rk_k,
-        stride_rd_slot,
-        stride_rd_head,
-        stride_rd_row,
-        stride_rd_v,
-        stride_rv_slot,
-        stride_rv_head,
-        stride_rv_row,
-        stride_rv_v,
-        stride_v_tok,
-        stride_v_head,
-        stride_v_v,
-        stride_out_tok,
-        stride_out_head,
-        stride_out_v,
-    ) = strides
-    o_v = tile * BLOCK_V + tl.arange(0, BLOCK_V)
-    m_v = o_v < head_v_dim
-    m_vk = m_v[:, None] & m_k[None, :]
-    v_raw = tl.load(
-        v_ptr + r64 * stride_v_tok + h * stride_v_head + o_v * stride_v_v, mask=m_v, other=0.0
-    )
-    p_hp = (
-        hp_ptr
-        + slot * stride_hp_slot
-        + h * stride_hp_head
-        + (o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
-    )
-    S = tl.load(p_hp, mask=m_vk, other=0.0)  # [BLOCK_V, BLOCK_K]
-    p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
-    p_rv = ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head
-    if flush != 0:
-        S = fold_tile(
-            S,
-            ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-            ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-            ring_k_ptr + slot * stride_rk_slot + hk * stride_rk_head,
-            p_rd,
-            p_rv,
-            fo,
-            fn,
-            num_ring_rows,
-            o_v,
-            o_k,
-            m_v,
-            m_k,
-            stride_rg_row,
-            stride_rbeta_row,
-            stride_rk_row,
-            stride_rk_k,
-            stride_rd_row,
-            stride_rd_v,
-            stride_rv_row,
-            stride_rv_v,
-            p_inv,
-            RECOMPUTE_D,
-            BLOCK_L,
-            DOT_PRECISION,
-            GIVEN_INVERSE,
+        p_hp = (
+            hp_ptr
+            + slot * stride_hp_slot
+            + h * stride_hp_head
+            + (o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
         )
-        tl.store(p_hp, S, mask=m_vk)
-        if HAS_LP:
-            store_lp(
-                lp_ptr
-                + slot * stride_lp_slot
-                + h * stride_lp_head
-                + (o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k),
+        S = tl.load(p_hp, mask=m_vk, other=0.0)  # [BLOCK_V, BLOCK_K]
+        p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
+        p_rv = ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head
+        if flush != 0:
+            S = fold_tile(
                 S,
-                m_vk,
-                LP_IS_FP16,
+                ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+                ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+                ring_k_ptr + slot * stride_rk_slot + hk * stride_rk_head,
+                p_rd,
+                p_rv,
+                fo,
+                fn,
+                num_ring_rows,
+                o_v,
+                o_k,
+                m_v,
+                m_k,
+                stride_rg_row,
+                stride_rbeta_row,
+                stride_rk_row,
+                stride_rk_k,
+                stride_rd_row,
+                stride_rd_v,
+                stride_rv_row,
+                stride_rv_v,
+                p_inv,
+                RECOMPUTE_D,
+                BLOCK_L,
+                DOT_PRECISION,
+                GIVEN_INVERSE or HEAD_INVERSE,
             )
-    # Flush rows: n = 0 (coefficients of an empty history); stale rows: their history.
-    rows = o + o_j
-    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    d_h = tl.load(
-        p_rd + (rows[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v),
-        mask=(o_j < n)[:, None] & m_v[None, :],
-        other=0.0,
-    )
-    d_t, o_t = readout_tile(
-        S, kn, qn, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v_raw.to(tl.float32)
-    )
-    tl.store(
-        out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v,
-        o_t,
-        mask=m_v,
-    )
-    tl.store(p_rd + (write_row * stride_rd_row + o_v * stride_rd_v), d_t, mask=m_v)
-    if EXACT_FLUSH:
-        tl.store(p_rv + (write_row * stride_rv_row + o_v * stride_rv_v), v_raw, mask=m_v)
+            tl.store(p_hp, S, mask=m_vk)
+            if HAS_LP:
+                store_lp(
+                    lp_ptr
+                    + slot * stride_lp_slot
+                    + h * stride_lp_head
+                    + (o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k),
+                    S,
+                    m_vk,
+                    LP_IS_FP16,
+                )
+        # Flush rows: n = 0 (coefficients of an empty history); stale rows: their history.
+        rows = o + o_j
+        rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+        d_h = tl.load(
+            p_rd + (rows[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v),
+            mask=(o_j < n)[:, None] & m_v[None, :],
+            other=0.0,
+        )
+        d_t, o_t = readout_tile(
+            S, kn, qn, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v_raw.to(tl.float32)
+        )
+        tl.store(
+            out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v,
+            o_t,
+            mask=m_v,
+        )
+        tl.store(p_rd + (write_row * stride_rd_row + o_v * stride_rd_v), d_t, mask=m_v)
+        if EXACT_FLUSH:
+            tl.store(p_rv + (write_row * stride_rv_row + o_v * stride_rv_v), v_raw, mask=m_v)
 
 
 def recomputes_d(cache, recompute: bool | int | None) -> bool:
