@@ -46,6 +46,14 @@ def main() -> None:
         help="time each kernel with torch.profiler instead of running for ncu",
     )
     p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="with --kernel-times: also each kernel's mean start and end within a step, "
+        "from the start of the step's kernel named by --anchor (shows what overlaps: run "
+        "without --knob overlap=0)",
+    )
+    p.add_argument("--anchor", default="_plan_kernel", help="--timeline's step-start kernel")
+    p.add_argument(
         "--route", default=None, help="Mamba-2: auto, replay, stock; GDN: fused, split, stock"
     )
     p.add_argument("--window", type=int, default=1, help="tokens per row and step (1 + k)")
@@ -82,9 +90,11 @@ def main() -> None:
         steps(args.steps)
         torch.cuda.synchronize()
     times: dict[str, list[float]] = {}
+    spans: list[tuple[float, float, str]] = []
     for ev in prof.events():
         if ev.device_type.name == "CUDA":
             times.setdefault(ev.name, []).append(ev.device_time)
+            spans.append((ev.time_range.start, ev.time_range.end, ev.name))
     print(
         f"# GPU time per kernel over {args.steps} eager steps of {args.geom} bs={args.bs} "
         f"lp={args.lp} window={args.window} (us; per step = total / steps)"
@@ -94,6 +104,35 @@ def main() -> None:
             f"{sum(ts) / args.steps:10.2f} us/step {sum(ts) / len(ts):10.2f} us/call "
             f"{len(ts):6d} calls  {name[:70]}"
         )
+    if args.timeline:
+        print_timeline(spans, args.anchor)
+
+
+def print_timeline(spans: list[tuple[float, float, str]], anchor: str) -> None:
+    """Each kernel's mean (start, end) in µs from the start of its step, a step starting
+    at a kernel whose name contains `anchor` (kernels before the first anchor are
+    skipped), and the mean step span (anchor start to the step's last end)."""
+    spans.sort()
+    offsets: dict[str, list[tuple[float, float]]] = {}
+    step_ends: list[float] = []
+    t0 = None
+    for start, end, name in spans:
+        if anchor in name:
+            t0 = start
+            step_ends.append(0.0)
+        if t0 is None:
+            continue
+        offsets.setdefault(name, []).append((start - t0, end - t0))
+        step_ends[-1] = max(step_ends[-1], end - t0)
+    print(f"# timeline: µs from the start of each step's {anchor} (mean over steps)")
+    for name, se in sorted(offsets.items(), key=lambda kv: sum(s for s, _ in kv[1])):
+        n = len(se)
+        print(
+            f"  start {sum(s for s, _ in se) / n:8.2f}  end {sum(e for _, e in se) / n:8.2f}  "
+            f"{n:5d} calls  {name[:70]}"
+        )
+    if step_ends:
+        print(f"  step span {sum(step_ends) / len(step_ends):8.2f} us over {len(step_ends)} steps")
 
 
 if __name__ == "__main__":

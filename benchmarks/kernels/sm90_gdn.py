@@ -226,23 +226,27 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     # The exact flush recomputes d from HP with an LP copy, and sums the cached d without one
     # (`flush.gdn_flush`'s recompute).
     # head_inverse: a value head's tiles one after another, its fold inverse formed once.
-    for rows, warps, precision, lp, inverse, head_inverse in (
-        (16, 1, "bf16x3", torch.bfloat16, True, False),
-        (64, 4, "bf16x3", torch.bfloat16, False, False),
-        (64, 4, "tf32x3", torch.bfloat16, False, False),
-        (64, 8, "bf16x3", torch.bfloat16, False, False),
-        (32, 4, "bf16x3", torch.bfloat16, False, False),
-        (32, 4, "tf32x3", torch.bfloat16, False, False),
-        (32, 2, "bf16x3", torch.bfloat16, False, False),
-        (16, 1, "bf16x3", torch.bfloat16, False, False),
-        (16, 1, "bf16x3", torch.bfloat16, False, True),
-        (64, 4, "bf16x3", None, False, False),
-        (32, 2, "bf16x3", None, False, False),
-        (16, 1, "bf16x3", None, False, False),
+    # prefetch: an item's list row and slot loaded ahead.
+    for rows, warps, precision, lp, inverse, head_inverse, prefetch in (
+        (16, 1, "bf16x3", torch.bfloat16, True, False, False),
+        (64, 4, "bf16x3", torch.bfloat16, False, False, False),
+        (64, 4, "tf32x3", torch.bfloat16, False, False, False),
+        (64, 8, "bf16x3", torch.bfloat16, False, False, False),
+        (32, 4, "bf16x3", torch.bfloat16, False, False, False),
+        (32, 4, "tf32x3", torch.bfloat16, False, False, False),
+        (32, 2, "bf16x3", torch.bfloat16, False, False, False),
+        (16, 1, "bf16x3", torch.bfloat16, False, False, False),
+        (16, 1, "bf16x3", torch.bfloat16, False, True, False),
+        (16, 1, "bf16x3", torch.bfloat16, False, False, True),
+        (64, 4, "bf16x3", None, False, False, False),
+        (32, 2, "bf16x3", None, False, False, False),
+        (16, 1, "bf16x3", None, False, False, False),
+        (16, 1, "bf16x3", None, False, False, True),
     ):
         kind = "recompute" if lp is not None else "sum d, HP only"
         kind += ", fold inverse" if inverse else ""
         kind += ", head inverse" if head_inverse else ""
+        kind += ", prefetch" if prefetch else ""
         out.append(
             (
                 f"flush {rows} x {K} {precision} {kind}",
@@ -264,6 +268,7 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     DOT_PRECISION=precision,
                     GIVEN_INVERSE=inverse,
                     HEAD_INVERSE=head_inverse,
+                    PREFETCH=prefetch,
                 ),
                 warps,
             )

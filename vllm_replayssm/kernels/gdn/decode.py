@@ -107,6 +107,7 @@ def launch_config(
         flush_recompute=None,
         flush_inverse=0,
         flush_head_inverse=0,
+        flush_prefetch=0,
     )
 
 
@@ -137,7 +138,7 @@ def gdn_replay_decode(
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
     readout_block_v, readout_warps, readout_tiles, readout_stages, flush_block_v,
     flush_warps, flush_programs, plan_warps, overlap, flush_recompute, flush_inverse,
-    flush_head_inverse, dot_precision) or set the window step's
+    flush_head_inverse, flush_prefetch, dot_precision) or set the window step's
     (speculative: route, block_v, num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
@@ -224,6 +225,7 @@ def gdn_replay_decode(
             recompute=recompute,
             inverse=inverse,
             head_inverse=head_inverse,
+            prefetch=bool(cfg["flush_prefetch"]),
             **common,
         )
     gdn_readout(
