@@ -66,19 +66,6 @@ SCENARIOS = {
     # the plan's fold inverse applied by the recomputing flush (L = 16 : 16 records folded)
     "lp_bf16_fold_inverse": dict(lp=torch.bfloat16, knobs=dict(flush_inverse=1)),
     "uneven_fold_inverse": dict(geom="uneven", lp=torch.float16, knobs=dict(flush_inverse=1)),
-    # the flush's own fold inverse per (flush row, value head), programs taking contiguous
-    # runs of items: one program (every head starts at its tile 0), three programs over two
-    # tiles per head (runs that start mid-head form it too; the interpreter runs programs
-    # in order, so there the head's tile 0 has always written it already)
-    "lp_bf16_head_inverse": dict(lp=torch.bfloat16, knobs=dict(flush_head_inverse=1)),
-    "head_inverse_one_program": dict(
-        lp=torch.bfloat16, knobs=dict(flush_head_inverse=1, flush_programs=1)
-    ),
-    "head_inverse_split_heads": dict(
-        geom="qwen3_next",
-        lp=torch.bfloat16,
-        knobs=dict(flush_head_inverse=1, flush_block_v=8, flush_programs=3),
-    ),
     # the flush's list rows and slots loaded ahead: one program walking every item, and
     # three programs over a list that changes as rows join and leave
     "flush_prefetch_one_program": dict(
@@ -214,8 +201,8 @@ def test_stock_route_interleaved(lp, device):
 
 @pytest.mark.parametrize(
     "knobs",
-    [{}, dict(flush_inverse=1), dict(flush_head_inverse=1)],
-    ids=["substitution", "fold_inverse", "head_inverse"],
+    [{}, dict(flush_inverse=1)],
+    ids=["substitution", "fold_inverse"],
 )
 def test_hp_independent_of_lp(knobs, device):
     """The exact flush reads HP only: HP after every flush is bitwise the same with LP off,
@@ -299,10 +286,9 @@ def test_real_geometry_on_gpu(geom, lp, exact):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("geom", list(REAL))
-@pytest.mark.parametrize("knob", ["flush_inverse", "flush_head_inverse"])
+@pytest.mark.parametrize("knob", ["flush_inverse"])
 def test_real_geometry_fold_inverse_on_gpu(geom, knob):
-    """The recomputing flush with fold inverses, bf16 LP: the plan's (`flush_inverse`) or
-    the flush's own, once per head (`flush_head_inverse`)."""
+    """The recomputing flush with the plan's fold inverses (`flush_inverse`), bf16 LP."""
     fam = GDNFamily(
         REAL[geom],
         act_dtype=torch.bfloat16,

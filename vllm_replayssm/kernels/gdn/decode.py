@@ -81,11 +81,9 @@ def launch_config(
     head) instead of substituting per value tile (`plan.store_fold_inverse`); off: it
     moves the work onto the critical path (122B bf16 LP, eager: flush 129.5 -> 118.7 µs,
     plan 12.3 -> 28.3; step in a graph 259.8 -> 274.5 µs,
-    `kernels-h200-20261202-a8e3f00-gdn-fold-inverse.json`). flush_head_inverse 1 (not yet
-    measured on a GPU, off): the recomputing flush forms that inverse itself, once per
-    (flush row, value head), its programs taking a head's tiles one after another
-    (`flush.gdn_flush`'s head_inverse), so the plan keeps its 12 µs and the tiles still
-    apply one product each."""
+    `kernels-h200-20261202-a8e3f00-gdn-fold-inverse.json`). flush_head_inverse (the
+    flush forming that inverse itself, once per head) measured slower still and was removed
+    (`kernels-h200-20261203-c93eed3-gdn-plain-head-inverse.json`: 259.8 against 240.3 µs)."""
     block_v = TILE_BYTES // (pow2_block(head_k_dim) * ckpt_itemsize)
     block_v = max(8, min(block_v, triton.next_power_of_2(head_v_dim)))
     flush_v = 16  # the dot products' smallest tile
@@ -106,7 +104,6 @@ def launch_config(
         overlap=device.type == "cuda",
         flush_recompute=None,
         flush_inverse=0,
-        flush_head_inverse=0,
         flush_prefetch=0,
     )
 
@@ -138,7 +135,7 @@ def gdn_replay_decode(
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
     readout_block_v, readout_warps, readout_tiles, readout_stages, flush_block_v,
     flush_warps, flush_programs, plan_warps, overlap, flush_recompute, flush_inverse,
-    flush_head_inverse, flush_prefetch, dot_precision) or set the window step's
+    flush_prefetch, dot_precision) or set the window step's
     (speculative: route, block_v, num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
@@ -181,13 +178,8 @@ def gdn_replay_decode(
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
     recompute = recomputes_d(cache, cfg["flush_recompute"])
     inverse = recompute and bool(cfg["flush_inverse"]) and cfg.get("dot_precision") != "serial"
-    head_inverse = (
-        recompute and bool(cfg["flush_head_inverse"]) and cfg.get("dot_precision") != "serial"
-    )
     if scratch is None:
-        scratch = GDNScratch.allocate(
-            R, Hv, Hk, K, buffer_len, v.device, fold_inverse=inverse or head_inverse
-        )
+        scratch = GDNScratch.allocate(R, Hv, Hk, K, buffer_len, v.device, fold_inverse=inverse)
     elif not scratch.fits(R, Hv, Hk, K, buffer_len):
         raise ValueError(
             f"scratch {tuple(scratch.coef.shape)} / {tuple(scratch.kq.shape)} does not fit "
@@ -224,7 +216,6 @@ def gdn_replay_decode(
             dot_precision=cfg.get("dot_precision"),
             recompute=recompute,
             inverse=inverse,
-            head_inverse=head_inverse,
             prefetch=bool(cfg["flush_prefetch"]),
             **common,
         )

@@ -9,9 +9,7 @@ fp32 reassociation); fold mode, the weighted sum of the cached d), writes
 HP and LP from registers and reads out the current token from the new state (an empty
 history); a stale row reads out from HP and its history exactly as the readout launch would
 from LP. LP never enters HP. It stores d_t (and v_t) at the write row and o_t; the readout
-launch skips these rows. With HEAD_INVERSE each program walks a contiguous run of items
-instead, and a flush row's value head forms its fold inverse once, at its first tile in the
-run (`tiles.wy_fold_inverse`), which its tiles then apply as one product each.
+launch skips these rows.
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ from vllm_replayssm.kernels.gdn.plan import (
 from vllm_replayssm.kernels.gdn.tiles import (
     advance_tile,
     readout_tile,
-    wy_fold_inverse,
     wy_fold_tile,
 )
 
@@ -208,7 +205,6 @@ def _gdn_flush_kernel(
     RECOMPUTE_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     GIVEN_INVERSE: tl.constexpr,
-    HEAD_INVERSE: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
@@ -218,11 +214,7 @@ def _gdn_flush_kernel(
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
     o_j = tl.arange(0, BLOCK_L)
-    if HEAD_INVERSE:  # a contiguous run of items per program: a head's tiles one after another
-        chunk = tl.cdiv(total, num_programs)
-        first, step, end = pid * chunk, 1, tl.minimum(total, pid * chunk + chunk)
-    else:
-        first, step, end = pid, num_programs, total
+    first, step, end = pid, num_programs, total
     if PREFETCH:  # the item's list row and slot, loaded one iteration ahead (below)
         r_n = tl.load(hp_rows_ptr + first // items_per_row, mask=first < end, other=0)
         slot_n = tl.load(plan_ptr + r_n * T_PLAN_LEN + T_PLAN_SLOT, mask=first < end, other=0)
@@ -265,24 +257,6 @@ def _gdn_flush_kernel(
         kn = tl.load(p_kq, mask=m_k, other=0.0)
         qn = tl.load(p_kq + stride_kq_which, mask=m_k, other=0.0)
         p_inv = winv_ptr + r64 * stride_winv_row + h * stride_winv_head
-        if HEAD_INVERSE:  # a flush row's head: its fold inverse once, at its first tile here
-            head_start = (item % TILES_PER_HEAD == 0) | (item == first)
-            if (flush != 0) & head_start:
-                wy_fold_inverse(
-                    ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-                    ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-                    ring_k_ptr + slot * stride_rk_slot + hk * stride_rk_head,
-                    p_inv,
-                    fo,
-                    fn,
-                    num_ring_rows,
-                    o_k,
-                    m_k,
-                    (stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k),
-                    BLOCK_L,
-                    DOT_PRECISION,
-                )
-                tl.debug_barrier()  # one warp: its stores seen by all its lanes
         o_v = (item % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
         m_v = o_v < head_v_dim
         m_vk = m_v[:, None] & m_k[None, :]
@@ -325,7 +299,7 @@ def _gdn_flush_kernel(
                 RECOMPUTE_D,
                 BLOCK_L,
                 DOT_PRECISION,
-                GIVEN_INVERSE or HEAD_INVERSE,
+                GIVEN_INVERSE,
             )
             tl.store(p_hp, S, mask=m_vk)
             if HAS_LP:
@@ -381,7 +355,6 @@ def gdn_flush(
     dot_precision: str | None = None,
     recompute: bool | None = None,
     inverse: bool = False,
-    head_inverse: bool = False,
     prefetch: bool = False,
 ) -> None:
     """Launch the flush over the plan's HP list (after `gdn_plan`, before or beside
@@ -403,12 +376,6 @@ def gdn_flush(
     (`gdn_plan(fold_inverse=True)` in the same step) instead of each tile forming the Gram
     matrix and substituting.
 
-    head_inverse (a recomputing WY fold, not with inverse): each program takes a
-    contiguous run of items, so a value head's tiles follow one another, and forms a flush
-    row's fold inverse at the head's first tile (`tiles.wy_fold_inverse`, into the
-    scratch's fold_inverse, which must be allocated); its tiles apply it as one product
-    each, as with inverse but without the plan's share.
-
     prefetch: each program loads an item's list row two items ahead and its slot one item
     ahead, so its HP tile load does not wait for those two dependent loads."""
     if dot_precision is None:
@@ -423,10 +390,6 @@ def gdn_flush(
         raise ValueError("inverse needs a recomputing WY fold (exact flush, not serial)")
     Hv, V = v.shape[1], v.shape[2]
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
-    if head_inverse and (inverse or not recompute or dot_precision == "serial"):
-        raise ValueError("head_inverse takes a recomputing WY fold (not serial), no inverse")
-    if head_inverse and scratch.fold_inverse.shape[0] < v.shape[0]:
-        raise ValueError("head_inverse needs GDNScratch.allocate(..., fold_inverse=True)")
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
@@ -475,7 +438,6 @@ def gdn_flush(
         RECOMPUTE_D=recompute,
         DOT_PRECISION=dot_precision,
         GIVEN_INVERSE=inverse,
-        HEAD_INVERSE=head_inverse,
         PREFETCH=prefetch,
         num_warps=num_warps,
     )

@@ -2,8 +2,7 @@
 `plan.py`, `readout.py`, `flush.py`; the window step `window.py`; the stock route
 `stock_route.py`): the key normalisation, the plain-decode readout of one tile, and the
 advance of one value head's checkpoint tile over committed ring entries, record by record
-(`advance_tile`) or in chunked WY form with tensor-core products (`wy_fold_tile`, and the
-fold's inverse alone, `wy_fold_inverse`)."""
+(`advance_tile`) or in chunked WY form with tensor-core products (`wy_fold_tile`)."""
 
 import os
 
@@ -345,44 +344,3 @@ def _substitute(D, A, BLOCK_L: tl.constexpr):
         a_i = tl.sum(tl.where(o_l[None, :] == i, A, 0.0), axis=1)  # [BLOCK_L (j)]
         D -= d_i[:, None] * a_i[None, :]
     return D
-
-
-@triton.jit
-def wy_fold_inverse(
-    p_rg,
-    p_rbeta,
-    p_rk,
-    p_inv,
-    fo,
-    fn,
-    num_ring_rows,
-    o_k,
-    m_k,
-    strides,
-    BLOCK_L: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """Stores at p_inv the (I + A)⁻¹ that `wy_fold_tile` with GIVEN_INVERSE applies ([BLOCK_L,
-    BLOCK_L] row-major fp32; A as that fold forms it, over ring entries [fo, fo + fn) of one
-    value head), by the fold's substitution applied to the identity: a program folding
-    several tiles of the head forms it once. strides: (g row, β row, k row, k dim)."""
-    stride_rg_row, stride_rbeta_row, stride_rk_row, stride_rk_k = strides
-    rows, m_l, _, lam, k, k_op, rnorm = _wy_records(
-        p_rg,
-        p_rk,
-        fo,
-        fn,
-        num_ring_rows,
-        o_k,
-        m_k,
-        stride_rg_row,
-        stride_rk_row,
-        stride_rk_k,
-        BLOCK_L,
-        PRECISION,
-    )
-    o_l = tl.arange(0, BLOCK_L)
-    beta = tl.load(p_rbeta + rows * stride_rbeta_row, mask=m_l, other=0.0)
-    A = _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L, PRECISION)
-    xt = _substitute(tl.where(o_l[:, None] == o_l[None, :], 1.0, 0.0), A, BLOCK_L)  # (I+A)⁻ᵀ
-    tl.store(p_inv + o_l[None, :] * BLOCK_L + o_l[:, None], xt)  # transposed: (I + A)⁻¹
