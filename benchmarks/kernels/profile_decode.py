@@ -11,7 +11,16 @@ speculative verify steps of T tokens per row, every draft accepted, as bench_dec
 (torch.profiler, eager), e.g. the GDN window step's plan, flush and readout launches:
 
     python3 benchmarks/kernels/profile_decode.py --geom qwen35_122b --bs 256 --window 4 \
-        --route split --kernel-times"""
+        --route split --kernel-times
+
+--graph replays the steps from one CUDA graph instead (as bench_decode.py times them), and
+--timeline places each kernel within its step: with the GDN flush on its side stream, how
+much of it runs beside the readout. Eager steps are paced by the host's launches (under the
+profiler the flush started ~100 µs after the plan on the H200), so only --graph shows the
+overlap of the timed step:
+
+    python3 benchmarks/kernels/profile_decode.py --geom qwen35_122b --bs 256 --lp bf16 \
+        --route replay --kernel-times --graph --timeline"""
 
 from __future__ import annotations
 
@@ -52,6 +61,11 @@ def main() -> None:
         "from the start of the step's kernel named by --anchor (shows what overlaps: run "
         "without --knob overlap=0)",
     )
+    p.add_argument(
+        "--graph",
+        action="store_true",
+        help="with --kernel-times: profile a replay of one CUDA graph of the steps",
+    )
     p.add_argument("--anchor", default="_plan_kernel", help="--timeline's step-start kernel")
     p.add_argument(
         "--route", default=None, help="Mamba-2: auto, replay, stock; GDN: fused, split, stock"
@@ -86,8 +100,18 @@ def main() -> None:
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
 
+    graph = None
+    if args.graph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            steps(args.steps)
+        graph.replay()
+        torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        steps(args.steps)
+        if graph is not None:
+            graph.replay()
+        else:
+            steps(args.steps)
         torch.cuda.synchronize()
     times: dict[str, list[float]] = {}
     spans: list[tuple[float, float, str]] = []
@@ -96,8 +120,8 @@ def main() -> None:
             times.setdefault(ev.name, []).append(ev.device_time)
             spans.append((ev.time_range.start, ev.time_range.end, ev.name))
     print(
-        f"# GPU time per kernel over {args.steps} eager steps of {args.geom} bs={args.bs} "
-        f"lp={args.lp} window={args.window} (us; per step = total / steps)"
+        f"# GPU time per kernel over {args.steps} {'graph' if graph else 'eager'} steps of "
+        f"{args.geom} bs={args.bs} lp={args.lp} window={args.window} (us; per step = total / steps)"
     )
     for name, ts in sorted(times.items(), key=lambda kv: -sum(kv[1])):
         print(

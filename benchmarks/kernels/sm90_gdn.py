@@ -225,25 +225,21 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     # flush_block_v / flush_warps; bf16x3 is the GPU default with bf16 k records).
     # The exact flush recomputes d from HP with an LP copy, and sums the cached d without one
     # (`flush.gdn_flush`'s recompute).
-    # prefetch: an item's list row and slot loaded ahead.
-    for rows, warps, precision, lp, inverse, prefetch in (
-        (16, 1, "bf16x3", torch.bfloat16, True, False),
-        (64, 4, "bf16x3", torch.bfloat16, False, False),
-        (64, 4, "tf32x3", torch.bfloat16, False, False),
-        (64, 8, "bf16x3", torch.bfloat16, False, False),
-        (32, 4, "bf16x3", torch.bfloat16, False, False),
-        (32, 4, "tf32x3", torch.bfloat16, False, False),
-        (32, 2, "bf16x3", torch.bfloat16, False, False),
-        (16, 1, "bf16x3", torch.bfloat16, False, False),
-        (16, 1, "bf16x3", torch.bfloat16, False, True),
-        (64, 4, "bf16x3", None, False, False),
-        (32, 2, "bf16x3", None, False, False),
-        (16, 1, "bf16x3", None, False, False),
-        (16, 1, "bf16x3", None, False, True),
+    for rows, warps, precision, lp, inverse in (
+        (16, 1, "bf16x3", torch.bfloat16, True),
+        (64, 4, "bf16x3", torch.bfloat16, False),
+        (64, 4, "tf32x3", torch.bfloat16, False),
+        (64, 8, "bf16x3", torch.bfloat16, False),
+        (32, 4, "bf16x3", torch.bfloat16, False),
+        (32, 4, "tf32x3", torch.bfloat16, False),
+        (32, 2, "bf16x3", torch.bfloat16, False),
+        (16, 1, "bf16x3", torch.bfloat16, False),
+        (64, 4, "bf16x3", None, False),
+        (32, 2, "bf16x3", None, False),
+        (16, 1, "bf16x3", None, False),
     ):
         kind = "recompute" if lp is not None else "sum d, HP only"
         kind += ", fold inverse" if inverse else ""
-        kind += ", prefetch" if prefetch else ""
         out.append(
             (
                 f"flush {rows} x {K} {precision} {kind}",
@@ -264,7 +260,6 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     RECOMPUTE_D=lp is not None,
                     DOT_PRECISION=precision,
                     GIVEN_INVERSE=inverse,
-                    PREFETCH=prefetch,
                 ),
                 warps,
             )

@@ -66,12 +66,6 @@ SCENARIOS = {
     # the plan's fold inverse applied by the recomputing flush (L = 16 : 16 records folded)
     "lp_bf16_fold_inverse": dict(lp=torch.bfloat16, knobs=dict(flush_inverse=1)),
     "uneven_fold_inverse": dict(geom="uneven", lp=torch.float16, knobs=dict(flush_inverse=1)),
-    # the flush's list rows and slots loaded ahead: one program walking every item, and
-    # three programs over a list that changes as rows join and leave
-    "flush_prefetch_one_program": dict(
-        lp=torch.bfloat16, knobs=dict(flush_prefetch=1, flush_programs=1)
-    ),
-    "flush_prefetch_churn": dict(churn=True, knobs=dict(flush_prefetch=1, flush_programs=3)),
     # several value tiles per head in both launches (V = 16)
     "tiles_of_8": dict(geom="qwen3_next", knobs=dict(readout_block_v=8, flush_block_v=8)),
     # the readout's tile loop: 4 of a key head's 8 tiles per program (two value heads), and
@@ -308,21 +302,6 @@ def test_real_geometry_fold_inverse_on_gpu(geom, knob):
         out_tol=out_tolerance(torch.bfloat16, "cuda"),
         requests=6,
     )
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("geom", list(REAL))
-@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
-def test_real_geometry_flush_prefetch_on_gpu(geom, lp):
-    """The flush loading its items' list rows and slots ahead (`flush_prefetch`)."""
-    fam = GDNFamily(
-        REAL[geom],
-        act_dtype=torch.bfloat16,
-        device="cuda",
-        seed=11,
-        decode_op=_op(flush_prefetch=1),
-    )
-    check_scenario(fam, L=16, T=1, lp=lp, spec=False, requests=8, cycles=2)
 
 
 @pytest.mark.gpu

@@ -104,7 +104,6 @@ def launch_config(
         overlap=device.type == "cuda",
         flush_recompute=None,
         flush_inverse=0,
-        flush_prefetch=0,
     )
 
 
@@ -135,7 +134,7 @@ def gdn_replay_decode(
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
     readout_block_v, readout_warps, readout_tiles, readout_stages, flush_block_v,
     flush_warps, flush_programs, plan_warps, overlap, flush_recompute, flush_inverse,
-    flush_prefetch, dot_precision) or set the window step's
+    dot_precision) or set the window step's
     (speculative: route, block_v, num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
@@ -216,7 +215,6 @@ def gdn_replay_decode(
             dot_precision=cfg.get("dot_precision"),
             recompute=recompute,
             inverse=inverse,
-            prefetch=bool(cfg["flush_prefetch"]),
             **common,
         )
     gdn_readout(

@@ -205,7 +205,6 @@ def _gdn_flush_kernel(
     RECOMPUTE_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     GIVEN_INVERSE: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -214,32 +213,13 @@ def _gdn_flush_kernel(
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
     o_j = tl.arange(0, BLOCK_L)
-    first, step, end = pid, num_programs, total
-    if PREFETCH:  # the item's list row and slot, loaded one iteration ahead (below)
-        r_n = tl.load(hp_rows_ptr + first // items_per_row, mask=first < end, other=0)
-        slot_n = tl.load(plan_ptr + r_n * T_PLAN_LEN + T_PLAN_SLOT, mask=first < end, other=0)
-        r_nn = tl.load(
-            hp_rows_ptr + (first + step) // items_per_row, mask=first + step < end, other=0
-        )
-    for item in tl.range(first, end, step):
+    for item in tl.range(pid, total, num_programs):
         h = (item % items_per_row) // TILES_PER_HEAD
         hk = h // V_PER_K
-        if PREFETCH:
-            # The HP tile's address is known at the top: the next item's slot (its list row
-            # loaded an iteration earlier) and the one after's list row load meanwhile.
-            r = r_n
-            slot = slot_n.to(tl.int64)
-            later = item + 2 * step
-            slot_n = tl.load(
-                plan_ptr + r_nn * T_PLAN_LEN + T_PLAN_SLOT, mask=item + step < end, other=0
-            )
-            r_n = r_nn
-            r_nn = tl.load(hp_rows_ptr + later // items_per_row, mask=later < end, other=0)
-        else:
-            r = tl.load(hp_rows_ptr + item // items_per_row)
-            slot = tl.load(plan_ptr + r * T_PLAN_LEN + T_PLAN_SLOT).to(tl.int64)
+        r = tl.load(hp_rows_ptr + item // items_per_row)
         r64 = r.to(tl.int64)
         p_plan = plan_ptr + r * T_PLAN_LEN
+        slot = tl.load(p_plan + T_PLAN_SLOT).to(tl.int64)
         o = tl.load(p_plan + T_PLAN_ORIGIN)
         n = tl.load(p_plan + T_PLAN_COUNT)
         write_row = tl.load(p_plan + T_PLAN_WRITE_ROW)
@@ -355,7 +335,6 @@ def gdn_flush(
     dot_precision: str | None = None,
     recompute: bool | None = None,
     inverse: bool = False,
-    prefetch: bool = False,
 ) -> None:
     """Launch the flush over the plan's HP list (after `gdn_plan`, before or beside
     `gdn_readout`): HP and LP of flush rows written; out [R, Hv, V] and the d (and v)
@@ -374,10 +353,7 @@ def gdn_flush(
 
     inverse (a recomputing WY fold only): apply the fold inverses the plan stored
     (`gdn_plan(fold_inverse=True)` in the same step) instead of each tile forming the Gram
-    matrix and substituting.
-
-    prefetch: each program loads an item's list row two items ahead and its slot one item
-    ahead, so its HP tile load does not wait for those two dependent loads."""
+    matrix and substituting."""
     if dot_precision is None:
         bf16_records = cache.ring_k.dtype == torch.bfloat16
         dot_precision = "bf16x3" if bf16_records and v.is_cuda else "tf32x3"
@@ -438,6 +414,5 @@ def gdn_flush(
         RECOMPUTE_D=recompute,
         DOT_PRECISION=dot_precision,
         GIVEN_INVERSE=inverse,
-        PREFETCH=prefetch,
         num_warps=num_warps,
     )
