@@ -104,6 +104,7 @@ def launch_config(
         overlap=device.type == "cuda",
         flush_recompute=None,
         flush_inverse=0,
+        flush_maxnreg=0,
     )
 
 
@@ -134,7 +135,7 @@ def gdn_replay_decode(
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
     readout_block_v, readout_warps, readout_tiles, readout_stages, flush_block_v,
     flush_warps, flush_programs, plan_warps, overlap, flush_recompute, flush_inverse,
-    dot_precision) or set the window step's
+    flush_maxnreg, dot_precision) or set the window step's
     (speculative: route, block_v, num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
@@ -215,6 +216,7 @@ def gdn_replay_decode(
             dot_precision=cfg.get("dot_precision"),
             recompute=recompute,
             inverse=inverse,
+            max_registers=cfg["flush_maxnreg"],
             **common,
         )
     gdn_readout(
