@@ -37,6 +37,34 @@ def launcher_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "vllm_replayssm.cli", *args]
 
 
+def live_in_group(pgid: int) -> list[int]:
+    """The processes of process group pgid that have not exited (zombies excluded: they
+    hold no GPU memory, and a container's init may never reap an orphan's)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited while we looked
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            live.append(int(stat.parent.name))
+    return live
+
+
+def end_group(pgid: int, wait_s: float = 60.0) -> list[int]:
+    """SIGKILL what is left of process group pgid and wait until it has exited; returns
+    the pids still alive after wait_s (empty when the group is gone). vLLM's engine core
+    runs in its own process, which killing only the group's leader leaves running, with
+    the GPU's memory: after such a kill on 2026-12-03 the next engine of a benchmark failed
+    to start (its root cause went unlogged; the memory left in use is the likely one)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while (live := live_in_group(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return live
+
+
 class ServerError(RuntimeError):
     """A server that exited, or did not answer /health in time; the message holds its log
     tail."""
@@ -94,14 +122,14 @@ class ServerProcess:
 
     def stop(self) -> int | None:
         """SIGTERM the process group (API server and engine processes), SIGKILL what is left
-        after STOP_TIMEOUT_S; return the leader's exit status."""
+        after STOP_TIMEOUT_S and wait until every member has exited (`end_group`); return
+        the leader's exit status."""
         pgid = self.proc.pid  # start_new_session: the group id is the leader's pid
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=STOP_TIMEOUT_S)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
+        end_group(pgid)
         rc = self.proc.wait()
         self._log.close()
         return rc

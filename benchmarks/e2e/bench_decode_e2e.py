@@ -76,7 +76,6 @@ JSON only with --json):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import hashlib
 import importlib
@@ -84,7 +83,6 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -658,37 +656,11 @@ def kv_cache_capacity(line: str, found: dict[str, float]) -> None:
             found[key] = float(m.group(1).replace(",", ""))
 
 
-def _live_in_group(pgid: int) -> list[int]:
-    """The processes of process group pgid that have not exited (zombies excluded: they
-    hold no GPU memory, and a container's init may never reap an orphan's)."""
-    live = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # exited while we looked
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            live.append(int(stat.parent.name))
-    return live
-
-
-def end_group(pgid: int, wait_s: float = 60.0) -> list[int]:
-    """SIGKILL what is left of process group pgid and wait until it has exited; returns
-    the pids still alive after wait_s (empty when the group is gone). A worker's vLLM
-    engine core runs in its own process, which killing only the worker leaves running,
-    with the GPU's memory: after such a kill on 2026-12-03 the next mode's engine failed
-    to start (its root cause went unlogged; the memory left in use is the likely one)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + wait_s
-    while (live := _live_in_group(pgid)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return live
-
-
 def run_worker_process(cmd: list[str], timeout: float | None, on_line) -> int | str:
     """Run cmd in its own process group, its stdout line by line to on_line; after it
     exits or times out (returns "timeout"), end its group: no engine process outlives it."""
+    from vllm_replayssm.server_process import end_group  # here: `off` runs without the package
+
     proc = subprocess.Popen(
         cmd,
         stdin=subprocess.DEVNULL,
