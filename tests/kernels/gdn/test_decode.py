@@ -66,8 +66,6 @@ SCENARIOS = {
     # the plan's fold inverse applied by the recomputing flush (L = 16 : 16 records folded)
     "lp_bf16_fold_inverse": dict(lp=torch.bfloat16, knobs=dict(flush_inverse=1)),
     "uneven_fold_inverse": dict(geom="uneven", lp=torch.float16, knobs=dict(flush_inverse=1)),
-    # a register cap for the flush (a GPU compile option; the interpreter runs without)
-    "flush_maxnreg": dict(lp=torch.bfloat16, knobs=dict(flush_maxnreg=168)),
     # several value tiles per head in both launches (V = 16)
     "tiles_of_8": dict(geom="qwen3_next", knobs=dict(readout_block_v=8, flush_block_v=8)),
     # the readout's tile loop: 4 of a key head's 8 tiles per program (two value heads), and
@@ -304,21 +302,6 @@ def test_real_geometry_fold_inverse_on_gpu(geom, knob):
         out_tol=out_tolerance(torch.bfloat16, "cuda"),
         requests=6,
     )
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("geom", list(REAL))
-@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
-def test_real_geometry_flush_maxnreg_on_gpu(geom, lp):
-    """The flush compiled under a register cap (`flush_maxnreg`: ptxas spills)."""
-    fam = GDNFamily(
-        REAL[geom],
-        act_dtype=torch.bfloat16,
-        device="cuda",
-        seed=11,
-        decode_op=_op(flush_maxnreg=168),
-    )
-    check_scenario(fam, L=16, T=1, lp=lp, spec=False, requests=8, cycles=2)
 
 
 @pytest.mark.gpu

@@ -53,6 +53,18 @@ CASES = {
     "spec_T2_lp_fp16_churn_fused": dict(
         L=4, T=2, lp=torch.float16, spec=True, churn=True, route="fused"
     ),
+    # the flush launch beside the readout on a side stream (GPU only: the interpreter runs
+    # the launches in order)
+    "spec_T3_lp_bf16_split_planned_overlap": dict(
+        L=5,
+        T=3,
+        lp=torch.bfloat16,
+        spec=True,
+        route="split",
+        plan=True,
+        flush_readout=True,
+        overlap=True,
+    ),
 }
 
 
@@ -69,6 +81,7 @@ def test_kernel_matches_naive(row, device):
             c.get("plan", False),
             flush_readout=c.get("flush_readout", 0),
             readout_tiles=c.get("readout_tiles", 1),
+            overlap=c.get("overlap", False),
         ),
         device=device,
         seed=3,
@@ -85,6 +98,15 @@ def test_kernel_matches_naive(row, device):
         cycles=3,
         seed=len(case),
     )
+
+
+def test_overlap_needs_flush_readout(device):
+    """The flush beside the readout only when the readout skips flush rows."""
+    fam = GDNFamily(
+        GEOMS["tiny"], decode_op=_op("split_planned", overlap=True), device=device, seed=3
+    )
+    with pytest.raises(ValueError, match="overlap runs with flush_readout"):
+        check_scenario(fam, L=5, T=3, lp=None, spec=True, requests=2, cycles=1)
 
 
 @pytest.mark.parametrize(
@@ -271,6 +293,19 @@ GPU_VARIANTS = {
     "split_planned-wy_tiles_flush_readout": (
         "split_planned",
         dict(WY, block_v=16, readout_tiles=4, readout_stages=2, flush_readout=True),
+    ),
+    # the defaults with the flush reading its rows out on a side stream beside the readout
+    "split_planned-wy_overlap": (
+        "split_planned",
+        dict(
+            WY,
+            block_v=16,
+            readout_tiles=0,
+            readout_stages=2,
+            flush_stages=1,
+            flush_readout=True,
+            overlap=True,
+        ),
     ),
 }
 

@@ -19,12 +19,12 @@ batch: safe in CUDA graphs. Semantics: `reference.gdn_replay_decode`.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import triton
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.streams import num_sms, side_stream
 from vllm_replayssm.kernels.gdn.flush import gdn_flush, recomputes_d
 from vllm_replayssm.kernels.gdn.plan import GDNScratch, gdn_plan
 from vllm_replayssm.kernels.gdn.readout import gdn_readout
@@ -32,23 +32,6 @@ from vllm_replayssm.kernels.gdn.window import check_args, gdn_window_decode
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 TILE_BYTES = 8192  # checkpoint bytes per readout program
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream the flush runs on beside the readout (one per device, made on first use,
-    before any CUDA-graph capture: the layers' warm-up runs a decode step first)."""
-    stream = _SIDE_STREAMS.get(device)
-    if stream is None:
-        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return stream
 
 
 def launch_config(
@@ -88,7 +71,7 @@ def launch_config(
     block_v = max(8, min(block_v, triton.next_power_of_2(head_v_dim)))
     flush_v = 16  # the dot products' smallest tile
     if device.type == "cuda":
-        programs = 4 * _num_sms(device.index if device.index is not None else 0)
+        programs = 4 * num_sms(device)
     else:
         programs = 8
     flush_items = num_rows * num_v_heads * triton.cdiv(head_v_dim, flush_v)
@@ -104,7 +87,6 @@ def launch_config(
         overlap=device.type == "cuda",
         flush_recompute=None,
         flush_inverse=0,
-        flush_maxnreg=0,
     )
 
 
@@ -135,7 +117,7 @@ def gdn_replay_decode(
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
     readout_block_v, readout_warps, readout_tiles, readout_stages, flush_block_v,
     flush_warps, flush_programs, plan_warps, overlap, flush_recompute, flush_inverse,
-    flush_maxnreg, dot_precision) or set the window step's
+    dot_precision) or set the window step's
     (speculative: route, block_v, num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
@@ -201,7 +183,7 @@ def gdn_replay_decode(
         fold_inverse=inverse,
         **common,
     )
-    side = _side_stream(v.device) if cfg["overlap"] and v.is_cuda else None
+    side = side_stream(v.device) if cfg["overlap"] and v.is_cuda else None
     if side is not None:  # the flush and the readout touch different rows: run both at once
         side.wait_stream(torch.cuda.current_stream(v.device))
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
@@ -216,7 +198,6 @@ def gdn_replay_decode(
             dot_precision=cfg.get("dot_precision"),
             recompute=recompute,
             inverse=inverse,
-            max_registers=cfg["flush_maxnreg"],
             **common,
         )
     gdn_readout(

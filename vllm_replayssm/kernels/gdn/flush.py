@@ -335,7 +335,6 @@ def gdn_flush(
     dot_precision: str | None = None,
     recompute: bool | None = None,
     inverse: bool = False,
-    max_registers: int = 0,
 ) -> None:
     """Launch the flush over the plan's HP list (after `gdn_plan`, before or beside
     `gdn_readout`): HP and LP of flush rows written; out [R, Hv, V] and the d (and v)
@@ -354,10 +353,7 @@ def gdn_flush(
 
     inverse (a recomputing WY fold only): apply the fold inverses the plan stored
     (`gdn_plan(fold_inverse=True)` in the same step) instead of each tile forming the Gram
-    matrix and substituting.
-
-    max_registers: a cap on the kernel's registers per thread (0: none; GPU only): ptxas
-    then spills the rest, so that the readout launch beside it keeps more warps per SM."""
+    matrix and substituting."""
     if dot_precision is None:
         bf16_records = cache.ring_k.dtype == torch.bfloat16
         dot_precision = "bf16x3" if bf16_records and v.is_cuda else "tf32x3"
@@ -419,5 +415,4 @@ def gdn_flush(
         DOT_PRECISION=dot_precision,
         GIVEN_INVERSE=inverse,
         num_warps=num_warps,
-        **({"maxnreg": max_registers} if max_registers and v.is_cuda else {}),
     )

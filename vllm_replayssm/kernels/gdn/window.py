@@ -24,6 +24,8 @@ Semantics: `reference.gdn_replay_decode`.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -44,6 +46,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     store_plan_words,
 )
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
+from vllm_replayssm.kernels.common.streams import side_stream
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
 from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
@@ -1323,6 +1326,7 @@ def gdn_window_decode(
     readout_tiles: int = 1,
     readout_stages: int = 1,
     flush_stages: int = 3,
+    overlap: bool = False,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1359,7 +1363,9 @@ def gdn_window_decode(
     num_stages for the launches of `_gdn_window_kernel` and `_gdn_window_flush_kernel`, the
     depth to which Triton pipelines their loops that name none (3, Triton's default: the WY
     fold's loops then take 33 KiB of shared memory per one-warp program at sm_90, 8 KiB with
-    1). The defaults are the small-batch row of that table.
+    1). overlap (flush_readout, GPU): the flush launch runs on a side stream beside the
+    readout's (with flush_readout the two touch different rows, as in plain decode); without
+    it the readout waits for the flush. The defaults are the small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1407,6 +1413,8 @@ def gdn_window_decode(
         raise ValueError(f"unknown readout_precision {readout_precision!r}")
     if flush_readout and not window_plan:
         raise ValueError("flush_readout runs with window_plan")
+    if overlap and not flush_readout:
+        raise ValueError("overlap runs with flush_readout (the readout then skips flush rows)")
     tiles = triton.cdiv(V, block_v)
     if (readout_tiles != 1 or readout_stages > 1) and not window_plan:
         raise ValueError("readout_tiles and readout_stages are the planned readout's")
@@ -1499,59 +1507,63 @@ def gdn_window_decode(
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
     flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1)
     grid_f = (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R)
+    side = side_stream(v.device) if overlap and v.is_cuda else None
+    if side is not None:  # the flush beside the readout: they touch different rows
+        side.wait_stream(torch.cuda.current_stream(v.device))
     if not flush_readout:
         _launch(grid_f, FLUSH_ONLY, flush_cfg, winv if inverse else None, *args)
     else:
-        _gdn_window_flush_kernel[grid_f](
-            cache.hp,
-            lp,
-            cache.ring_g,
-            beta,
-            cache.ring_k,
-            cache.ring_d,
-            ring_v,
-            v,
-            out,
-            qsl,
-            plan,
-            kq,
-            coef,
-            winv,
-            null_block_id,
-            num_ring_rows,
-            *cache.hp.stride(),
-            *lp.stride(),
-            *cache.ring_g.stride(),
-            *beta.stride(),
-            *cache.ring_k.stride(),
-            *cache.ring_d.stride(),
-            *ring_v.stride(),
-            *v.stride(),
-            *out.stride(),
-            *kq.stride()[:2],
-            *coef.stride()[:2],
-            *winv.stride()[:2],
-            v_per_k=Hv // Hk,
-            head_k_dim=K,
-            head_v_dim=V,
-            WINDOW=window,
-            BLOCK_W=bw,
-            BLOCK_V=FLUSH_BLOCK_V,
-            BLOCK_H=bh,
-            DOT_K=max(16, bk),
-            DOT_N=max(16, 2 * bw),
-            HAS_LP=cache.lp is not None,
-            LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
-            EXACT_FLUSH=cache.exact_flush,
-            IS_VARLEN=query_start_loc is not None,
-            HEADS_PER_PROGRAM=heads_per_program,
-            FOLD_EXACT=fold_exact(cache, flush_precision),
-            FOLD=flush_precision,
-            BLOCK_L=bl,
-            GIVEN_INVERSE=inverse,
-            num_warps=1,
-            num_stages=flush_stages,
-        )
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            _gdn_window_flush_kernel[grid_f](
+                cache.hp,
+                lp,
+                cache.ring_g,
+                beta,
+                cache.ring_k,
+                cache.ring_d,
+                ring_v,
+                v,
+                out,
+                qsl,
+                plan,
+                kq,
+                coef,
+                winv,
+                null_block_id,
+                num_ring_rows,
+                *cache.hp.stride(),
+                *lp.stride(),
+                *cache.ring_g.stride(),
+                *beta.stride(),
+                *cache.ring_k.stride(),
+                *cache.ring_d.stride(),
+                *ring_v.stride(),
+                *v.stride(),
+                *out.stride(),
+                *kq.stride()[:2],
+                *coef.stride()[:2],
+                *winv.stride()[:2],
+                v_per_k=Hv // Hk,
+                head_k_dim=K,
+                head_v_dim=V,
+                WINDOW=window,
+                BLOCK_W=bw,
+                BLOCK_V=FLUSH_BLOCK_V,
+                BLOCK_H=bh,
+                DOT_K=max(16, bk),
+                DOT_N=max(16, 2 * bw),
+                HAS_LP=cache.lp is not None,
+                LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
+                EXACT_FLUSH=cache.exact_flush,
+                IS_VARLEN=query_start_loc is not None,
+                HEADS_PER_PROGRAM=heads_per_program,
+                FOLD_EXACT=fold_exact(cache, flush_precision),
+                FOLD=flush_precision,
+                BLOCK_L=bl,
+                GIVEN_INVERSE=inverse,
+                num_warps=1,
+                num_stages=flush_stages,
+            )
     _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
         cache.hp,
         lp,
@@ -1597,6 +1609,8 @@ def gdn_window_decode(
         NUM_STAGES=readout_stages,
         num_warps=num_warps,
     )
+    if side is not None:
+        torch.cuda.current_stream(v.device).wait_stream(side)
 
 
 def _launch(

@@ -22,35 +22,18 @@ batch: safe in CUDA graphs. Semantics: `reference.mamba2_replay_decode`.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import triton
 
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
+from vllm_replayssm.kernels.common.streams import num_sms, side_stream
 from vllm_replayssm.kernels.mamba2.flush import mamba2_flush
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, mamba2_plan
 from vllm_replayssm.kernels.mamba2.readout import mamba2_readout
 from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
 
 TILE_BYTES = 8192  # checkpoint bytes per readout program
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream the flush runs on beside the readout (one per device, made on first use,
-    before any CUDA-graph capture: the layers' warm-up runs a decode step first)."""
-    stream = _SIDE_STREAMS.get(device)
-    if stream is None:
-        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return stream
 
 
 def launch_config(
@@ -82,7 +65,7 @@ def launch_config(
     block_p = max(8, min(block_p, triton.next_power_of_2(headdim)))
     flush_p = max(16, min(64 if window == 1 else 32, triton.next_power_of_2(headdim)))
     if device.type == "cuda":
-        programs = 2 * _num_sms(device.index if device.index is not None else 0)
+        programs = 2 * num_sms(device)
     else:
         programs = 8
     flush_items = num_rows * nheads * triton.cdiv(headdim, flush_p)
@@ -175,7 +158,7 @@ def mamba2_replay_decode(
         **windows,
         **common,
     )
-    side = _side_stream(x.device) if cfg["overlap"] and x.is_cuda else None
+    side = side_stream(x.device) if cfg["overlap"] and x.is_cuda else None
     if side is not None:  # the flush and the readout touch different rows: run both at once
         side.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
