@@ -18,13 +18,11 @@ batch: safe in CUDA graphs. Semantics: `reference.gdn_replay_decode`.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
-from vllm_replayssm.kernels.common.streams import num_sms, side_stream
+from vllm_replayssm.kernels.common.streams import beside, num_sms
 from vllm_replayssm.kernels.gdn.flush import gdn_flush, recomputes_d
 from vllm_replayssm.kernels.gdn.plan import GDNScratch, gdn_plan
 from vllm_replayssm.kernels.gdn.readout import gdn_readout
@@ -183,34 +181,31 @@ def gdn_replay_decode(
         fold_inverse=inverse,
         **common,
     )
-    side = side_stream(v.device) if cfg["overlap"] and v.is_cuda else None
-    if side is not None:  # the flush and the readout touch different rows: run both at once
-        side.wait_stream(torch.cuda.current_stream(v.device))
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        gdn_flush(
+    # the flush and the readout touch different rows: run both at once
+    with beside(v.device, cfg["overlap"]) as on_side:
+        with on_side:
+            gdn_flush(
+                cache,
+                v,
+                out,
+                scratch,
+                block_v=cfg["flush_block_v"],
+                num_warps=cfg["flush_warps"],
+                num_programs=cfg["flush_programs"],
+                dot_precision=cfg.get("dot_precision"),
+                recompute=recompute,
+                inverse=inverse,
+                **common,
+            )
+        gdn_readout(
             cache,
             v,
             out,
             scratch,
-            block_v=cfg["flush_block_v"],
-            num_warps=cfg["flush_warps"],
-            num_programs=cfg["flush_programs"],
-            dot_precision=cfg.get("dot_precision"),
-            recompute=recompute,
-            inverse=inverse,
+            null_block_id=null_block_id,
+            block_v=cfg["readout_block_v"],
+            num_warps=cfg["readout_warps"],
+            readout_tiles=cfg["readout_tiles"],
+            num_stages=cfg["readout_stages"],
             **common,
         )
-    gdn_readout(
-        cache,
-        v,
-        out,
-        scratch,
-        null_block_id=null_block_id,
-        block_v=cfg["readout_block_v"],
-        num_warps=cfg["readout_warps"],
-        readout_tiles=cfg["readout_tiles"],
-        num_stages=cfg["readout_stages"],
-        **common,
-    )
-    if side is not None:
-        torch.cuda.current_stream(v.device).wait_stream(side)

@@ -24,8 +24,6 @@ Semantics: `reference.gdn_replay_decode`.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
@@ -46,7 +44,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     store_plan_words,
 )
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
-from vllm_replayssm.kernels.common.streams import side_stream
+from vllm_replayssm.kernels.common.streams import beside
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
 from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
@@ -1507,110 +1505,108 @@ def gdn_window_decode(
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
     flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1)
     grid_f = (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R)
-    side = side_stream(v.device) if overlap and v.is_cuda else None
-    if side is not None:  # the flush beside the readout: they touch different rows
-        side.wait_stream(torch.cuda.current_stream(v.device))
-    if not flush_readout:
-        _launch(grid_f, FLUSH_ONLY, flush_cfg, winv if inverse else None, *args)
-    else:
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            _gdn_window_flush_kernel[grid_f](
-                cache.hp,
-                lp,
-                cache.ring_g,
-                beta,
-                cache.ring_k,
-                cache.ring_d,
-                ring_v,
-                v,
-                out,
-                qsl,
-                plan,
-                kq,
-                coef,
-                winv,
-                null_block_id,
-                num_ring_rows,
-                *cache.hp.stride(),
-                *lp.stride(),
-                *cache.ring_g.stride(),
-                *beta.stride(),
-                *cache.ring_k.stride(),
-                *cache.ring_d.stride(),
-                *ring_v.stride(),
-                *v.stride(),
-                *out.stride(),
-                *kq.stride()[:2],
-                *coef.stride()[:2],
-                *winv.stride()[:2],
-                v_per_k=Hv // Hk,
-                head_k_dim=K,
-                head_v_dim=V,
-                WINDOW=window,
-                BLOCK_W=bw,
-                BLOCK_V=FLUSH_BLOCK_V,
-                BLOCK_H=bh,
-                DOT_K=max(16, bk),
-                DOT_N=max(16, 2 * bw),
-                HAS_LP=cache.lp is not None,
-                LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
-                EXACT_FLUSH=cache.exact_flush,
-                IS_VARLEN=query_start_loc is not None,
-                HEADS_PER_PROGRAM=heads_per_program,
-                FOLD_EXACT=fold_exact(cache, flush_precision),
-                FOLD=flush_precision,
-                BLOCK_L=bl,
-                GIVEN_INVERSE=inverse,
-                num_warps=1,
-                num_stages=flush_stages,
-            )
-    _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
-        cache.hp,
-        lp,
-        cache.ring_d,
-        ring_v,
-        cache.meta,
-        v,
-        out,
-        qsl,
-        plan,
-        kq,
-        coef,
-        null_block_id,
-        num_ring_rows,
-        *cache.hp.stride(),
-        *lp.stride(),
-        *cache.ring_d.stride(),
-        *ring_v.stride(),
-        *cache.meta.stride(),
-        *v.stride(),
-        *out.stride(),
-        *kq.stride()[:2],
-        *coef.stride()[:2],
-        v_per_k=Hv // Hk,
-        tiles_per_head=tiles,
-        head_k_dim=K,
-        head_v_dim=V,
-        WINDOW=window,
-        BLOCK_W=bw,
-        BLOCK_V=block_v,
-        BLOCK_K=bk,
-        BLOCK_H=bh,
-        DOT_K=max(16, bk),
-        DOT_H=max(16, bh),
-        DOT_N=max(16, 2 * bw),
-        HAS_LP=cache.lp is not None,
-        EXACT_FLUSH=cache.exact_flush,
-        IS_VARLEN=query_start_loc is not None,
-        LP_PRECISION=readout_precision if lp.dtype == torch.bfloat16 else "tf32x3",
-        FLUSH_READOUT=flush_readout,
-        TILES=readout_tiles,
-        HEAD_TILES=min(readout_tiles, tiles),
-        NUM_STAGES=readout_stages,
-        num_warps=num_warps,
-    )
-    if side is not None:
-        torch.cuda.current_stream(v.device).wait_stream(side)
+    # with flush_readout the flush and the readout touch different rows: overlap runs both
+    # at once (refused without it, above)
+    with beside(v.device, overlap) as on_side:
+        if not flush_readout:
+            _launch(grid_f, FLUSH_ONLY, flush_cfg, winv if inverse else None, *args)
+        else:
+            with on_side:
+                _gdn_window_flush_kernel[grid_f](
+                    cache.hp,
+                    lp,
+                    cache.ring_g,
+                    beta,
+                    cache.ring_k,
+                    cache.ring_d,
+                    ring_v,
+                    v,
+                    out,
+                    qsl,
+                    plan,
+                    kq,
+                    coef,
+                    winv,
+                    null_block_id,
+                    num_ring_rows,
+                    *cache.hp.stride(),
+                    *lp.stride(),
+                    *cache.ring_g.stride(),
+                    *beta.stride(),
+                    *cache.ring_k.stride(),
+                    *cache.ring_d.stride(),
+                    *ring_v.stride(),
+                    *v.stride(),
+                    *out.stride(),
+                    *kq.stride()[:2],
+                    *coef.stride()[:2],
+                    *winv.stride()[:2],
+                    v_per_k=Hv // Hk,
+                    head_k_dim=K,
+                    head_v_dim=V,
+                    WINDOW=window,
+                    BLOCK_W=bw,
+                    BLOCK_V=FLUSH_BLOCK_V,
+                    BLOCK_H=bh,
+                    DOT_K=max(16, bk),
+                    DOT_N=max(16, 2 * bw),
+                    HAS_LP=cache.lp is not None,
+                    LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
+                    EXACT_FLUSH=cache.exact_flush,
+                    IS_VARLEN=query_start_loc is not None,
+                    HEADS_PER_PROGRAM=heads_per_program,
+                    FOLD_EXACT=fold_exact(cache, flush_precision),
+                    FOLD=flush_precision,
+                    BLOCK_L=bl,
+                    GIVEN_INVERSE=inverse,
+                    num_warps=1,
+                    num_stages=flush_stages,
+                )
+        _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
+            cache.hp,
+            lp,
+            cache.ring_d,
+            ring_v,
+            cache.meta,
+            v,
+            out,
+            qsl,
+            plan,
+            kq,
+            coef,
+            null_block_id,
+            num_ring_rows,
+            *cache.hp.stride(),
+            *lp.stride(),
+            *cache.ring_d.stride(),
+            *ring_v.stride(),
+            *cache.meta.stride(),
+            *v.stride(),
+            *out.stride(),
+            *kq.stride()[:2],
+            *coef.stride()[:2],
+            v_per_k=Hv // Hk,
+            tiles_per_head=tiles,
+            head_k_dim=K,
+            head_v_dim=V,
+            WINDOW=window,
+            BLOCK_W=bw,
+            BLOCK_V=block_v,
+            BLOCK_K=bk,
+            BLOCK_H=bh,
+            DOT_K=max(16, bk),
+            DOT_H=max(16, bh),
+            DOT_N=max(16, 2 * bw),
+            HAS_LP=cache.lp is not None,
+            EXACT_FLUSH=cache.exact_flush,
+            IS_VARLEN=query_start_loc is not None,
+            LP_PRECISION=readout_precision if lp.dtype == torch.bfloat16 else "tf32x3",
+            FLUSH_READOUT=flush_readout,
+            TILES=readout_tiles,
+            HEAD_TILES=min(readout_tiles, tiles),
+            NUM_STAGES=readout_stages,
+            num_warps=num_warps,
+        )
 
 
 def _launch(

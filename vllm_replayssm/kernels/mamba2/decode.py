@@ -21,13 +21,11 @@ batch: safe in CUDA graphs. Semantics: `reference.mamba2_replay_decode`.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
-from vllm_replayssm.kernels.common.streams import num_sms, side_stream
+from vllm_replayssm.kernels.common.streams import beside, num_sms
 from vllm_replayssm.kernels.mamba2.flush import mamba2_flush
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, mamba2_plan
 from vllm_replayssm.kernels.mamba2.readout import mamba2_readout
@@ -158,38 +156,35 @@ def mamba2_replay_decode(
         **windows,
         **common,
     )
-    side = side_stream(x.device) if cfg["overlap"] and x.is_cuda else None
-    if side is not None:  # the flush and the readout touch different rows: run both at once
-        side.wait_stream(torch.cuda.current_stream(x.device))
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        mamba2_flush(
+    # the flush and the readout touch different rows: run both at once
+    with beside(x.device, cfg["overlap"]) as on_side:
+        with on_side:
+            mamba2_flush(
+                cache,
+                x,
+                C,
+                out,
+                scratch,
+                block_p=cfg["flush_block_p"],
+                num_warps=cfg["flush_warps"],
+                num_programs=cfg["flush_programs"],
+                dot_precision=cfg.get("dot_precision"),
+                **windows,
+                **common,
+            )
+        mamba2_readout(
             cache,
             x,
             C,
             out,
             scratch,
-            block_p=cfg["flush_block_p"],
-            num_warps=cfg["flush_warps"],
-            num_programs=cfg["flush_programs"],
-            dot_precision=cfg.get("dot_precision"),
+            num_rows=R,
+            null_block_id=null_block_id,
+            block_p=cfg["readout_block_p"],
+            num_warps=cfg["readout_warps"],
             **windows,
             **common,
         )
-    mamba2_readout(
-        cache,
-        x,
-        C,
-        out,
-        scratch,
-        num_rows=R,
-        null_block_id=null_block_id,
-        block_p=cfg["readout_block_p"],
-        num_warps=cfg["readout_warps"],
-        **windows,
-        **common,
-    )
-    if side is not None:
-        torch.cuda.current_stream(x.device).wait_stream(side)
 
 
 def check_args(
