@@ -394,6 +394,7 @@ GDN_ROUTE_KNOBS = {
         "flush_inverse",
         "readout_precision",
         "flush_readout",
+        "overlap",
         "readout_tiles",
         "readout_stages",
         "flush_stages",
