@@ -681,10 +681,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="tokens per row and step: 1 (plain decode) or 1 + k (speculative verify, "
         "every draft accepted)",
     )
+    p.add_argument(
+        "--buffer-len",
+        type=int,
+        default=BUFFER_LEN,
+        help=f"our layers' buffer_len L (default {BUFFER_LEN}; vLLM's kernel does not take it)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the bytes model; no GPU")
     args = p.parse_args(argv)
-    if args.window < 1 or BUFFER_LEN % args.window:
-        sys.exit(f"--window: 1 or a divisor of buffer_len {BUFFER_LEN}, got {args.window}")
+    if args.buffer_len < 2:
+        sys.exit(f"--buffer-len: at least 2, got {args.buffer_len}")
+    if args.window < 1 or args.buffer_len % args.window:
+        sys.exit(f"--window: 1 or a divisor of buffer_len {args.buffer_len}, got {args.window}")
     args.families = _csv(args.families, ("mamba2", "gdn"), "--families")
     args.geoms = [
         g for g in _csv(args.geoms, GEOMETRIES, "--geoms") if family(GEOMETRIES[g]) in args.families
@@ -768,9 +776,9 @@ def dry_run(args) -> None:
 
 
 def main(argv=None) -> int:
-    global WINDOW, STEPS
+    global BUFFER_LEN, WINDOW, STEPS
     args = parse_args(argv)
-    WINDOW, STEPS = args.window, BUFFER_LEN // args.window
+    BUFFER_LEN, WINDOW, STEPS = args.buffer_len, args.window, args.buffer_len // args.window
     if args.dry_run:
         dry_run(args)
         return 0

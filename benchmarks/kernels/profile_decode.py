@@ -71,10 +71,12 @@ def main() -> None:
         "--route", default=None, help="Mamba-2: auto, replay, stock; GDN: fused, split, stock"
     )
     p.add_argument("--window", type=int, default=1, help="tokens per row and step (1 + k)")
+    p.add_argument("--buffer-len", type=int, default=bench.BUFFER_LEN, help="our buffer_len L")
     args = p.parse_args()
-    if args.window < 1 or bench.BUFFER_LEN % args.window:
-        p.error(f"--window: 1 or a divisor of {bench.BUFFER_LEN}, got {args.window}")
-    bench.WINDOW, bench.STEPS = args.window, bench.BUFFER_LEN // args.window
+    if args.buffer_len < 2 or args.window < 1 or args.buffer_len % args.window:
+        p.error(f"--window: 1 or a divisor of --buffer-len {args.buffer_len}, got {args.window}")
+    bench.BUFFER_LEN, bench.WINDOW = args.buffer_len, args.window
+    bench.STEPS = args.buffer_len // args.window
     geom = bench.GEOMETRIES[args.geom]
     if args.route and args.route not in bench.ROUTES[bench.family(geom)]:
         p.error(f"--route {args.route}: not a route of {bench.family(geom)}")
