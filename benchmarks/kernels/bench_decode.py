@@ -393,8 +393,6 @@ GDN_ROUTE_KNOBS = {
         "flush_precision",
         "flush_inverse",
         "readout_precision",
-        "flush_readout",
-        "overlap",
         "readout_tiles",
         "readout_stages",
         "flush_stages",

@@ -358,7 +358,6 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     EXACT_FLUSH=True,
                     IS_VARLEN=True,
                     LP_PRECISION=lp_dot,
-                    FLUSH_READOUT=False,
                     TILES=tiles,
                     HEAD_TILES=min(tiles, V // block_v),
                     NUM_STAGES=stages,
@@ -386,36 +385,6 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     FOLD=fold,
                     HEADS_PER_PROGRAM=heads,
                     GIVEN_INVERSE="inverse" in name,
-                ),
-                1,
-            )
-        )
-    flush = gdn_window._gdn_window_flush_kernel
-    for heads in (1, Hv // Hk):
-        out.append(
-            (
-                f"window {T} flush with readout, WY bf16x3, {heads} head(s)",
-                flush,
-                kernel_args(flush, torch.bfloat16, T),
-                dict(
-                    v_per_k=Hv // Hk,
-                    head_k_dim=K,
-                    head_v_dim=V,
-                    WINDOW=T,
-                    BLOCK_W=T,
-                    BLOCK_V=gdn_window.FLUSH_BLOCK_V,
-                    BLOCK_H=bh,
-                    DOT_K=K,
-                    DOT_N=max(16, 2 * T),
-                    HAS_LP=True,
-                    LP_IS_FP16=False,
-                    EXACT_FLUSH=True,
-                    IS_VARLEN=True,
-                    HEADS_PER_PROGRAM=heads,
-                    FOLD_EXACT=True,
-                    FOLD="bf16x3",
-                    BLOCK_L=max(16, bh),
-                    GIVEN_INVERSE=False,
                 ),
                 1,
             )

@@ -46,24 +46,8 @@ CASES = {
     "spec_T2_lp_fp16_split_planned": dict(
         L=4, T=2, lp=torch.float16, spec=True, route="split", plan=True, readout_tiles=2
     ),
-    # the flush launch reads flush rows out (`_gdn_window_flush_kernel`)
-    "spec_T3_lp_fp16_split_planned_flush_readout": dict(
-        L=5, T=3, lp=torch.float16, spec=True, route="split", plan=True, flush_readout=True
-    ),
     "spec_T2_lp_fp16_churn_fused": dict(
         L=4, T=2, lp=torch.float16, spec=True, churn=True, route="fused"
-    ),
-    # the flush launch beside the readout on a side stream (GPU only: the interpreter runs
-    # the launches in order)
-    "spec_T3_lp_bf16_split_planned_overlap": dict(
-        L=5,
-        T=3,
-        lp=torch.bfloat16,
-        spec=True,
-        route="split",
-        plan=True,
-        flush_readout=True,
-        overlap=True,
     ),
 }
 
@@ -79,9 +63,7 @@ def test_kernel_matches_naive(row, device):
         decode_op=_op(
             c["route"],
             c.get("plan", False),
-            flush_readout=c.get("flush_readout", 0),
             readout_tiles=c.get("readout_tiles", 1),
-            overlap=c.get("overlap", False),
         ),
         device=device,
         seed=3,
@@ -98,15 +80,6 @@ def test_kernel_matches_naive(row, device):
         cycles=3,
         seed=len(case),
     )
-
-
-def test_overlap_needs_flush_readout(device):
-    """The flush beside the readout only when the readout skips flush rows."""
-    fam = GDNFamily(
-        GEOMS["tiny"], decode_op=_op("split_planned", overlap=True), device=device, seed=3
-    )
-    with pytest.raises(ValueError, match="overlap runs with flush_readout"):
-        check_scenario(fam, L=5, T=3, lp=None, spec=True, requests=2, cycles=1)
 
 
 @pytest.mark.parametrize(
@@ -188,22 +161,6 @@ WY_ROWS = {
         BF16,
         dict(flush_precision="bf16x3", readout_precision="bf16x3", readout_tiles=4),
     ),
-    "split_planned-exact-bf16-T3-flush_readout": (
-        "split_planned",
-        True,
-        BF16,
-        3,
-        BF16,
-        dict(flush_precision="bf16x3", readout_precision="bf16x3", flush_readout=True),
-    ),
-    "split_planned-fold-none-T3-flush_readout-serial": (
-        "split_planned",
-        False,
-        None,
-        3,
-        torch.float16,
-        dict(flush_readout=True),
-    ),
     "split_planned-exact-fp16-T2-inverse": (
         "split_planned",
         True,
@@ -272,7 +229,7 @@ REAL = {
 
 WY = dict(flush_precision="bf16x3", readout_precision="bf16x3")
 # id -> (route, launch knobs): the serial and WY flushes per route, the planned route as
-# `dispatch` launches it (32-row readout tiles) and with its untried knobs
+# `dispatch` launches it (16-row readout tiles in a pipelined loop) and with other knobs
 GPU_VARIANTS = {
     "fused-serial": ("fused", dict(flush_precision="serial")),
     "split-serial": ("split", dict(flush_precision="serial")),
@@ -284,28 +241,10 @@ GPU_VARIANTS = {
         dict(WY, block_v=16, readout_tiles=0, readout_stages=2, flush_stages=1),
     ),
     "split_planned-wy_inverse": ("split_planned", dict(WY, flush_inverse=True)),
-    "split_planned-wy_flush_readout": ("split_planned", dict(WY, block_v=32, flush_readout=True)),
     # 8 tiles per readout program as at bs 256 (`auto_readout_tiles` picks 1 for 8 rows)
     "split_planned-wy_tiles8": (
         "split_planned",
         dict(WY, block_v=16, readout_tiles=8, readout_stages=2, flush_stages=1),
-    ),
-    "split_planned-wy_tiles_flush_readout": (
-        "split_planned",
-        dict(WY, block_v=16, readout_tiles=4, readout_stages=2, flush_readout=True),
-    ),
-    # the defaults with the flush reading its rows out on a side stream beside the readout
-    "split_planned-wy_overlap": (
-        "split_planned",
-        dict(
-            WY,
-            block_v=16,
-            readout_tiles=0,
-            readout_stages=2,
-            flush_stages=1,
-            flush_readout=True,
-            overlap=True,
-        ),
     ),
 }
 

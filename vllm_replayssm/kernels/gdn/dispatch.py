@@ -71,7 +71,7 @@ def launch_config(
       `blocks.auto_readout_tiles`; readout_stages 2), bf16 LP bs 256, 16-row tiles
       (`kernels-h200-20261203-fd24f4f-gdn-window4-readout-loop{,32}.json`): 122B 982 ->
       879 µs at 8 tiles (4 tiles: 904; 3 stages slower than 2), 4B 531 -> 485; with
-      32-row tiles (4B, flush_readout on) 4 tiles and 2 stages 634 -> 588 bf16 LP,
+      32-row tiles (4B, flush_readout on: since removed) 4 tiles and 2 stages 634 -> 588 bf16 LP,
       451 -> 430 HP only; in the loop 16-row tiles beat 32-row ones (255 registers at 32
       rows): bs 256 bf16 LP 122B 879 against 891 µs, 4B 485 against 499
       (`…-3648482-gdn-window4-defaults.json`: 32-row tiles, loop against none, bs 64 / 256,

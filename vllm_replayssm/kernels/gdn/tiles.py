@@ -288,9 +288,8 @@ def _wy_records(
 ):
     """A WY fold's records over ring entries [fo, fo + fn): (rows, m_l, g, Λ, k, k_op,
     rnorm); k raw [BLOCK_L, BLOCK_K], k_op the products' operand (bf16x3: k itself, else
-    the normalised fp32 keys), rnorm the keys' 1 / ‖k‖. wy_fold_tile's only helper call
-    since the flush's own fold inverse went, kept: inlined, the window's flush_readout
-    kernel compiles with 8 B of stack instead of none (sm90_gdn.py)."""
+    the normalised fp32 keys), rnorm the keys' 1 / ‖k‖ (wy_fold_tile's record loads, apart
+    from its products)."""
     o_l = tl.arange(0, BLOCK_L)
     m_l = o_l < fn
     rows = fo + o_l

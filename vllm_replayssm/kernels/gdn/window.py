@@ -32,9 +32,6 @@ from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_COUNT,
-    T_PLAN_FLUSH,
-    T_PLAN_FOLD_COUNT,
-    T_PLAN_FOLD_ORIGIN,
     T_PLAN_LEN,
     T_PLAN_ORIGIN,
     T_PLAN_READ_HP,
@@ -44,7 +41,6 @@ from vllm_replayssm.kernels.common.plan_row import (
     store_plan_words,
 )
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
-from vllm_replayssm.kernels.common.streams import beside
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
 from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
@@ -482,7 +478,6 @@ def _gdn_window_readout_kernel(
     EXACT_FLUSH: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     LP_PRECISION: tl.constexpr,
-    FLUSH_READOUT: tl.constexpr,
     TILES: tl.constexpr,
     HEAD_TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -504,8 +499,7 @@ def _gdn_window_readout_kernel(
     records at the plan's write rows; the program of the first tile stores the row's new
     cursor words from the plan row. The plan row, the keys and queries (and their bf16
     parts) load once per program; the tile loop (NUM_STAGES: Triton's software pipelining)
-    issues a tile's loads while the one before is computed. FLUSH_READOUT: flush rows were
-    read out by `_gdn_window_flush_kernel`; their programs only store the cursor words."""
+    issues a tile's loads while the one before is computed."""
     pid = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     t0 = pid * TILES  # the program's first (value head, value tile), head-major
@@ -546,9 +540,6 @@ def _gdn_window_readout_kernel(
                 mask=m_t[:, None] & (o_v < head_v_dim)[None, :],
             )
         return
-    if FLUSH_READOUT:  # noqa: SIM102 (a compile-time gate around a runtime branch)
-        if tl.load(p_plan + T_PLAN_FLUSH) != 0:  # `_gdn_window_flush_kernel` read it out
-            return
     o = tl.load(p_plan + T_PLAN_ORIGIN)
     n = tl.load(p_plan + T_PLAN_COUNT)
     write_row = tl.load(p_plan + T_PLAN_WRITE_ROW)
@@ -759,194 +750,6 @@ def _finish_window(
             p_rv + (rows_w[:, None] * stride_rv_row + o_v[None, :] * stride_rv_v),
             v_raw,
             mask=m_tv,
-        )
-
-
-@triton.jit
-def _gdn_window_flush_kernel(
-    hp_ptr,
-    lp_ptr,
-    ring_g_ptr,
-    ring_beta_ptr,
-    ring_k_ptr,
-    ring_d_ptr,
-    ring_v_ptr,
-    v_ptr,
-    out_ptr,
-    qsl_ptr,
-    plan_ptr,
-    kq_ptr,
-    coef_ptr,
-    winv_ptr,
-    null_block_id,
-    num_ring_rows,
-    stride_hp_slot,
-    stride_hp_head,
-    stride_hp_v,
-    stride_hp_k,
-    stride_lp_slot,
-    stride_lp_head,
-    stride_lp_v,
-    stride_lp_k,
-    stride_rg_slot,
-    stride_rg_head,
-    stride_rg_row,
-    stride_rbeta_slot,
-    stride_rbeta_head,
-    stride_rbeta_row,
-    stride_rk_slot,
-    stride_rk_head,
-    stride_rk_row,
-    stride_rk_k,
-    stride_rd_slot,
-    stride_rd_head,
-    stride_rd_row,
-    stride_rd_v,
-    stride_rv_slot,
-    stride_rv_head,
-    stride_rv_row,
-    stride_rv_v,
-    stride_v_tok,
-    stride_v_head,
-    stride_v_v,
-    stride_out_tok,
-    stride_out_head,
-    stride_out_v,
-    stride_kq_row,
-    stride_kq_head,
-    stride_coef_row,
-    stride_coef_head,
-    stride_winv_row,
-    stride_winv_head,
-    v_per_k: tl.constexpr,
-    head_k_dim: tl.constexpr,
-    head_v_dim: tl.constexpr,
-    WINDOW: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    DOT_K: tl.constexpr,
-    DOT_N: tl.constexpr,
-    HAS_LP: tl.constexpr,
-    LP_IS_FP16: tl.constexpr,
-    EXACT_FLUSH: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr,
-    FOLD_EXACT: tl.constexpr,
-    FOLD: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-    GIVEN_INVERSE: tl.constexpr,
-):
-    """A planned step's flush with its readout (`flush_readout`), one program per (value
-    tile, head block, row): flush rows (from the plan row; other rows exit) fold their tile
-    (`_flush_head`: HP and LP written) and read the window out of the folded tile in
-    registers, as the planned readout would from the HP it re-reads: X = S [k; q]ᵀ diag(c_u,
-    c_w) in one tf32x3 product (no history after a flush), then `_finish_window`."""
-    pid_v = tl.program_id(0)
-    pid_hb = tl.program_id(1)
-    r = tl.program_id(2).to(tl.int64)
-    p_plan = plan_ptr + r * T_PLAN_LEN
-    slot32 = tl.load(p_plan + T_PLAN_SLOT)
-    if slot32 == null_block_id:
-        return
-    if tl.load(p_plan + T_PLAN_FLUSH) == 0:
-        return
-    slot = slot32.to(tl.int64)
-    fo = tl.load(p_plan + T_PLAN_FOLD_ORIGIN)
-    fn = tl.load(p_plan + T_PLAN_FOLD_COUNT)
-    write_row = tl.load(p_plan + T_PLAN_WRITE_ROW)
-    o_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    m_v = o_v < head_v_dim
-    o_k = tl.arange(0, DOT_K)
-    m_k = o_k < head_k_dim
-    m_vk = m_v[:, None] & m_k[None, :]
-    o_n = tl.arange(0, DOT_N)
-    m_n = o_n < 2 * BLOCK_W
-    o_t = tl.arange(0, BLOCK_W)
-    bos, q = row_tokens(qsl_ptr, r, IS_VARLEN)
-    m_tv = (o_t < q)[:, None] & m_v[None, :]
-    tok = bos + o_t
-    h0 = pid_hb * HEADS_PER_PROGRAM
-    pid_k = h0 // v_per_k
-    p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
-    kq_t = tl.load(
-        kq_ptr + r * stride_kq_row + pid_k * stride_kq_head + (o_n[None, :] * DOT_K + o_k[:, None]),
-        mask=m_k[:, None] & m_n[None, :],
-        other=0.0,
-    )  # [DOT_K, DOT_N]: k_1..k_W, q_1..q_W as columns
-    for h in range(h0, h0 + HEADS_PER_PROGRAM):
-        p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
-        p_rv = ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head
-        S = _flush_head(
-            hp_ptr
-            + slot * stride_hp_slot
-            + h * stride_hp_head
-            + o_v[:, None] * stride_hp_v
-            + o_k[None, :] * stride_hp_k,
-            lp_ptr
-            + slot * stride_lp_slot
-            + h * stride_lp_head
-            + o_v[:, None] * stride_lp_v
-            + o_k[None, :] * stride_lp_k,
-            ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-            ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-            p_rk,
-            p_rd,
-            p_rv,
-            fo,
-            fn,
-            num_ring_rows,
-            o_v,
-            o_k,
-            m_v,
-            m_k,
-            m_vk,
-            stride_rg_row,
-            stride_rbeta_row,
-            stride_rk_row,
-            stride_rk_k,
-            stride_rd_row,
-            stride_rd_v,
-            stride_rv_row,
-            stride_rv_v,
-            winv_ptr + r * stride_winv_row + h * stride_winv_head,
-            HAS_LP,
-            LP_IS_FP16,
-            FOLD_EXACT,
-            FOLD,
-            BLOCK_L,
-            GIVEN_INVERSE,
-        )
-        p_c = coef_ptr + r * stride_coef_row + h * stride_coef_head
-        c_uw = tl.load(p_c + o_n, mask=m_n, other=0.0)  # [DOT_N]: c_u, then c_w
-        v_raw = tl.load(
-            v_ptr + tok[:, None] * stride_v_tok + h * stride_v_head + o_v[None, :] * stride_v_v,
-            mask=m_tv,
-            other=0.0,
-        )  # [BLOCK_W, BLOCK_V]
-        x = tl.dot(S, kq_t, input_precision="tf32x3") * c_uw[None, :]
-        _finish_window(
-            x,
-            p_c,
-            v_raw,
-            out_ptr
-            + tok[:, None] * stride_out_tok
-            + h * stride_out_head
-            + o_v[None, :] * stride_out_v,
-            p_rd,
-            p_rv,
-            write_row,
-            num_ring_rows,
-            o_t,
-            o_n,
-            o_v,
-            m_tv,
-            (stride_rd_row, stride_rd_v, stride_rv_row, stride_rv_v),
-            WINDOW,
-            BLOCK_W,
-            BLOCK_V,
-            BLOCK_H,
-            EXACT_FLUSH,
         )
 
 
@@ -1320,11 +1123,9 @@ def gdn_window_decode(
     flush_precision: str = "serial",
     flush_inverse: bool = False,
     readout_precision: str = "tf32x3",
-    flush_readout: bool = False,
     readout_tiles: int = 1,
     readout_stages: int = 1,
     flush_stages: int = 3,
-    overlap: bool = False,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1351,19 +1152,15 @@ def gdn_window_decode(
     fold inverse per value head (`plan.store_fold_inverse`) and the flush's value tiles
     apply it instead of each building the Gram matrix and substituting. readout_precision
     (window_plan): the planned readout's product of a bf16 LP tile with the keys, "tf32x3"
-    or "bf16x3" (`tiles.dot_bf16_parts`; HP and fp16 tiles take tf32x3). flush_readout
-    (window_plan): the flush launch also reads flush rows out of the tile it folded
-    (`_gdn_window_flush_kernel`), so the readout no longer re-reads their HP.
+    or "bf16x3" (`tiles.dot_bf16_parts`; HP and fp16 tiles take tf32x3).
     readout_tiles (window_plan): value tiles per readout program (a divisor of a key head's
     v_per_k * cdiv(V, block_v) tiles that divides or is a multiple of a value head's
     cdiv(V, block_v); 0: `auto_readout_tiles`), which load the plan row and split the keys
     once; readout_stages: the pipelining of that program's tile loop. flush_stages: Triton's
-    num_stages for the launches of `_gdn_window_kernel` and `_gdn_window_flush_kernel`, the
-    depth to which Triton pipelines their loops that name none (3, Triton's default: the WY
-    fold's loops then take 33 KiB of shared memory per one-warp program at sm_90, 8 KiB with
-    1). overlap (flush_readout, GPU): the flush launch runs on a side stream beside the
-    readout's (with flush_readout the two touch different rows, as in plain decode); without
-    it the readout waits for the flush. The defaults are the small-batch row of that table.
+    num_stages for the launches of `_gdn_window_kernel`, the depth to which Triton pipelines
+    their loops that name none (3, Triton's default: the WY fold's loops then take 33 KiB of
+    shared memory per one-warp program at sm_90, 8 KiB with 1). The defaults are the
+    small-batch row of that table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1409,10 +1206,6 @@ def gdn_window_decode(
         raise ValueError("the WY flush takes value tiles and key dims of >= 16")
     if readout_precision not in ("tf32x3", "bf16x3"):
         raise ValueError(f"unknown readout_precision {readout_precision!r}")
-    if flush_readout and not window_plan:
-        raise ValueError("flush_readout runs with window_plan")
-    if overlap and not flush_readout:
-        raise ValueError("overlap runs with flush_readout (the readout then skips flush rows)")
     tiles = triton.cdiv(V, block_v)
     if (readout_tiles != 1 or readout_stages > 1) and not window_plan:
         raise ValueError("readout_tiles and readout_stages are the planned readout's")
@@ -1505,108 +1298,51 @@ def gdn_window_decode(
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
     flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1)
     grid_f = (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R)
-    # with flush_readout the flush and the readout touch different rows: overlap runs both
-    # at once (refused without it, above)
-    with beside(v.device, overlap) as on_side:
-        if not flush_readout:
-            _launch(grid_f, FLUSH_ONLY, flush_cfg, winv if inverse else None, *args)
-        else:
-            with on_side:
-                _gdn_window_flush_kernel[grid_f](
-                    cache.hp,
-                    lp,
-                    cache.ring_g,
-                    beta,
-                    cache.ring_k,
-                    cache.ring_d,
-                    ring_v,
-                    v,
-                    out,
-                    qsl,
-                    plan,
-                    kq,
-                    coef,
-                    winv,
-                    null_block_id,
-                    num_ring_rows,
-                    *cache.hp.stride(),
-                    *lp.stride(),
-                    *cache.ring_g.stride(),
-                    *beta.stride(),
-                    *cache.ring_k.stride(),
-                    *cache.ring_d.stride(),
-                    *ring_v.stride(),
-                    *v.stride(),
-                    *out.stride(),
-                    *kq.stride()[:2],
-                    *coef.stride()[:2],
-                    *winv.stride()[:2],
-                    v_per_k=Hv // Hk,
-                    head_k_dim=K,
-                    head_v_dim=V,
-                    WINDOW=window,
-                    BLOCK_W=bw,
-                    BLOCK_V=FLUSH_BLOCK_V,
-                    BLOCK_H=bh,
-                    DOT_K=max(16, bk),
-                    DOT_N=max(16, 2 * bw),
-                    HAS_LP=cache.lp is not None,
-                    LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
-                    EXACT_FLUSH=cache.exact_flush,
-                    IS_VARLEN=query_start_loc is not None,
-                    HEADS_PER_PROGRAM=heads_per_program,
-                    FOLD_EXACT=fold_exact(cache, flush_precision),
-                    FOLD=flush_precision,
-                    BLOCK_L=bl,
-                    GIVEN_INVERSE=inverse,
-                    num_warps=1,
-                    num_stages=flush_stages,
-                )
-        _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
-            cache.hp,
-            lp,
-            cache.ring_d,
-            ring_v,
-            cache.meta,
-            v,
-            out,
-            qsl,
-            plan,
-            kq,
-            coef,
-            null_block_id,
-            num_ring_rows,
-            *cache.hp.stride(),
-            *lp.stride(),
-            *cache.ring_d.stride(),
-            *ring_v.stride(),
-            *cache.meta.stride(),
-            *v.stride(),
-            *out.stride(),
-            *kq.stride()[:2],
-            *coef.stride()[:2],
-            v_per_k=Hv // Hk,
-            tiles_per_head=tiles,
-            head_k_dim=K,
-            head_v_dim=V,
-            WINDOW=window,
-            BLOCK_W=bw,
-            BLOCK_V=block_v,
-            BLOCK_K=bk,
-            BLOCK_H=bh,
-            DOT_K=max(16, bk),
-            DOT_H=max(16, bh),
-            DOT_N=max(16, 2 * bw),
-            HAS_LP=cache.lp is not None,
-            EXACT_FLUSH=cache.exact_flush,
-            IS_VARLEN=query_start_loc is not None,
-            LP_PRECISION=readout_precision if lp.dtype == torch.bfloat16 else "tf32x3",
-            FLUSH_READOUT=flush_readout,
-            TILES=readout_tiles,
-            HEAD_TILES=min(readout_tiles, tiles),
-            NUM_STAGES=readout_stages,
-            num_warps=num_warps,
-        )
+    _launch(grid_f, FLUSH_ONLY, flush_cfg, winv if inverse else None, *args)
+    _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
+        cache.hp,
+        lp,
+        cache.ring_d,
+        ring_v,
+        cache.meta,
+        v,
+        out,
+        qsl,
+        plan,
+        kq,
+        coef,
+        null_block_id,
+        num_ring_rows,
+        *cache.hp.stride(),
+        *lp.stride(),
+        *cache.ring_d.stride(),
+        *ring_v.stride(),
+        *cache.meta.stride(),
+        *v.stride(),
+        *out.stride(),
+        *kq.stride()[:2],
+        *coef.stride()[:2],
+        v_per_k=Hv // Hk,
+        tiles_per_head=tiles,
+        head_k_dim=K,
+        head_v_dim=V,
+        WINDOW=window,
+        BLOCK_W=bw,
+        BLOCK_V=block_v,
+        BLOCK_K=bk,
+        BLOCK_H=bh,
+        DOT_K=max(16, bk),
+        DOT_H=max(16, bh),
+        DOT_N=max(16, 2 * bw),
+        HAS_LP=cache.lp is not None,
+        EXACT_FLUSH=cache.exact_flush,
+        IS_VARLEN=query_start_loc is not None,
+        LP_PRECISION=readout_precision if lp.dtype == torch.bfloat16 else "tf32x3",
+        TILES=readout_tiles,
+        HEAD_TILES=min(readout_tiles, tiles),
+        NUM_STAGES=readout_stages,
+        num_warps=num_warps,
+    )
 
 
 def _launch(
