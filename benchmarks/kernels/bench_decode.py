@@ -391,7 +391,6 @@ GDN_ROUTE_KNOBS = {
         "num_stages",
         "window_plan",
         "flush_precision",
-        "flush_inverse",
         "readout_precision",
         "readout_tiles",
         "readout_stages",
@@ -448,7 +447,6 @@ def our_calls(geom, layers, slots: torch.Tensor, config: dict) -> list:
             geom.head_k_dim,
             BUFFER_LEN,
             DEV,
-            fold_inverse=True,  # --knob flush_inverse=1 may ask for them
         )
         qsl, acc = window_rows(len(slots))
         kwargs = dict(

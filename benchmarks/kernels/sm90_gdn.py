@@ -61,7 +61,7 @@ def _tensors(lp: torch.dtype | None, window: int = 1) -> dict[str, torch.Tensor]
     raw = torch.empty(4 * page_size_bytes(specs), dtype=torch.uint8, device="meta")
     cache = GDNReplayCache.from_views(carve(raw, specs))
     scratch = plan.GDNScratch.allocate(
-        R, GEOM.num_v_heads, GEOM.num_k_heads, GEOM.head_k_dim, L, "meta", fold_inverse=True
+        R, GEOM.num_v_heads, GEOM.num_k_heads, GEOM.head_k_dim, L, "meta"
     )
     Hk, Hv, K, V = GEOM.num_k_heads, GEOM.num_v_heads, GEOM.head_k_dim, GEOM.head_v_dim
     n_tok = R * window
@@ -124,7 +124,6 @@ SCALARS = {
     "coef_ptr": "*fp32",
     "hp_rows_ptr": "*i32",
     "hp_count_ptr": "*i32",
-    "winv_ptr": "*fp32",
     "qsl_ptr": "*i32",
     "acc_ptr": "*i32",
     "num_programs_per_row": 512,
@@ -137,7 +136,6 @@ def kernel_args(kernel, lp: torch.dtype | None, window: int = 1) -> dict:
     t, scratch = _tensors(lp, window)
     strides = {
         "coef": scratch.coef.stride()[:2],  # the window step's own below, from t
-        "winv": scratch.fold_inverse.stride()[:2],
         **{p: x.stride() for p, x in t.items()},
     }
     out = {}
@@ -172,7 +170,7 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     BL = plan.history_block(L)
     out = [
         (
-            "plan" + (" with fold inverses" if inverse else ""),
+            "plan",
             plan._gdn_plan_kernel,
             kernel_args(plan._gdn_plan_kernel, torch.bfloat16),
             dict(
@@ -183,11 +181,9 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                 BLOCK_L=BL,
                 HAS_LP=True,
                 EXACT_FLUSH=True,
-                FOLD_INVERSE=inverse,
             ),
             1,
         )
-        for inverse in (False, True)
     ]
     # the readout's tile loop: one tile per program, 4 (the bs 256 default), 8 pipelined
     for lp, rows, tiles, stages in (
@@ -225,21 +221,19 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     # flush_block_v / flush_warps; bf16x3 is the GPU default with bf16 k records).
     # The exact flush recomputes d from HP with an LP copy, and sums the cached d without one
     # (`flush.gdn_flush`'s recompute).
-    for rows, warps, precision, lp, inverse in (
-        (16, 1, "bf16x3", torch.bfloat16, True),
-        (64, 4, "bf16x3", torch.bfloat16, False),
-        (64, 4, "tf32x3", torch.bfloat16, False),
-        (64, 8, "bf16x3", torch.bfloat16, False),
-        (32, 4, "bf16x3", torch.bfloat16, False),
-        (32, 4, "tf32x3", torch.bfloat16, False),
-        (32, 2, "bf16x3", torch.bfloat16, False),
-        (16, 1, "bf16x3", torch.bfloat16, False),
-        (64, 4, "bf16x3", None, False),
-        (32, 2, "bf16x3", None, False),
-        (16, 1, "bf16x3", None, False),
+    for rows, warps, precision, lp in (
+        (64, 4, "bf16x3", torch.bfloat16),
+        (64, 4, "tf32x3", torch.bfloat16),
+        (64, 8, "bf16x3", torch.bfloat16),
+        (32, 4, "bf16x3", torch.bfloat16),
+        (32, 4, "tf32x3", torch.bfloat16),
+        (32, 2, "bf16x3", torch.bfloat16),
+        (16, 1, "bf16x3", torch.bfloat16),
+        (64, 4, "bf16x3", None),
+        (32, 2, "bf16x3", None),
+        (16, 1, "bf16x3", None),
     ):
         kind = "recompute" if lp is not None else "sum d, HP only"
-        kind += ", fold inverse" if inverse else ""
         out.append(
             (
                 f"flush {rows} x {K} {precision} {kind}",
@@ -259,7 +253,6 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     EXACT_FLUSH=True,
                     RECOMPUTE_D=lp is not None,
                     DOT_PRECISION=precision,
-                    GIVEN_INVERSE=inverse,
                 ),
                 warps,
             )
@@ -294,11 +287,10 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         FOLD_EXACT=True,
         FOLD="serial",
         BLOCK_L=max(16, bh),
-        GIVEN_INVERSE=False,
     )
     out = [
         (
-            f"window {T} plan" + (", fold inverses" if inverse else ""),
+            f"window {T} plan",
             gdn_window._gdn_window_plan_kernel,
             kernel_args(gdn_window._gdn_window_plan_kernel, torch.bfloat16, T),
             dict(
@@ -309,16 +301,13 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 BLOCK_K=K,
                 BLOCK_H=bh,
                 BLOCK_HG=Hv // Hk,
-                BLOCK_L=max(16, bh),
                 HAS_ACC=True,
                 IS_VARLEN=True,
                 EXACT_FLUSH=True,
                 HAS_LP=True,
-                FOLD_INVERSE=inverse,
             ),
             1,
         )
-        for inverse in (False, True)
     ]
     readout = gdn_window._gdn_window_readout_kernel
     for block_v, warps, lp_dot, tiles, stages in (
@@ -371,7 +360,6 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         ("flush only", gdn_window.FLUSH_ONLY, "serial"),
         ("flush only, WY bf16x3", gdn_window.FLUSH_ONLY, "bf16x3"),
         ("flush only, WY bf16x3, 1 head", gdn_window.FLUSH_ONLY, "bf16x3"),
-        ("flush only, WY bf16x3, 1 head, fold inverse", gdn_window.FLUSH_ONLY, "bf16x3"),
     ):
         heads = 1 if "1 head" in name else Hv // Hk
         out.append(
@@ -384,7 +372,6 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     MODE=mode,
                     FOLD=fold,
                     HEADS_PER_PROGRAM=heads,
-                    GIVEN_INVERSE="inverse" in name,
                 ),
                 1,
             )

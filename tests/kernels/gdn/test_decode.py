@@ -63,9 +63,6 @@ SCENARIOS = {
     "churn": dict(churn=True),  # rows join and leave: fresh pages, NULL rows, new slots
     "no_stagger": dict(stagger=False),  # every row flushes in the same step
     "one_flush_program": dict(knobs=dict(flush_programs=1)),  # the persistent loop
-    # the plan's fold inverse applied by the recomputing flush (L = 16 : 16 records folded)
-    "lp_bf16_fold_inverse": dict(lp=torch.bfloat16, knobs=dict(flush_inverse=1)),
-    "uneven_fold_inverse": dict(geom="uneven", lp=torch.float16, knobs=dict(flush_inverse=1)),
     # several value tiles per head in both launches (V = 16)
     "tiles_of_8": dict(geom="qwen3_next", knobs=dict(readout_block_v=8, flush_block_v=8)),
     # the readout's tile loop: 4 of a key head's 8 tiles per program (two value heads), and
@@ -148,7 +145,6 @@ LOCKSTEP = {
     "lp_bf16": dict(lp=torch.bfloat16),
     "fold": dict(exact=False),
     "stock_route_steps_lp_bf16": dict(lp=torch.bfloat16, stock_share=0.4),  # stale LP rows
-    "lp_bf16_fold_inverse": dict(lp=torch.bfloat16, knobs=dict(flush_inverse=1)),
 }
 
 
@@ -193,23 +189,17 @@ def test_stock_route_interleaved(lp, device):
     check_mixed_routes(fam, L=4, lp=lp)
 
 
-@pytest.mark.parametrize(
-    "knobs",
-    [{}, dict(flush_inverse=1)],
-    ids=["substitution", "fold_inverse"],
-)
-def test_hp_independent_of_lp(knobs, device):
+def test_hp_independent_of_lp(device):
     """The exact flush reads HP only: HP after every flush is bitwise the same with LP off,
     bf16 and fp16. The flush recomputes d from HP in all three (LP off sums the cached d by
-    default: the same HP up to reassociation, test_hp_only_replay_is_fp32_accurate), by
-    per-tile substitution or with a fold inverse (the plan's or the flush's own)."""
+    default: the same HP up to reassociation, test_hp_only_replay_is_fp32_accurate)."""
     check_hp_independent_of_lp(
         lambda: GDNFamily(
             GEOMS["tiny"],
             act_dtype=torch.bfloat16,
             device=device,
             seed=5,
-            decode_op=_op(flush_recompute=1, **knobs),
+            decode_op=_op(flush_recompute=1),
         ),
         L=4,
         T=1,
@@ -236,16 +226,6 @@ def _decode_three_rows(device, lp, scratch_rows: int, **knobs):
     tok = fam.tokens(3, torch.Generator().manual_seed(0))
     out = torch.empty(fam.out_shape(3), device=device)
     fam.decode(cache, tok, torch.tensor([1, 2, 3], device=device), out, L=4, T=1)
-
-
-def test_scratch_without_fold_inverses_is_refused(device):
-    """flush_inverse needs a scratch sized for fold inverses (`allocate(fold_inverse=True)`;
-    the layers' shared scratch has none, as the knob is off by default)."""
-    g = GEOMS["tiny"]
-    plain = GDNScratch.allocate(3, g.num_v_heads, g.num_k_heads, g.head_k_dim, 4, device)
-    assert plain.fold_inverse.shape[0] == 1
-    with pytest.raises(ValueError, match="fold inverses for 1 rows"):
-        _decode_three_rows(device, torch.bfloat16, 3, flush_inverse=1)
 
 
 def test_scratch_too_small_is_refused(device):
@@ -276,32 +256,6 @@ def test_real_geometry_on_gpu(geom, lp, exact):
     # design, as in the interpreter table's fold_lp_bf16 row)
     rounding = None if exact else lp
     check_scenario(fam, L=16, T=1, lp=lp, spec=False, requests=8, cycles=2, rounding=rounding)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("geom", list(REAL))
-@pytest.mark.parametrize("knob", ["flush_inverse"])
-def test_real_geometry_fold_inverse_on_gpu(geom, knob):
-    """The recomputing flush with the plan's fold inverses (`flush_inverse`), bf16 LP."""
-    fam = GDNFamily(
-        REAL[geom],
-        act_dtype=torch.bfloat16,
-        device="cuda",
-        seed=11,
-        decode_op=_op(**{knob: 1}),
-    )
-    check_scenario(fam, L=16, T=1, lp=torch.bfloat16, spec=False, requests=8, cycles=2)
-    check_kernel_matches_reference(
-        lambda op: GDNFamily(
-            REAL[geom], act_dtype=torch.bfloat16, device="cuda", decode_op=op, seed=4
-        ),
-        _op(**{knob: 1}),
-        L=16,
-        T=1,
-        lp=torch.bfloat16,
-        out_tol=out_tolerance(torch.bfloat16, "cuda"),
-        requests=6,
-    )
 
 
 @pytest.mark.gpu

@@ -81,11 +81,9 @@ def _fold_kernel(
             stride_rd_v,
             stride_rv_row,
             stride_rv_v,
-            hp_ptr,  # no fold inverse given
             EXACT_FLUSH,
             BLOCK_L,
             PRECISION,
-            False,
         )
     else:
         S = advance_tile(

@@ -120,8 +120,8 @@ def _check_reference(device, op, exact, lp, T, act=torch.float16, seed=4):
     )
 
 
-# The flush-only / fused flush in WY form (`flush.fold_tile`), the plan's fold inverses
-# and the planned readout's bf16 products with an LP tile, at a geometry whose tiles a
+# The flush-only / fused flush in WY form (`flush.fold_tile`) and the planned readout's
+# bf16 products with an LP tile, at a geometry whose tiles a
 # product takes (K, V >= 16): (route, exact flush, LP dtype, T, activations, knobs).
 TF32X3 = dict(flush_precision="tf32x3")
 BF16 = torch.bfloat16
@@ -130,14 +130,6 @@ WY_ROWS = {
     "split_planned-exact-none-T3": ("split_planned", True, None, 3, torch.float16, TF32X3),
     "fused-exact-bf16-T1": ("fused", True, BF16, 1, torch.float16, TF32X3),
     "split-fold-none-T3": ("split", False, None, 3, torch.float16, TF32X3),
-    "split_planned-exact-bf16-T3-bf16x3-inverse": (
-        "split_planned",
-        True,
-        BF16,
-        3,
-        BF16,
-        dict(flush_precision="bf16x3", flush_inverse=True, readout_precision="bf16x3"),
-    ),
     "split_planned-exact-bf16-T3-defaults": (  # the GPU default of planned steps
         "split_planned",
         True,
@@ -161,13 +153,13 @@ WY_ROWS = {
         BF16,
         dict(flush_precision="bf16x3", readout_precision="bf16x3", readout_tiles=4),
     ),
-    "split_planned-exact-fp16-T2-inverse": (
+    "split_planned-exact-fp16-T2": (
         "split_planned",
         True,
         torch.float16,
         2,
         torch.float16,
-        dict(TF32X3, flush_inverse=True, readout_precision="bf16x3"),  # fp16 tiles: tf32x3
+        dict(TF32X3, readout_precision="bf16x3"),  # fp16 tiles: tf32x3
     ),
 }
 
@@ -240,7 +232,6 @@ GPU_VARIANTS = {
         "split_planned",
         dict(WY, block_v=16, readout_tiles=0, readout_stages=2, flush_stages=1),
     ),
-    "split_planned-wy_inverse": ("split_planned", dict(WY, flush_inverse=True)),
     # 8 tiles per readout program as at bs 256 (`auto_readout_tiles` picks 1 for 8 rows)
     "split_planned-wy_tiles8": (
         "split_planned",

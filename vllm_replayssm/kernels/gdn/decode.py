@@ -57,14 +57,13 @@ def launch_config(
     latency better than 64-row tiles on four warps, two per SM (bf16 LP 260 vs 281 µs per
     step and layer; 2 or 8 per SM: 296, 269). flush_recompute None: the corrected values
     are recomputed from HP where an LP copy exists and summed from the cached d without one
-    (`flush.gdn_flush`'s recompute; HP only 332 µs against 350 recomputing). flush_inverse
-    1: a recomputing flush applies the fold inverse the plan stores per (flush row, value
-    head) instead of substituting per value tile (`plan.store_fold_inverse`); off: it
-    moves the work onto the critical path (122B bf16 LP, eager: flush 129.5 -> 118.7 µs,
-    plan 12.3 -> 28.3; step in a graph 259.8 -> 274.5 µs,
-    `kernels-h200-20261202-a8e3f00-gdn-fold-inverse.json`). flush_head_inverse (the
-    flush forming that inverse itself, once per head) measured slower still and was removed
-    (`kernels-h200-20261203-c93eed3-gdn-plain-head-inverse.json`: 259.8 against 240.3 µs)."""
+    (`flush.gdn_flush`'s recompute; HP only 332 µs against 350 recomputing). Fold inverses
+    (the fold's (I + A)⁻¹ applied as one product instead of each value tile substituting)
+    measured slower in both forms tried and were removed: stored by the plan per (flush
+    row, value head), they moved the work onto the critical path (122B bf16 LP, eager:
+    flush 129.5 -> 118.7 µs, plan 12.3 -> 28.3; step in a graph 259.8 -> 274.5 µs,
+    `kernels-h200-20261202-a8e3f00-gdn-fold-inverse.json`); formed by the flush once per
+    head, 259.8 against 240.3 µs (`kernels-h200-20261203-c93eed3-gdn-plain-head-inverse.json`)."""
     block_v = TILE_BYTES // (pow2_block(head_k_dim) * ckpt_itemsize)
     block_v = max(8, min(block_v, triton.next_power_of_2(head_v_dim)))
     flush_v = 16  # the dot products' smallest tile
@@ -84,7 +83,6 @@ def launch_config(
         plan_warps=1,
         overlap=device.type == "cuda",
         flush_recompute=None,
-        flush_inverse=0,
     )
 
 
@@ -114,9 +112,9 @@ def gdn_replay_decode(
     scratch: `GDNScratch` for at least R rows (plain decode); None allocates one per call
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
     readout_block_v, readout_warps, readout_tiles, readout_stages, flush_block_v,
-    flush_warps, flush_programs, plan_warps, overlap, flush_recompute, flush_inverse,
-    dot_precision) or set the window step's
-    (speculative: route, block_v, num_warps, heads_per_program, num_stages).
+    flush_warps, flush_programs, plan_warps, overlap, flush_recompute, dot_precision) or set
+    the window step's (speculative: route, block_v, num_warps, heads_per_program,
+    num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -157,9 +155,8 @@ def gdn_replay_decode(
     cfg.update(knobs)
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
     recompute = recomputes_d(cache, cfg["flush_recompute"])
-    inverse = recompute and bool(cfg["flush_inverse"]) and cfg.get("dot_precision") != "serial"
     if scratch is None:
-        scratch = GDNScratch.allocate(R, Hv, Hk, K, buffer_len, v.device, fold_inverse=inverse)
+        scratch = GDNScratch.allocate(R, Hv, Hk, K, buffer_len, v.device)
     elif not scratch.fits(R, Hv, Hk, K, buffer_len):
         raise ValueError(
             f"scratch {tuple(scratch.coef.shape)} / {tuple(scratch.kq.shape)} does not fit "
@@ -178,7 +175,6 @@ def gdn_replay_decode(
         scale=scale,
         null_block_id=null_block_id,
         num_warps=cfg["plan_warps"],
-        fold_inverse=inverse,
         **common,
     )
     # the flush and the readout touch different rows: run both at once
@@ -194,7 +190,6 @@ def gdn_replay_decode(
                 num_programs=cfg["flush_programs"],
                 dot_precision=cfg.get("dot_precision"),
                 recompute=recompute,
-                inverse=inverse,
                 **common,
             )
         gdn_readout(

@@ -64,7 +64,7 @@ def launch_config(
       recomputed d cost what the serial fold saved); fused bs 8 / 16 HP only 0.78x -> 0.92x,
       0.75x -> 0.90x, but bf16 LP 0.79x -> 0.69x, 0.75x -> 0.67x;
     - the bf16 readout products: bf16 LP bs 256 1,074 -> 1,046 µs, bs 64 284 -> 276;
-    - the plan's fold inverses (flush_inverse): slower (bs 256 bf16 LP 1,046 -> 1,083);
+    - the plan's fold inverses (flush_inverse, since removed): slower (1,046 -> 1,083);
     - readout tiles at bs 256: 32 rows on one warp 974 µs bf16 LP, 752 HP only (16 rows:
       1,024, 770; two warps slower);
     - several value tiles per readout program in a pipelined loop (readout_tiles 0:

@@ -68,16 +68,14 @@ def fold_tile(
     stride_rd_v,
     stride_rv_row,
     stride_rv_v,
-    p_inv,
     EXACT_FLUSH: tl.constexpr,
     BLOCK_L: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    GIVEN_INVERSE: tl.constexpr,
 ):
     """The fold (this flush, the window step's flush): S ([BLOCK_V, BLOCK_K] fp32 HP tile)
     advanced over ring entries [fo, fo + fn). DOT_PRECISION "bf16x3" / "tf32x3" / "ieee":
-    the WY form with tensor-core products (`tiles.wy_fold_tile`; GIVEN_INVERSE: the plan's
-    fold inverse at p_inv); "serial": record by record (`tiles.advance_tile`)."""
+    the WY form with tensor-core products (`tiles.wy_fold_tile`); "serial": record by
+    record (`tiles.advance_tile`)."""
     if DOT_PRECISION == "serial":
         return advance_tile(
             S,
@@ -126,11 +124,9 @@ def fold_tile(
             stride_rd_v,
             stride_rv_row,
             stride_rv_v,
-            p_inv,
             EXACT_FLUSH,
             BLOCK_L,
             DOT_PRECISION,
-            GIVEN_INVERSE,
         )
 
 
@@ -150,7 +146,6 @@ def _gdn_flush_kernel(
     kq_ptr,
     hp_rows_ptr,
     hp_count_ptr,
-    winv_ptr,
     num_ring_rows,
     stride_hp_slot,
     stride_hp_head,
@@ -189,8 +184,6 @@ def _gdn_flush_kernel(
     stride_kq_row,
     stride_kq_head,
     stride_kq_which,
-    stride_winv_row,
-    stride_winv_head,
     NUM_V_HEADS: tl.constexpr,
     V_PER_K: tl.constexpr,
     TILES_PER_HEAD: tl.constexpr,
@@ -204,7 +197,6 @@ def _gdn_flush_kernel(
     EXACT_FLUSH: tl.constexpr,
     RECOMPUTE_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    GIVEN_INVERSE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -236,7 +228,6 @@ def _gdn_flush_kernel(
         p_kq = kq_ptr + r64 * stride_kq_row + hk * stride_kq_head + o_k
         kn = tl.load(p_kq, mask=m_k, other=0.0)
         qn = tl.load(p_kq + stride_kq_which, mask=m_k, other=0.0)
-        p_inv = winv_ptr + r64 * stride_winv_row + h * stride_winv_head
         o_v = (item % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
         m_v = o_v < head_v_dim
         m_vk = m_v[:, None] & m_k[None, :]
@@ -275,11 +266,9 @@ def _gdn_flush_kernel(
                 stride_rd_v,
                 stride_rv_row,
                 stride_rv_v,
-                p_inv,
                 RECOMPUTE_D,
                 BLOCK_L,
                 DOT_PRECISION,
-                GIVEN_INVERSE,
             )
             tl.store(p_hp, S, mask=m_vk)
             if HAS_LP:
@@ -334,7 +323,6 @@ def gdn_flush(
     num_programs: int,
     dot_precision: str | None = None,
     recompute: bool | None = None,
-    inverse: bool = False,
 ) -> None:
     """Launch the flush over the plan's HP list (after `gdn_plan`, before or beside
     `gdn_readout`): HP and LP of flush rows written; out [R, Hv, V] and the d (and v)
@@ -349,11 +337,7 @@ def gdn_flush(
     from HP and its own history (the readout, the flush and the window step all read HP),
     so the sum is the delta rule from HP up to fp32 reassociation, with one tensor-core
     product instead of three and a substitution. With an LP copy the cached d follow the
-    LP read and only the recomputation keeps LP out of HP.
-
-    inverse (a recomputing WY fold only): apply the fold inverses the plan stored
-    (`gdn_plan(fold_inverse=True)` in the same step) instead of each tile forming the Gram
-    matrix and substituting."""
+    LP read and only the recomputation keeps LP out of HP."""
     if dot_precision is None:
         bf16_records = cache.ring_k.dtype == torch.bfloat16
         dot_precision = "bf16x3" if bf16_records and v.is_cuda else "tf32x3"
@@ -362,8 +346,6 @@ def gdn_flush(
     if dot_precision == "bf16x3" and cache.ring_k.dtype != torch.bfloat16:
         raise ValueError("dot_precision bf16x3 needs bf16 k records")
     recompute = recomputes_d(cache, recompute)
-    if inverse and (not recompute or dot_precision == "serial"):
-        raise ValueError("inverse needs a recomputing WY fold (exact flush, not serial)")
     Hv, V = v.shape[1], v.shape[2]
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
     lp = cache.lp if cache.lp is not None else cache.hp
@@ -385,7 +367,6 @@ def gdn_flush(
         scratch.kq,
         scratch.hp_rows,
         scratch.hp_count,
-        scratch.fold_inverse,
         num_ring_rows,
         *cache.hp.stride(),
         *lp.stride(),
@@ -399,7 +380,6 @@ def gdn_flush(
         scratch.coef.stride(0),
         scratch.coef.stride(1),
         *scratch.kq.stride()[:3],
-        *scratch.fold_inverse.stride()[:2],
         NUM_V_HEADS=Hv,
         V_PER_K=Hv // Hk,
         TILES_PER_HEAD=tiles,
@@ -413,6 +393,5 @@ def gdn_flush(
         EXACT_FLUSH=cache.exact_flush,
         RECOMPUTE_D=recompute,
         DOT_PRECISION=dot_precision,
-        GIVEN_INVERSE=inverse,
         num_warps=num_warps,
     )

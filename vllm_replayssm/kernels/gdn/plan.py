@@ -17,11 +17,7 @@ list (one relaxed atomic per such row).
 
 Flush rows: their coefficients are those of an empty history (a = b = 0, e^{Γn} = 1), since
 the flush reads out from the folded state. The fold itself (`tiles.wy_fold_tile`) reads its
-records (g, β, k, v; fold mode: d) from the ring; the fold region is in the plan row. When
-the flush recomputes the corrected values (exact flush with an LP copy) and `fold_inverse`
-is set, the plan also stores, per flush row and value head, the inverse of the fold's
-unit lower-triangular matrix (`store_fold_inverse`), which every value tile of that head
-then applies as one product.
+records (g, β, k, v; fold mode: d) from the ring; the fold region is in the plan row.
 
 Scratch (`GDNScratch`) is caller-allocated and sized by the largest batch, so the three
 launches are safe in CUDA graphs.
@@ -80,11 +76,7 @@ class GDNScratch:
     plan: [max_rows, PLAN_LEN] int32; coef: [max_rows, Hv, coef_len(L)] fp32; kq:
     [max_rows, Hk, 2, K] fp32 (normalised k_t, then scaled normalised q_t); hp_rows:
     [max_rows] int32 (rows that read HP this step, in any order); hp_count: [1] int32, the
-    length of hp_rows (`gdn_plan` zeroes it first); fold_inverse: [max_rows, Hv, BLOCK_L,
-    BLOCK_L] fp32, per flush row and value head (I + A)⁻¹ of its fold (written by the plan
-    for flush rows with `gdn_plan(fold_inverse=True)`; 1 KiB per row and value head at
-    L = 16, 16 MiB for 256 rows of 64 value heads, so only `allocate(fold_inverse=True)`
-    sizes it for max_rows; otherwise it has one row, a placeholder the kernels never touch).
+    length of hp_rows (`gdn_plan` zeroes it first).
     """
 
     plan: torch.Tensor
@@ -92,7 +84,6 @@ class GDNScratch:
     kq: torch.Tensor
     hp_rows: torch.Tensor
     hp_count: torch.Tensor
-    fold_inverse: torch.Tensor
 
     @classmethod
     def allocate(
@@ -103,17 +94,14 @@ class GDNScratch:
         head_k_dim: int,
         buffer_len: int,
         device: torch.device | str,
-        fold_inverse: bool = False,
     ) -> GDNScratch:
         f32 = dict(dtype=torch.float32, device=device)
-        bl = history_block(buffer_len)
         return cls(
             plan=torch.zeros(max_rows, PLAN_LEN, dtype=torch.int32, device=device),
             coef=torch.zeros(max_rows, num_v_heads, coef_len(buffer_len), **f32),
             kq=torch.zeros(max_rows, num_k_heads, 2, head_k_dim, **f32),
             hp_rows=torch.zeros(max_rows, dtype=torch.int32, device=device),
             hp_count=torch.zeros(1, dtype=torch.int32, device=device),
-            fold_inverse=torch.zeros(max_rows if fold_inverse else 1, num_v_heads, bl, bl, **f32),
         )
 
     def fits(
@@ -123,81 +111,7 @@ class GDNScratch:
             self.plan.shape[0] >= num_rows
             and tuple(self.coef.shape[1:]) == (num_v_heads, coef_len(buffer_len))
             and tuple(self.kq.shape[1:]) == (num_k_heads, 2, head_k_dim)
-            and self.fold_inverse.shape[1] == num_v_heads
         )
-
-
-@triton.jit
-def store_fold_inverse(
-    p_rk,
-    p_rg,
-    p_rbeta,
-    p_winv,
-    h,
-    m_hg,
-    fo,
-    fn,
-    num_ring_rows,
-    o_k,
-    m_k,
-    stride_rk_row,
-    stride_rk_k,
-    stride_rg_head,
-    stride_rg_row,
-    stride_rbeta_head,
-    stride_rbeta_row,
-    stride_winv_head,
-    BLOCK_HG: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-):
-    """A flush row's (I + A)⁻¹ per value head h of this key head, A[j, i] = β_j e^{Γ_j−Γ_i}
-    (k̂_i·k̂_j) for i < j over its fold records [fo, fo + fn) (`tiles.wy_fold_tile`): the
-    matrix of the fold's forward substitution, which depends on the row and value head
-    only, so the flush's value tiles apply it as one product instead of each repeating the
-    Gram matrix and the substitution. Stored at p_winv + h * stride_winv_head as a
-    [BLOCK_L, BLOCK_L] row-major fp32 block (identity past fn)."""
-    o_j = tl.arange(0, BLOCK_L)
-    m_f = o_j < fn
-    rows = fo + o_j
-    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    k = tl.load(
-        p_rk + rows[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-        mask=m_f[:, None] & m_k[None, :],
-        other=0.0,
-    ).to(tl.float32)
-    k = l2norm_rows(k)  # masked rows stay zero
-    gram = tl.dot(k, tl.trans(k), input_precision="ieee")  # [BLOCK_L (j), BLOCK_L (i)]
-    keep = m_hg[:, None] & m_f[None, :]
-    p_g = p_rg + h[:, None] * stride_rg_head
-    rows_next = tl.where(rows + 1 >= num_ring_rows, rows + 1 - num_ring_rows, rows + 1)
-    g_next = tl.load(
-        p_g + rows_next[None, :] * stride_rg_row,
-        mask=m_hg[:, None] & (o_j + 1 < fn)[None, :],
-        other=0.0,
-    )
-    lam = tl.cumsum(g_next, axis=1, reverse=True)  # [BLOCK_HG, BLOCK_L] Λ_j, as the flush
-    beta = tl.load(
-        p_rbeta + h[:, None] * stride_rbeta_head + rows[None, :] * stride_rbeta_row,
-        mask=keep,
-        other=0.0,
-    )
-    below = (o_j[None, :] < o_j[:, None])[None, :, :]  # [1, j, i]
-    expo = tl.where(below, lam[:, None, :] - lam[:, :, None], 0.0)  # Λ_i − Λ_j
-    A = tl.where(below, beta[:, :, None] * tl.exp(expo) * gram[None, :, :], 0.0)
-    eye = tl.where(o_j[:, None] == o_j[None, :], 1.0, 0.0)
-    X = tl.broadcast_to(eye[None, :, :], (BLOCK_HG, BLOCK_L, BLOCK_L))
-    # (I + A) X = I by forward substitution: row i of X final at step i.
-    for i in tl.static_range(BLOCK_L - 1):
-        x_i = tl.sum(tl.where(o_j[None, :, None] == i, X, 0.0), axis=1)  # [BLOCK_HG, BLOCK_L]
-        a_i = tl.sum(tl.where(o_j[None, None, :] == i, A, 0.0), axis=2)  # column i of A
-        X -= a_i[:, :, None] * x_i[:, None, :]
-    p_x = (
-        p_winv
-        + h[:, None, None] * stride_winv_head
-        + o_j[None, :, None] * BLOCK_L
-        + o_j[None, None, :]
-    )
-    tl.store(p_x, X, mask=m_hg[:, None, None])
 
 
 @triton.jit
@@ -218,7 +132,6 @@ def _gdn_plan_kernel(
     kq_ptr,
     hp_rows_ptr,
     hp_count_ptr,
-    winv_ptr,
     scale,
     null_block_id,
     num_ring_rows,
@@ -249,8 +162,6 @@ def _gdn_plan_kernel(
     stride_kq_row,
     stride_kq_head,
     stride_kq_which,
-    stride_winv_row,
-    stride_winv_head,
     V_PER_K: tl.constexpr,
     head_k_dim: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -258,7 +169,6 @@ def _gdn_plan_kernel(
     BLOCK_L: tl.constexpr,
     HAS_LP: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
-    FOLD_INVERSE: tl.constexpr,
 ):
     pid_k = tl.program_id(0)
     r = tl.program_id(1)
@@ -305,30 +215,6 @@ def _gdn_plan_kernel(
 
     o_j = tl.arange(0, BLOCK_L)
     p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
-    if FOLD_INVERSE:  # noqa: SIM102 (a compile-time gate around a runtime branch)
-        if flush != 0:
-            store_fold_inverse(
-                p_rk,
-                ring_g_ptr + slot * stride_rg_slot,
-                ring_beta_ptr + slot * stride_rbeta_slot,
-                winv_ptr + r64 * stride_winv_row,
-                h,
-                m_hg,
-                fo,
-                fn,
-                num_ring_rows,
-                o_k,
-                m_k,
-                stride_rk_row,
-                stride_rk_k,
-                stride_rg_head,
-                stride_rg_row,
-                stride_rbeta_head,
-                stride_rbeta_row,
-                stride_winv_head,
-                BLOCK_HG,
-                BLOCK_L,
-            )
 
     # History: committed entries [0, n) from o (empty after a flush).
     m_j = o_j < n_next
@@ -423,24 +309,16 @@ def gdn_plan(
     buffer_len: int,
     null_block_id: int,
     num_warps: int = 1,
-    fold_inverse: bool = False,
 ) -> None:
     """Launch the plan for R rows (plain decode, one token per row).
 
     cache: GDNReplayCache (reads meta, ring_g, ring_k; appends g, beta (exact) and k
     records); q, k: [R, Hk, K] act (pre-norm); a, b: [R, Hv]; A_log, dt_bias: [Hv];
     state_indices: [R] int; scratch: written (plan rows, coefficients, k_t / q_t, HP list
-    and its length; with fold_inverse (exact flush), flush rows' fold inverses).
+    and its length).
     """
-    if fold_inverse and not cache.exact_flush:
-        raise ValueError("fold_inverse is the exact flush's (it recomputes d)")
     R, Hk, K = k.shape
     Hv = a.shape[1]
-    if fold_inverse and scratch.fold_inverse.shape[0] < R:
-        raise ValueError(
-            f"scratch holds fold inverses for {scratch.fold_inverse.shape[0]} rows, not {R}: "
-            "allocate it with GDNScratch.allocate(..., fold_inverse=True)"
-        )
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     scratch.hp_count.zero_()
     _gdn_plan_kernel[(Hk, R)](
@@ -460,7 +338,6 @@ def gdn_plan(
         scratch.kq,
         scratch.hp_rows,
         scratch.hp_count,
-        scratch.fold_inverse,
         scale,
         null_block_id,
         num_ring_rows,
@@ -475,7 +352,6 @@ def gdn_plan(
         scratch.coef.stride(0),
         scratch.coef.stride(1),
         *scratch.kq.stride()[:3],
-        *scratch.fold_inverse.stride()[:2],
         V_PER_K=Hv // Hk,
         head_k_dim=K,
         BLOCK_K=pow2_block(K),
@@ -483,6 +359,5 @@ def gdn_plan(
         BLOCK_L=history_block(buffer_len),
         HAS_LP=cache.lp is not None,
         EXACT_FLUSH=cache.exact_flush,
-        FOLD_INVERSE=fold_inverse,
         num_warps=num_warps,
     )

@@ -211,20 +211,16 @@ def wy_fold_tile(
     stride_rd_v,
     stride_rv_row,
     stride_rv_v,
-    p_inv,
     EXACT_FLUSH: tl.constexpr,
     BLOCK_L: tl.constexpr,
     PRECISION: tl.constexpr,
-    GIVEN_INVERSE: tl.constexpr,
 ):
     """`advance_tile` in chunked (WY) form: the same result up to fp32 reassociation, with
     the fn <= BLOCK_L records loaded at once and folded by tensor-core products (README,
     Flush). S: [BLOCK_V, BLOCK_K] fp32, BLOCK_V, BLOCK_K >= 16; BLOCK_L: a power of two
     >= max(fn, 16); fo < num_ring_rows, fn <= num_ring_rows. PRECISION: "bf16x3" (bf16 k
     records: the exact operand of every product) or "tf32x3" (any record dtype); "ieee"
-    runs in the interpreter only. GIVEN_INVERSE (exact): p_inv points at the fold's
-    (I + A)⁻¹ ([BLOCK_L, BLOCK_L] row-major fp32, `plan.store_fold_inverse`), applied as
-    one fp32 product instead of the Gram matrix and the substitution here."""
+    runs in the interpreter only."""
     rows, m_l, g, lam, k, k_op, rnorm = _wy_records(
         p_rg,
         p_rk,
@@ -239,7 +235,6 @@ def wy_fold_tile(
         BLOCK_L,
         PRECISION,
     )
-    o_l = tl.arange(0, BLOCK_L)
     decay = tl.exp(tl.sum(g, axis=0))
     if EXACT_FLUSH:
         beta = tl.load(p_rbeta + rows * stride_rbeta_row, mask=m_l, other=0.0)
@@ -253,12 +248,8 @@ def wy_fold_tile(
         if PRECISION == "bf16x3":
             P = P * rnorm[None, :]
         R = beta[None, :] * (v - tl.exp(gam)[None, :] * P)  # [BLOCK_V, BLOCK_L]
-        if GIVEN_INVERSE:  # D (I + A)ᵀ = R
-            X = tl.load(p_inv + o_l[:, None] * BLOCK_L + o_l[None, :])
-            D = tl.dot(R, tl.trans(X), input_precision="ieee")
-        else:
-            A = _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L, PRECISION)
-            D = _substitute(R, A, BLOCK_L)
+        A = _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L, PRECISION)
+        D = _substitute(R, A, BLOCK_L)
     else:
         D = tl.load(
             p_rd + o_v[:, None] * stride_rd_v + rows[None, :] * stride_rd_row,

@@ -44,7 +44,7 @@ from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
 from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
-from vllm_replayssm.kernels.gdn.plan import history_block, store_fold_inverse
+from vllm_replayssm.kernels.gdn.plan import history_block
 from vllm_replayssm.kernels.gdn.tiles import (
     beta_gate,
     bf16_parts,
@@ -101,19 +101,16 @@ def _flush_head(
     stride_rd_v,
     stride_rv_row,
     stride_rv_v,
-    p_inv,
     HAS_LP: tl.constexpr,
     LP_IS_FP16: tl.constexpr,
     FOLD_EXACT: tl.constexpr,
     FOLD: tl.constexpr,
     BLOCK_L: tl.constexpr,
-    GIVEN_INVERSE: tl.constexpr,
 ):
     """Advance one value head's HP tile over ring entries [fo, fo + fn); write HP and LP;
     return the new tile (fp32). FOLD: "serial" (record by record, `tiles.advance_tile`) or
     the WY form's product precision (`flush.fold_tile`); FOLD_EXACT: replay the delta rule over
-    the cached k, v, g, β (else sum the cached d); GIVEN_INVERSE: the WY fold applies the
-    plan's fold inverse at p_inv."""
+    the cached k, v, g, β (else sum the cached d)."""
     S = fold_tile(
         tl.load(p_hp, mask=m_vk, other=0.0),
         p_rg,
@@ -136,11 +133,9 @@ def _flush_head(
         stride_rd_v,
         stride_rv_row,
         stride_rv_v,
-        p_inv,
         FOLD_EXACT,
         BLOCK_L,
         FOLD,
-        GIVEN_INVERSE,
     )
     tl.store(p_hp, S, mask=m_vk)
     if HAS_LP:
@@ -199,7 +194,6 @@ def _gdn_window_plan_kernel(
     kq_ptr,
     coef_ptr,
     plan_ptr,
-    winv_ptr,
     scale,
     null_block_id,
     num_ring_rows,
@@ -229,8 +223,6 @@ def _gdn_window_plan_kernel(
     stride_kq_head,
     stride_coef_row,
     stride_coef_head,
-    stride_winv_row,
-    stride_winv_head,
     v_per_k: tl.constexpr,
     head_k_dim: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -238,12 +230,10 @@ def _gdn_window_plan_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HG: tl.constexpr,
-    BLOCK_L: tl.constexpr,
     HAS_ACC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
     HAS_LP: tl.constexpr,
-    FOLD_INVERSE: tl.constexpr,
 ):
     """The window step's plan, one program per (key head, row): everything but the state
     tile's products, once per row instead of in every (value tile, head block) readout
@@ -260,9 +250,7 @@ def _gdn_window_plan_kernel(
     appends the window's g, β (exact flush) and k records. Flush rows get an empty
     history: the readout reads their folded checkpoint. The key head 0 program stores the
     row's plan words (`plan_row.store_plan_words`; NULL rows: the slot word only), which the
-    readout launch reads instead of the cursor words. FOLD_INVERSE: flush rows' fold
-    inverses per value head (`plan.store_fold_inverse`, [R, Hv, BLOCK_L, BLOCK_L] at
-    winv_ptr), which the flush launch's value tiles apply instead of each substituting."""
+    readout launch reads instead of the cursor words."""
     pid_k = tl.program_id(0)
     pid_r = tl.program_id(1).to(tl.int64)
     slot32 = tl.load(state_indices_ptr + pid_r).to(tl.int32)
@@ -326,30 +314,6 @@ def _gdn_window_plan_kernel(
     o_hg = tl.arange(0, BLOCK_HG)
     m_hg = o_hg < v_per_k
     h = pid_k * v_per_k + o_hg
-    if FOLD_INVERSE:  # noqa: SIM102 (a compile-time gate around a runtime branch)
-        if flush != 0:  # before this window's records land (outside the fold region)
-            store_fold_inverse(
-                p_rk,
-                ring_g_ptr + slot * stride_rg_slot,
-                ring_beta_ptr + slot * stride_rbeta_slot,
-                winv_ptr + pid_r * stride_winv_row,
-                h,
-                m_hg,
-                fo,
-                fn,
-                num_ring_rows,
-                o_k,
-                m_k,
-                stride_rk_row,
-                stride_rk_k,
-                stride_rg_head,
-                stride_rg_row,
-                stride_rbeta_head,
-                stride_rbeta_row,
-                stride_winv_head,
-                BLOCK_HG,
-                BLOCK_L,
-            )
     keep = m_hg[:, None] & m_hist[None, :]
     g_h = tl.load(
         ring_g_ptr
@@ -774,7 +738,6 @@ def _gdn_window_kernel(
     qsl_ptr,
     acc_ptr,
     out_ptr,
-    winv_ptr,
     scale,
     null_block_id,
     num_programs_per_row,
@@ -823,8 +786,6 @@ def _gdn_window_kernel(
     stride_out_tok,
     stride_out_head,
     stride_out_v,
-    stride_winv_row,
-    stride_winv_head,
     head_k_dim: tl.constexpr,
     head_v_dim: tl.constexpr,
     v_per_k: tl.constexpr,
@@ -844,7 +805,6 @@ def _gdn_window_kernel(
     FOLD_EXACT: tl.constexpr,
     FOLD: tl.constexpr,
     BLOCK_L: tl.constexpr,
-    GIVEN_INVERSE: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_hb = tl.program_id(1).to(tl.int64)
@@ -912,13 +872,11 @@ def _gdn_window_kernel(
                     stride_rd_v,
                     stride_rv_row,
                     stride_rv_v,
-                    winv_ptr + pid_r * stride_winv_row + h * stride_winv_head,
                     HAS_LP,
                     LP_IS_FP16,
                     FOLD_EXACT,
                     FOLD,
                     BLOCK_L,
-                    GIVEN_INVERSE,
                 )
         return
 
@@ -1006,13 +964,11 @@ def _gdn_window_kernel(
                     stride_rd_v,
                     stride_rv_row,
                     stride_rv_v,
-                    p_hp,  # no fold inverse: the fused step has no plan
                     HAS_LP,
                     LP_IS_FP16,
                     FOLD_EXACT,
                     FOLD,
                     BLOCK_L,
-                    False,
                 )
             elif stale:
                 S = tl.load(p_hp, mask=m_vk, other=0.0)
@@ -1121,7 +1077,6 @@ def gdn_window_decode(
     num_stages: int = 1,
     window_plan: bool = False,
     flush_precision: str = "serial",
-    flush_inverse: bool = False,
     readout_precision: str = "tf32x3",
     readout_tiles: int = 1,
     readout_stages: int = 1,
@@ -1147,10 +1102,7 @@ def gdn_window_decode(
     chooses; `benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob
     window_plan=0,1` measures. flush_precision: how flush rows fold their records into HP,
     "serial" (record by record) or the WY form's products ("bf16x3", bf16 k records;
-    "tf32x3"; `flush.fold_tile`; tiles and key dims of >= 16). flush_inverse (window_plan,
-    WY fold, recomputed d: exact flush with an LP copy): the plan stores each flush row's
-    fold inverse per value head (`plan.store_fold_inverse`) and the flush's value tiles
-    apply it instead of each building the Gram matrix and substituting. readout_precision
+    "tf32x3"; `flush.fold_tile`; tiles and key dims of >= 16). readout_precision
     (window_plan): the planned readout's product of a bf16 LP tile with the keys, "tf32x3"
     or "bf16x3" (`tiles.dot_bf16_parts`; HP and fp16 tiles take tf32x3).
     readout_tiles (window_plan): value tiles per readout program (a divisor of a key head's
@@ -1237,16 +1189,13 @@ def gdn_window_decode(
     args += (K, V, Hv // Hk, num_ring_rows, window, buffer_len)
     if not window_plan:
         for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
-            _launch(grid, mode, cfg, None, *args)
+            _launch(grid, mode, cfg, *args)
         return
     bw, bk, bh = pow2_block(window, 1), pow2_block(K), pow2_block(buffer_len)
-    bl = history_block(buffer_len)
     f32 = dict(dtype=torch.float32, device=v.device)
     plan = torch.empty((R, PLAN_LEN), dtype=torch.int32, device=v.device)
     kq = torch.empty((R, Hk, 2 * bw * bk), **f32)
     coef = torch.empty((R, Hv, window_coef_len(bw, bh)), **f32)
-    inverse = flush_inverse and flush_precision != "serial" and recomputes_d(cache, None)
-    winv = torch.empty((R if inverse else 1, Hv, bl, bl), **f32)
     qsl = query_start_loc if query_start_loc is not None else state_indices
     _gdn_window_plan_kernel[(Hk, R)](
         cache.ring_g,
@@ -1265,7 +1214,6 @@ def gdn_window_decode(
         kq,
         coef,
         plan,
-        winv,
         scale,
         null_block_id,
         num_ring_rows,
@@ -1279,7 +1227,6 @@ def gdn_window_decode(
         *b.stride(),
         *kq.stride()[:2],
         *coef.stride()[:2],
-        *winv.stride()[:2],
         v_per_k=Hv // Hk,
         head_k_dim=K,
         WINDOW=window,
@@ -1287,18 +1234,16 @@ def gdn_window_decode(
         BLOCK_K=bk,
         BLOCK_H=bh,
         BLOCK_HG=max(2, triton.next_power_of_2(Hv // Hk)),
-        BLOCK_L=bl,
         HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None,
         EXACT_FLUSH=cache.exact_flush,
         HAS_LP=cache.lp is not None,
-        FOLD_INVERSE=inverse,
         num_warps=1,
     )
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
     flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1)
     grid_f = (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R)
-    _launch(grid_f, FLUSH_ONLY, flush_cfg, winv if inverse else None, *args)
+    _launch(grid_f, FLUSH_ONLY, flush_cfg, *args)
     _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
         cache.hp,
         lp,
@@ -1349,7 +1294,6 @@ def _launch(
     grid,
     mode,
     cfg,
-    winv,
     cache,
     lp,
     beta,
@@ -1374,9 +1318,7 @@ def _launch(
     window,
     buffer_len,
 ) -> None:
-    """One launch of `_gdn_window_kernel` in `mode`; winv: the plan's fold inverses
-    ([R, Hv, BLOCK_L, BLOCK_L]) for a flush-only launch that applies them, else None."""
-    inv = winv if winv is not None else cache.hp  # a placeholder pointer when unused
+    """One launch of `_gdn_window_kernel` in `mode`."""
     _gdn_window_kernel[grid](
         cache.hp,
         lp,
@@ -1397,7 +1339,6 @@ def _launch(
         query_start_loc if query_start_loc is not None else state_indices,
         num_accepted_tokens if num_accepted_tokens is not None else state_indices,
         out,
-        inv,
         scale,
         null_block_id,
         grid[0] * grid[1],
@@ -1416,7 +1357,6 @@ def _launch(
         *a.stride(),
         *b.stride(),
         *out.stride(),
-        *inv.stride()[:2],
         head_k_dim=K,
         head_v_dim=V,
         v_per_k=v_per_k,
@@ -1436,7 +1376,6 @@ def _launch(
         FOLD_EXACT=fold_exact(cache, cfg["flush_precision"]),
         FOLD=cfg["flush_precision"],
         BLOCK_L=history_block(buffer_len),
-        GIVEN_INVERSE=winv is not None,
         num_warps=cfg["num_warps"],
         num_stages=cfg["flush_stages"],
     )
