@@ -458,8 +458,7 @@ def route_ran(spec: dict, bs: int) -> str:
     from vllm_replayssm.kernels.gdn.dispatch import launch_config
 
     has_lp = spec["replay"].get("lp_dtype", "bfloat16") not in (None, "none")
-    # Qwen3.5-4B geometry: 2 value heads per key head
-    return launch_config(bs, 2, has_lp=has_lp)["route"]
+    return launch_config(bs, has_lp=has_lp)["route"]
 
 
 def engine_kwargs(spec: dict, on_gpu: bool) -> dict:

@@ -540,8 +540,7 @@ def route_ran(geom, bs: int, config: dict, has_lp: bool) -> str:
 
     route = config.get("route", "auto")
     launch = {} if route == "auto" else {"route": route}
-    v_per_k = geom.num_v_heads // geom.num_k_heads
-    return plan_launch("auto", bs, v_per_k, WINDOW == 1, launch, has_lp=has_lp)["route"]
+    return plan_launch("auto", bs, WINDOW == 1, launch, has_lp=has_lp)["route"]
 
 
 def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) -> dict:

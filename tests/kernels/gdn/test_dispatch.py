@@ -23,7 +23,6 @@ from ..tolerances import TOL
 from .test_reference import GEOMS
 
 L = 4
-V_PER_K = 4
 
 
 # (num_rows, plain, has_lp) -> route, heads_per_program (None: no head loop)
@@ -38,7 +37,7 @@ POLICY = {
     "hp_only_bs256": (256, True, False, "replay", None),
     "spec_bs16": (16, False, True, "fused", 1),
     "spec_bs17": (17, False, True, "split", 1),
-    "spec_bs64": (64, False, False, "split", V_PER_K),
+    "spec_bs64": (64, False, False, "split", 1),  # one value head per flush program
 }
 
 
@@ -49,7 +48,7 @@ def test_hp_only_threshold_is_later():
 @pytest.mark.parametrize("case", list(POLICY))
 def test_launch_config(case):
     rows, plain, has_lp, route, hpp = POLICY[case]
-    cfg = launch_config(rows, V_PER_K, plain=plain, has_lp=has_lp)
+    cfg = launch_config(rows, plain=plain, has_lp=has_lp)
     assert cfg["route"] == route
     assert cfg.get("heads_per_program") == hpp
     if route == "replay":  # the replay launches take decode.launch_config's knobs
@@ -57,7 +56,7 @@ def test_launch_config(case):
     else:  # 16-row value tiles on one warp (the planned readout: several per program)
         assert cfg["block_v"] == 16 and cfg["num_warps"] == 1
     want = "stock" if route == "stock" else "replay"
-    assert chosen_route("auto", rows, V_PER_K, plain, has_lp=has_lp) == want
+    assert chosen_route("auto", rows, plain, has_lp=has_lp) == want
 
 
 @pytest.mark.parametrize("bf16_keys", [True, False])
@@ -65,14 +64,14 @@ def test_window_steps_fold_in_wy_form_with_bf16_keys(bf16_keys):
     """Planned split steps fold flush rows in WY form and take the readout's LP products in
     bf16, fused steps fold in WY form HP only: exact bf16 products, which only bf16 k
     records allow; other key dtypes keep the serial fold and tf32x3 products."""
-    split = launch_config(64, V_PER_K, plain=False, bf16_keys=bf16_keys)
+    split = launch_config(64, plain=False, bf16_keys=bf16_keys)
     assert split["route"] == "split" and split["window_plan"]
     assert split["readout_tiles"] == 0 and split["readout_stages"] == 2  # the tile loop
     assert split["flush_stages"] == 1
     wy = dict(flush_precision="bf16x3", readout_precision="bf16x3")
     assert {k: split.get(k) for k in wy} == (wy if bf16_keys else dict.fromkeys(wy))
     for has_lp in (True, False):
-        fused = launch_config(8, V_PER_K, plain=False, has_lp=has_lp, bf16_keys=bf16_keys)
+        fused = launch_config(8, plain=False, has_lp=has_lp, bf16_keys=bf16_keys)
         assert fused["route"] == "fused" and "readout_precision" not in fused
         want = "bf16x3" if bf16_keys and not has_lp else None
         assert fused.get("flush_precision") == want
@@ -95,7 +94,7 @@ ROUTES = {
 @pytest.mark.parametrize("case", list(ROUTES))
 def test_plan_launch(case):
     route, rows, plain, launch, want = ROUTES[case]
-    cfg = plan_launch(route, rows, V_PER_K, plain, launch)
+    cfg = plan_launch(route, rows, plain, launch)
     assert cfg["route"] == want
     if want == "stock":
         assert set(cfg) == {"route", "block_v", "num_warps"}
@@ -107,13 +106,13 @@ def test_plan_launch(case):
 
 def test_plan_launch_refuses():
     with pytest.raises(ValueError, match="route must be one of"):
-        plan_launch("fused", 4, V_PER_K, True)
+        plan_launch("fused", 4, True)
     with pytest.raises(ValueError, match="plain decode"):
-        plan_launch("auto", 4, V_PER_K, False, {"route": "stock"})
+        plan_launch("auto", 4, False, {"route": "stock"})
     with pytest.raises(ValueError, match="plain decode"):
-        plan_launch("auto", 4, V_PER_K, False, {"route": "replay"})
+        plan_launch("auto", 4, False, {"route": "replay"})
     with pytest.raises(ValueError, match="launch route must be one of"):
-        plan_launch("auto", 4, V_PER_K, True, {"route": "both"})
+        plan_launch("auto", 4, True, {"route": "both"})
 
 
 def _setup(window: int, num_tokens: list[int], seed: int):
@@ -224,7 +223,7 @@ def test_gdn_decode_on_gpu_runs_the_planned_kernel(route):
     cache = GDNReplayCache(*(None if t is None else t.cuda() for t in cache))
     tok = {k: v.cuda() for k, v in tok.items()}
     slots = slots.cuda()
-    cfg = plan_launch(route, slots.shape[0], V_PER_K, True)
+    cfg = plan_launch(route, slots.shape[0], True)
     ours, theirs = _clone(cache), _clone(cache)
     for _ in range(L + 2):
         out_ours = _run(gdn_decode, fam, ours, slots, tok, 1, stagger=True, route=route)

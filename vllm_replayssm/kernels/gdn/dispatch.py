@@ -39,7 +39,7 @@ KERNEL_ROUTES = ("replay", "stock", "fused", "split")
 
 
 def launch_config(
-    num_rows: int, v_per_k: int, plain: bool = True, has_lp: bool = True, bf16_keys: bool = True
+    num_rows: int, plain: bool = True, has_lp: bool = True, bf16_keys: bool = True
 ) -> dict:
     """The launch configuration of a step of `num_rows` rows (keys: route, then the chosen
     launcher's arguments; "replay" takes `decode.launch_config`'s knobs). has_lp: the
@@ -53,8 +53,8 @@ def launch_config(
 
     Speculative decode (which the stock route cannot do): the window step, one warp per
     program, fused up to 16 rows (16-row value tiles), else planned (`window_plan`: plan,
-    flush, the planned readout on 16-row value tiles, several per program), the flush with
-    all value heads of a key head per program from 64 rows. With bf16 keys, planned steps
+    flush, the planned readout on 16-row value tiles, several per program), one value head
+    per flush program. With bf16 keys, planned steps
     fold flush rows in WY form (bf16x3) and take the readout's LP products in bf16
     (readout_precision bf16x3); fused steps fold in WY form HP only. Measured on the H200
     at T = 4 against vLLM's kernel
@@ -81,17 +81,20 @@ def launch_config(
       (`…-e262e85-gdn-window4-flush-stages-solve.json`): 4B 478 -> 450 µs (1.78x vLLM's
       800), 122B 869 -> 817 (1.95x of 1,590). The plan solving the window substitution into
       matrices applied by products (tried at e262e85) was slower (4B 450 -> 465, 122B 817
-      -> 845: 228 registers against 168) and is gone."""
+      -> 845: 228 registers against 168) and is gone;
+    - one value head per flush program instead of a key head's v_per_k from 64 rows
+      (`…-fb7f13d-gdn-window4-heads.json`; the four-head program spilled 256 B at 255
+      registers): bs 256 bf16 LP 122B 815.9 -> 783.3 µs (2.03x vLLM's 1,586.8), 4B 449.9
+      -> 420.6 (1.90x of 800.5), HP only 681.1 -> 677.8 and 381.6 -> 365.0; bs 64 bf16 LP
+      122B 230.2 -> 205.3, 4B 131.4 -> 115.3 (two heads per program: slower than both)."""
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
-        return _route_config("stock" if num_rows <= limit else "replay", 0, 0)
+        return _route_config("stock" if num_rows <= limit else "replay")
     route = "fused" if num_rows <= 16 else "split"
-    return _route_config(route, num_rows, v_per_k, has_lp=has_lp, bf16_keys=bf16_keys)
+    return _route_config(route, has_lp=has_lp, bf16_keys=bf16_keys)
 
 
-def _route_config(
-    route: str, num_rows: int, v_per_k: int, *, has_lp: bool = True, bf16_keys: bool = True
-) -> dict:
+def _route_config(route: str, *, has_lp: bool = True, bf16_keys: bool = True) -> dict:
     """The base configuration of one kernel route (`launch_config` gives the measurements)."""
     if route == "stock":
         return dict(route="stock", block_v=16, num_warps=1)
@@ -103,7 +106,7 @@ def _route_config(
         route=route,
         block_v=16,
         num_warps=1,
-        heads_per_program=v_per_k if num_rows >= 64 else 1,
+        heads_per_program=1,
         num_stages=1,
         window_plan=route == "split",
     )
@@ -119,7 +122,6 @@ def _route_config(
 def plan_launch(
     route: str,
     num_rows: int,
-    v_per_k: int,
     plain: bool,
     launch: dict | None = None,
     *,
@@ -133,25 +135,23 @@ def plan_launch(
     route's configuration."""
     if route not in ROUTES:
         raise ValueError(f"route must be one of {list(ROUTES)}, got {route!r}")
-    cfg = launch_config(num_rows, v_per_k, plain=plain, has_lp=has_lp, bf16_keys=bf16_keys)
+    cfg = launch_config(num_rows, plain=plain, has_lp=has_lp, bf16_keys=bf16_keys)
     keys = dict(has_lp=has_lp, bf16_keys=bf16_keys)
     if plain and route != "auto":
-        cfg = _route_config(route, num_rows, v_per_k, **keys)
+        cfg = _route_config(route, **keys)
     forced = (launch or {}).get("route", cfg["route"])
     if forced != cfg["route"]:
-        cfg = _route_config(forced, num_rows, v_per_k, **keys)
+        cfg = _route_config(forced, **keys)
     cfg.update(launch or {})
     if cfg["route"] in ("stock", "replay") and not plain:
         raise ValueError(f"the {cfg['route']} route is for plain decode (one token per row)")
     return cfg
 
 
-def chosen_route(
-    route: str, num_rows: int, v_per_k: int, plain: bool, *, has_lp: bool = True
-) -> str:
+def chosen_route(route: str, num_rows: int, plain: bool, *, has_lp: bool = True) -> str:
     """The route a step takes on GPUs: "stock" or "replay" (the window step counts as
     replay). Benchmarks and the layer's counters report it."""
-    kernel_route = plan_launch(route, num_rows, v_per_k, plain, has_lp=has_lp)["route"]
+    kernel_route = plan_launch(route, num_rows, plain, has_lp=has_lp)["route"]
     return "stock" if kernel_route == "stock" else "replay"
 
 
@@ -216,7 +216,6 @@ def gdn_decode(
     cfg = plan_launch(
         route,
         state_indices.shape[0],
-        v.shape[1] // k.shape[1],
         plain,
         launch,
         has_lp=cache.lp is not None,
