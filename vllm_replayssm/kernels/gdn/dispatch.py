@@ -54,9 +54,9 @@ def launch_config(
     Speculative decode (which the stock route cannot do): the window step, one warp per
     program, fused up to 16 rows (16-row value tiles), else planned (`window_plan`: plan,
     flush, the planned readout on 16-row value tiles, several per program), one value head
-    per flush program. With bf16 keys, planned steps
-    fold flush rows in WY form (bf16x3) and take the readout's LP products in bf16
-    (readout_precision bf16x3); fused steps fold in WY form HP only. Measured on the H200
+    per flush program. With bf16 keys, planned steps fold flush rows in WY form (bf16x3)
+    and take the readout's LP products in bf16 (readout_precision bf16x3); fused steps fold
+    in WY form HP only. Measured on the H200
     at T = 4 against vLLM's kernel
     (Qwen3.5-122B; `kernels-h200-20261202-{29d3230-gdn-window4-wy-flush,
     9a2bfab-gdn-window4-knobs,9a2bfab-gdn-window4-fused,7511bec-gdn-window4-readout-tiles}.json`):
@@ -71,8 +71,8 @@ def launch_config(
       `blocks.auto_readout_tiles`; readout_stages 2), bf16 LP bs 256, 16-row tiles
       (`kernels-h200-20261203-fd24f4f-gdn-window4-readout-loop{,32}.json`): 122B 982 ->
       879 µs at 8 tiles (4 tiles: 904; 3 stages slower than 2), 4B 531 -> 485; with
-      32-row tiles (4B, flush_readout on: since removed) 4 tiles and 2 stages 634 -> 588 bf16 LP,
-      451 -> 430 HP only; in the loop 16-row tiles beat 32-row ones (255 registers at 32
+      32-row tiles (4B, flush_readout on: since removed) 4 tiles and 2 stages 634 -> 588
+      bf16 LP, 451 -> 430 HP only; in the loop 16-row tiles beat 32-row ones (255 registers at 32
       rows): bs 256 bf16 LP 122B 879 against 891 µs, 4B 485 against 499
       (`…-3648482-gdn-window4-defaults.json`: 32-row tiles, loop against none, bs 64 / 256,
       HP only 1.73-2.21x, bf16 LP 1.40-1.76x of vLLM's kernel);
