@@ -167,12 +167,22 @@ def record_bytes(
     )
 
 
+def flush_cycle(buffer_len: int, window: int = 1) -> int:
+    """Steps from one flush to the next with every token accepted (design §1.4: a step of T
+    tokens flushes when its n committed records satisfy n > L - T): floor(L / T), each
+    flush folding that many steps' records (L when T divides L)."""
+    if not 1 <= window <= buffer_len:
+        raise ValueError(f"window {window} must be in [1, buffer_len {buffer_len}]")
+    return buffer_len // window
+
+
 def ring_bytes(rec: RecordBytes, buffer_len: int, window: int = 1) -> float:
-    """R: ring bytes per step, averaged over a cycle of L / T steps of T tokens each (plain
-    decode: T = 1), every token accepted: T records written, a history of (L - T) / 2
-    entries on average read, T records folded per step on average."""
-    T = window
-    return T * rec.write + rec.readout * (buffer_len - T) / 2 + T * rec.flush
+    """R: ring bytes per step, averaged over a flush cycle of c = `flush_cycle` steps of T
+    tokens each (plain decode: T = 1), every token accepted: T records written, a history
+    of (c - 1) T / 2 entries on average read ((L - T) / 2 when T divides L), T records
+    folded per step on average."""
+    T, c = window, flush_cycle(buffer_len, window)
+    return T * rec.write + rec.readout * (c - 1) * T / 2 + T * rec.flush
 
 
 def stock_bytes(state_elems: int, window: int = 1) -> int:
@@ -189,12 +199,13 @@ def replay_bytes(
     window: int = 1,
 ) -> float:
     """ReplaySSM per step of T tokens: checkpoint traffic (HP only, or HP + LP; a flush every
-    L / T steps) plus the ring."""
+    c = `flush_cycle` steps, L / T when T divides L) plus the ring."""
     E, L, T = state_elems, buffer_len, window
+    c = flush_cycle(L, T)
     if lp_itemsize is None:
-        state = 4 * E * (1 + T / L)
+        state = 4 * E * (1 + 1 / c)
     else:
-        state = lp_itemsize * E + 8 * E * T / L
+        state = lp_itemsize * E + 8 * E / c
     return state + ring_bytes(rec, L, T)
 
 

@@ -70,7 +70,8 @@ GEOMETRIES: dict[str, Mamba2Geometry | GDNGeometry] = {
 LP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 LP_ALIASES = {"bfloat16": "bf16", "float16": "fp16"}
 BUFFER_LEN = 16
-# Tokens per row and step, and steps per graph (one full flush cycle); --window sets both.
+# Tokens per row and step, and steps per graph (one flush cycle, `common.flush_cycle`);
+# --window sets both.
 WINDOW = 1
 STEPS = BUFFER_LEN // WINDOW
 ACT = torch.bfloat16
@@ -686,8 +687,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.buffer_len < 2:
         sys.exit(f"--buffer-len: at least 2, got {args.buffer_len}")
-    if args.window < 1 or args.buffer_len % args.window:
-        sys.exit(f"--window: 1 or a divisor of buffer_len {args.buffer_len}, got {args.window}")
+    if not 1 <= args.window <= args.buffer_len:
+        sys.exit(f"--window: 1 to buffer_len {args.buffer_len}, got {args.window}")
     args.families = _csv(args.families, ("mamba2", "gdn"), "--families")
     args.geoms = [
         g for g in _csv(args.geoms, GEOMETRIES, "--geoms") if family(GEOMETRIES[g]) in args.families
@@ -773,7 +774,8 @@ def dry_run(args) -> None:
 def main(argv=None) -> int:
     global BUFFER_LEN, WINDOW, STEPS
     args = parse_args(argv)
-    BUFFER_LEN, WINDOW, STEPS = args.buffer_len, args.window, args.buffer_len // args.window
+    BUFFER_LEN, WINDOW = args.buffer_len, args.window
+    STEPS = common.flush_cycle(BUFFER_LEN, WINDOW)
     if args.dry_run:
         dry_run(args)
         return 0

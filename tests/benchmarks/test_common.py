@@ -1,0 +1,50 @@
+"""benchmarks/common.py's bytes model against the cursor rule it models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import common
+from vllm_replayssm.kernels.common.cursor import plan_step, reset_words
+
+
+def _simulate(buffer_len: int, window: int, steps: int = 200) -> tuple[int, float]:
+    """Run `cursor.plan_step` on one row, every token accepted: (steps between the last two
+    flushes, mean history read per step over whole cycles)."""
+    meta = reset_words(torch.tensor([0]), buffer_len, window, stagger=False)
+    q = torch.tensor([window])
+    flushes, history = [], []
+    for step in range(steps):
+        plan = plan_step(meta, q, None if window == 1 else q, buffer_len, window)
+        if bool(plan.flush[0]):
+            flushes.append(step)
+        history.append(int(plan.committed[0]))
+        meta = plan.meta()
+    a, b = flushes[-2], flushes[-1]
+    return b - a, sum(history[a:b]) / (b - a)
+
+
+@pytest.mark.parametrize("L,T", [(16, 1), (16, 2), (16, 4), (16, 6), (16, 8), (32, 4), (8, 3)])
+def test_flush_cycle_and_history_follow_the_cursor_rule(L, T):
+    cycle, mean_history = _simulate(L, T)
+    assert common.flush_cycle(L, T) == cycle
+    # ring_bytes reads (c - 1) T / 2 records per step on average: 1 byte per record here
+    rec = common.RecordBytes(write=0, readout=1, flush=0)
+    assert common.ring_bytes(rec, L, T) == pytest.approx(mean_history)
+
+
+@pytest.mark.parametrize("L,T", [(16, 1), (16, 4), (32, 8)])
+def test_divisible_windows_keep_the_closed_form(L, T):
+    """T dividing L: a flush every L / T steps, a mean history of (L - T) / 2 (design §2)."""
+    rec = common.RecordBytes(write=3, readout=5, flush=7)
+    E = 1 << 20
+    assert common.ring_bytes(rec, L, T) == T * 3 + 5 * (L - T) / 2 + T * 7
+    ring = common.ring_bytes(rec, L, T)
+    assert common.replay_bytes(E, L, rec, None, T) == 4 * E * (1 + T / L) + ring
+    assert common.replay_bytes(E, L, rec, 2, T) == 2 * E + 8 * E * T / L + ring
+
+
+def test_window_longer_than_the_ring_is_refused():
+    with pytest.raises(ValueError, match="window 17"):
+        common.flush_cycle(16, 17)
