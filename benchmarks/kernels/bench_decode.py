@@ -685,10 +685,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--dry-run", action="store_true", help="print the bytes model; no GPU")
     args = p.parse_args(argv)
-    if args.buffer_len < 2:
-        sys.exit(f"--buffer-len: at least 2, got {args.buffer_len}")
-    if not 1 <= args.window <= args.buffer_len:
-        sys.exit(f"--window: 1 to buffer_len {args.buffer_len}, got {args.window}")
+    try:
+        set_steps(args.buffer_len, args.window)
+    except ValueError as exc:
+        sys.exit(str(exc))
     args.families = _csv(args.families, ("mamba2", "gdn"), "--families")
     args.geoms = [
         g for g in _csv(args.geoms, GEOMETRIES, "--geoms") if family(GEOMETRIES[g]) in args.families
@@ -771,11 +771,17 @@ def dry_run(args) -> None:
     print(common.format_table(header, rows))
 
 
-def main(argv=None) -> int:
+def set_steps(buffer_len: int, window: int) -> None:
+    """Set L, T and the steps per graph (one flush cycle, `common.flush_cycle`) that every
+    measurement here reads (--buffer-len, --window; profile_decode.py sets them too)."""
     global BUFFER_LEN, WINDOW, STEPS
+    if buffer_len < 2 or not 1 <= window <= buffer_len:
+        raise ValueError(f"--window: 1 to --buffer-len (>= 2), got {window} and {buffer_len}")
+    BUFFER_LEN, WINDOW, STEPS = buffer_len, window, common.flush_cycle(buffer_len, window)
+
+
+def main(argv=None) -> int:
     args = parse_args(argv)
-    BUFFER_LEN, WINDOW = args.buffer_len, args.window
-    STEPS = common.flush_cycle(BUFFER_LEN, WINDOW)
     if args.dry_run:
         dry_run(args)
         return 0

@@ -73,10 +73,10 @@ def main() -> None:
     p.add_argument("--window", type=int, default=1, help="tokens per row and step (1 + k)")
     p.add_argument("--buffer-len", type=int, default=bench.BUFFER_LEN, help="our buffer_len L")
     args = p.parse_args()
-    if args.buffer_len < 2 or not 1 <= args.window <= args.buffer_len:
-        p.error(f"--window: 1 to --buffer-len {args.buffer_len}, got {args.window}")
-    bench.BUFFER_LEN, bench.WINDOW = args.buffer_len, args.window
-    bench.STEPS = bench.common.flush_cycle(args.buffer_len, args.window)
+    try:
+        bench.set_steps(args.buffer_len, args.window)
+    except ValueError as exc:
+        p.error(str(exc))
     geom = bench.GEOMETRIES[args.geom]
     if args.route and args.route not in bench.ROUTES[bench.family(geom)]:
         p.error(f"--route {args.route}: not a route of {bench.family(geom)}")
