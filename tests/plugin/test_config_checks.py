@@ -191,6 +191,7 @@ def test_failed_registration_fails_closed(qwen3_next, monkeypatch):
     "method, refused",
     [
         ("ngram", None),
+        ("ngram_gpu", None),
         ("mtp", None),
         ("eagle", None),
         ("eagle3", "drafter"),

@@ -198,6 +198,39 @@ def test_gdn_one_token_prompts_on_gpu(runs, qwen_dir, capsys):  # noqa: F811
     )
 
 
+# vLLM's GPU ngram drafter (`method="ngram_gpu"`: the proposer runs on the device, with
+# async scheduling and padded drafts, so nearly every batch is uniform and replays a graph).
+# It cannot run on the CPU platform (vLLM pins host buffers for it), so only here.
+NGRAM_GPU_CASES = {
+    "qwen3_next": {"method": "ngram_gpu", "prompt_lookup_max": 3, "prompt_lookup_min": 1},
+    "nemotron_h": {**NGRAM, "method": "ngram_gpu"},
+}
+
+
+@pytest.mark.parametrize("kind", list(NGRAM_GPU_CASES))
+def test_ngram_gpu_spec_decode_on_gpu_is_lossless(runs, kind, qwen_dir, qwen_prompts, capsys):  # noqa: F811
+    """The ngram tests' workloads (k = 3, buffer_len 16, bf16 LP) with vLLM's GPU ngram
+    drafter: lossless against plain ReplaySSM, drafts partly accepted."""
+    name = f"{kind} ngram_gpu (GPU) k3_L16"
+    if kind == "qwen3_next":
+        model_dir, prompts, tokens = qwen_dir, qwen_prompts, NEW_TOKENS
+    else:
+        model_dir = runs.checkpoint("nemotron_h", **PEAKED)
+        prompts, tokens = NEMOTRON_H_PROMPTS, NEMOTRON_H_TOKENS
+    metrics = _check_lossless(
+        runs,
+        capsys,
+        name,
+        model_dir,
+        prompts,
+        tokens,
+        {"enabled": True, "buffer_len": 16},
+        3,
+        drafter=NGRAM_GPU_CASES[kind],
+    )
+    _check_partly_accepted(name, metrics, capsys)
+
+
 def _check_model_drafter_on_gpu(runs, capsys, kind, prompts, drafter, k, settings, name):
     """`_check_lossless` with a model drafter (`drafter`: vLLM's speculative config without
     k) on the MTP checkpoint of `kind`; then the drafter ran and its drafts were partly
