@@ -24,7 +24,23 @@ def apply_prefill_hook(
 ) -> None:
     """hp: [S, ...] fp32; lp: like hp in bf16/fp16, or None; meta: [S, META_LEN] int32;
     state_indices: [R] int slots whose HP prefill just wrote (NULL rows skipped). LP of those
-    slots <- HP (saturating for fp16), their cursors reset (staggered if `stagger`)."""
+    slots <- HP (saturating for fp16), their cursors reset (staggered if `stagger`). On CUDA
+    tensors one Triton launch does it (`triton_prefill_hook`: no device read-back)."""
+    if hp.is_cuda:
+        from vllm_replayssm.kernels.common.triton_prefill_hook import prefill_hook_triton
+
+        done = prefill_hook_triton(
+            hp,
+            lp,
+            meta,
+            state_indices,
+            buffer_len=buffer_len,
+            window=window,
+            stagger=stagger,
+            null_block_id=null_block_id,
+        )
+        if done:
+            return
     slots = state_indices[state_indices != null_block_id].long()
     if slots.numel() == 0:
         return
