@@ -131,13 +131,11 @@ def _on_cpu() -> bool:
 
 
 # Drafters run lossless with ReplaySSM in the engine tests (vLLM names every model-specific
-# MTP method "mtp" after parsing; tested: Qwen3NextMTP and NemotronHMTP). "ngram_gpu" (vLLM's
-# ngram proposer on the device, with async scheduling) runs on GPUs only, so only the GPU
-# engine test covers it. "eagle" (vLLM's
+# MTP method "mtp" after parsing; tested: Qwen3NextMTP and NemotronHMTP). "eagle" (vLLM's
 # EagleLlamaForCausalLM) has run on CPU only so far; it feeds the target's verify steps as
 # MTP does, which ran lossless on the H200. Others propose tokens the same way as far as the
 # target's state is concerned, but none has run here: refused until a test covers it.
-TESTED_DRAFTERS = ("ngram", "ngram_gpu", "mtp", "eagle")
+TESTED_DRAFTERS = ("ngram", "mtp", "eagle")
 
 
 def _spec_problems(arch: str, spec: Any) -> list[str]:

@@ -61,10 +61,11 @@ NGRAM = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 PLAIN = {"enabled": True, "buffer_len": BUFFER_LEN, "route": "replay"}
 
 
-def _engine(k: int, rows: int) -> dict:
+def _engine(k: int, rows: int, compilation: dict | None = None) -> dict:
     """GPU_ENGINE for up to `rows` running requests, with capture sizes that hold uniform
-    batches of 1 + k tokens per row (1, 2 and `rows` rows)."""
-    graphs = {**GPU_ENGINE["compilation_config"]}
+    batches of 1 + k tokens per row (1, 2 and `rows` rows); `compilation`: entries over its
+    compilation config."""
+    graphs = {**GPU_ENGINE["compilation_config"], **(compilation or {})}
     if k:
         graphs["cudagraph_capture_sizes"] = [(1 + k) * n for n in sorted({1, 2, rows})]
     budget = max(GPU_ENGINE["max_num_batched_tokens"], (1 + k) * rows)
@@ -76,7 +77,18 @@ def _engine(k: int, rows: int) -> dict:
     }
 
 
-def _run(runs, model_dir, prompts, tokens, replayssm, k=0, drafter=NGRAM, metrics=None, rows=3):
+def _run(
+    runs,
+    model_dir,
+    prompts,
+    tokens,
+    replayssm,
+    k=0,
+    drafter=NGRAM,
+    metrics=None,
+    rows=3,
+    compilation=None,
+):
     """Greedy run on the GPU (`greedy_outputs` picks vLLM's Triton GDN prefill there)."""
     spec = {"speculative_config": {**drafter, "num_speculative_tokens": k}} if k else {}
     return runs.greedy(
@@ -87,21 +99,40 @@ def _run(runs, model_dir, prompts, tokens, replayssm, k=0, drafter=NGRAM, metric
         metrics=metrics,
         additional_config={"replayssm": replayssm},
         **spec,
-        **_engine(k, rows),
+        **_engine(k, rows, compilation),
     )
 
 
 def _check_lossless(
-    runs, capsys, name, model_dir, prompts, tokens, replayssm, k, drafter=NGRAM, rows=3
+    runs,
+    capsys,
+    name,
+    model_dir,
+    prompts,
+    tokens,
+    replayssm,
+    k,
+    drafter=NGRAM,
+    rows=3,
+    compilation=None,
 ) -> dict[str, float]:
     """Plain ReplaySSM (route replay) and speculative decoding with `replayssm` and k drafts
     on the same prompts, up to `rows` requests at a time; the speculative run held to the
-    fp32-judged near-tie rule against the plain one. Returns the speculative engine's
-    metrics."""
-    plain = _run(runs, model_dir, prompts, tokens, PLAIN, rows=rows)
+    fp32-judged near-tie rule against the plain one; `compilation`: both engines' compilation
+    config entries over GPU_ENGINE's. Returns the speculative engine's metrics."""
+    plain = _run(runs, model_dir, prompts, tokens, PLAIN, rows=rows, compilation=compilation)
     metrics: dict[str, float] = {}
     ours = _run(
-        runs, model_dir, prompts, tokens, replayssm, k, drafter=drafter, metrics=metrics, rows=rows
+        runs,
+        model_dir,
+        prompts,
+        tokens,
+        replayssm,
+        k,
+        drafter=drafter,
+        metrics=metrics,
+        rows=rows,
+        compilation=compilation,
     )
     check_greedy(
         capsys,
@@ -200,18 +231,30 @@ def test_gdn_one_token_prompts_on_gpu(runs, qwen_dir, capsys):  # noqa: F811
 
 # vLLM's GPU ngram drafter (`method="ngram_gpu"`: the proposer runs on the device, with
 # async scheduling and padded drafts, so nearly every batch is uniform and replays a graph).
-# It cannot run on the CPU platform (vLLM pins host buffers for it), so only here.
+# It cannot run on the CPU platform (vLLM pins host buffers for it), and vLLM 0.26 compiles
+# its proposer with torch.compile, so an engine with compilation mode 0 fails at start-up
+# ("No compilation mode is set", also without ReplaySSM: H200, bf5a250,
+# benchmarks/results/pytest-gpu-h200-20261203-bf5a250-spec-ngram-gpu.log). These runs take
+# vLLM's default mode 3 with FULL_AND_PIECEWISE graphs, plain and speculative alike.
+# `config_checks` refuses ngram_gpu until this test has passed on the GPU host: to run it,
+# add "ngram_gpu" to `config_checks.TESTED_DRAFTERS`.
 NGRAM_GPU_CASES = {
     "qwen3_next": {"method": "ngram_gpu", "prompt_lookup_max": 3, "prompt_lookup_min": 1},
     "nemotron_h": {**NGRAM, "method": "ngram_gpu"},
 }
+COMPILED = {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}
 
 
 @pytest.mark.parametrize("kind", list(NGRAM_GPU_CASES))
 def test_ngram_gpu_spec_decode_on_gpu_is_lossless(runs, kind, qwen_dir, qwen_prompts, capsys):  # noqa: F811
     """The ngram tests' workloads (k = 3, buffer_len 16, bf16 LP) with vLLM's GPU ngram
-    drafter: lossless against plain ReplaySSM, drafts partly accepted."""
-    name = f"{kind} ngram_gpu (GPU) k3_L16"
+    drafter, both runs compiled (COMPILED): lossless against plain ReplaySSM, drafts partly
+    accepted."""
+    from vllm_replayssm.config_checks import TESTED_DRAFTERS
+
+    if "ngram_gpu" not in TESTED_DRAFTERS:
+        pytest.skip("ngram_gpu is refused at start-up until this test passes (see above)")
+    name = f"{kind} ngram_gpu (GPU, compiled) k3_L16"
     if kind == "qwen3_next":
         model_dir, prompts, tokens = qwen_dir, qwen_prompts, NEW_TOKENS
     else:
@@ -227,6 +270,7 @@ def test_ngram_gpu_spec_decode_on_gpu_is_lossless(runs, kind, qwen_dir, qwen_pro
         {"enabled": True, "buffer_len": 16},
         3,
         drafter=NGRAM_GPU_CASES[kind],
+        compilation=COMPILED,
     )
     _check_partly_accepted(name, metrics, capsys)
 
