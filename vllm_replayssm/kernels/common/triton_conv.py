@@ -10,11 +10,13 @@ column e = clamp(M - pending + committed, K - 1, M), then the q window inputs; t
 is the last M columns of that sequence). Rows of 0 tokens (CUDA-graph padding, on the NULL
 slot) rewrite their state as the torch version does; tokens past the last row are zero.
 Fixed grid, no host synchronisation, no allocation besides the zeroed output. sm_90
-(K = 4, k = 3, bf16 state; 128 channels on one warp): 128 registers (80 with a bias), no
-spills, no shuffles, one barrier, 1,272 SASS instructions. The kernel it replaced (7055fdc) held the
-state and the inputs as 2-D tiles and picked columns by masked sums across lanes: 211
-registers, 448 shuffles, 2,872 instructions, and 2.5x the time of vLLM's
-`causal_conv1d_update` on the H200 (`spec_conv_update_triton`).
+(Qwen3-Next, K = 4, k = 3, bf16 state, SiLU, no bias; `sm90_report.py` at bf5a250): 40
+registers, no spills, no shuffles, one barrier, 584 SASS instructions at the default 256
+channels on four warps (64 registers, 936 instructions at the former 128 on one warp). The
+kernel it replaced (7055fdc) held the state and the inputs as 2-D tiles and picked columns by
+masked sums across lanes: 211 registers, 448 shuffles, 2,872 instructions, and 2.5x the time
+of vLLM's `causal_conv1d_update` on the H200; this one takes 1.5x at bs 256
+(`spec_conv_update_triton`).
 """
 
 from __future__ import annotations
@@ -125,15 +127,19 @@ def spec_conv_update_triton(
     bias: torch.Tensor | None,
     activation: str | None,
     window: int,
-    block_d: int = 128,
-    num_warps: int = 1,
+    block_d: int = 256,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """`layers/conv.spec_conv_update` (same arguments and effects) in one launch; block_d
-    channels per program, num_warps per program. The defaults were fastest for the
-    previous kernel on the H200 (`benchmarks/kernels/bench_conv.py`,
-    `conv-spec-h200-20261202-3475366.json`, T = 4: 128 channels on one warp 63 µs at
-    Qwen3-Next bs 256 against 85 for 64 and 89 for 256; more warps were slower everywhere;
-    vLLM's `causal_conv1d_update` 25 µs); this one is not yet measured."""
+    channels per program, num_warps per program. Defaults from the launch-shape sweep on the
+    H200 (`benchmarks/kernels/bench_conv.py`, T = 4, µs per layer and step against vLLM's
+    `causal_conv1d_update`; `conv-spec-h200-20261203-bf5a250-launch-shapes.json`): two
+    channels per thread win, 256 channels on four warps or 128 on two alike (bs 256
+    Qwen3-Next 37.8 / 38.0 against 49.3 for the former 128 on one warp, vLLM 25.7;
+    Nemotron-3 Super 46.1 / 46.1 against 60.7, vLLM 31.9; bs 64 13.3 against 15.7 and 14.8
+    against 19.3, vLLM 8.6 and 10.9); one warp per 256 or 512 channels took about twice as
+    long. sm_90 (Qwen3-Next, K = 4, k = 3): 40 registers at 256 x 4 against 64 at 128 x 1,
+    584 SASS instructions against 936."""
     R, D, K = slots.shape[0], weight.shape[0], weight.shape[-1]
     M, N = conv_state.shape[-1], x.shape[0]
     out = torch.zeros_like(x)
