@@ -110,7 +110,7 @@ def test_padding_rows_and_tokens_leave_real_rows_alone(impl):
     torch.testing.assert_close(state[1:], plain_state[1:])  # slot 0 (NULL) may differ
 
 
-@pytest.mark.parametrize("block_d,num_warps", [(64, 1), (32, 2), (128, 4)])
+@pytest.mark.parametrize("block_d,num_warps", [(64, 1), (32, 2), (128, 4), (256, 4)])
 def test_triton_matches_torch_in_bf16(block_d, num_warps):
     """The served dtypes (bf16 inputs, weights and state): the same state bytes, outputs
     within bf16 rounding (the Triton twin accumulates in fp32, torch's conv1d in bf16); at
