@@ -98,6 +98,49 @@ def machine_info() -> dict:
     return info
 
 
+GPU_STATE_FIELDS = (
+    "clocks.sm",
+    "clocks.max.sm",
+    "clocks.mem",
+    "temperature.gpu",
+    "utilization.gpu",
+    "memory.used",
+    "power.draw",
+)
+
+
+def host_state() -> dict:
+    """What else the machine is doing now, for reading a slow run: the 1 / 5 / 15-minute load
+    averages, seconds since boot, and per GPU nvidia-smi's GPU_STATE_FIELDS plus the compute
+    processes on it (None where nvidia-smi is missing or fails)."""
+    state: dict = {"loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    try:
+        state["uptime_s"] = float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        state["uptime_s"] = None
+
+    def smi(*args: str) -> list[list[str]] | None:
+        try:
+            done = subprocess.run(
+                ["nvidia-smi", *args, "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return [[v.strip() for v in line.split(",")] for line in done.stdout.splitlines() if line]
+
+    gpus = smi(f"--query-gpu={','.join(GPU_STATE_FIELDS)}")
+    if gpus is not None:
+        gpus = [dict(zip(GPU_STATE_FIELDS, g, strict=False)) for g in gpus]
+    state["gpus"] = gpus
+    apps = smi("--query-compute-apps=pid,used_memory")
+    state["gpu_processes"] = None if apps is None else [dict(pid=a[0], mib=a[1]) for a in apps]
+    return state
+
+
 def run_header(script: str, machine: dict | None) -> dict:
     """The fields a result JSON opens with: benchmark (`script`, the tool's __file__, as a
     repository path), command, commit, dirty, machine (the tool's own description, or None

@@ -365,6 +365,7 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         make_prompts(bs, n_in, vocab, spec["seed"] + 7919 * bs + 1, shared),
         min(n_out, spec["warmup_tokens"]),
     )
+    state = common.host_state()  # after the warm-up, before the timed generates
     t_pre, t_full, tokens = [], [], None
     counted = {name: 0.0 for name in SPEC_COUNTERS}
     cached_first = []
@@ -396,6 +397,7 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         "tokens_sha256": tokens_sha256(tokens),
         "distinct_tokens": len({t for seq in tokens for t in seq}),
         "token_ids": tokens,
+        "host_state": state,
     }
     if spec["mode"] != "off":
         row["route"] = route_ran(spec, bs)
@@ -598,6 +600,7 @@ def run_worker(spec_path: Path) -> int:
         kwargs = engine_kwargs(spec, torch.cuda.is_available())
         result["llm_kwargs"] = kwargs
         log(f"engine start: {json.dumps(kwargs['additional_config'])}", tag)
+        result["host_state_before_engine"] = common.host_state()
         t0 = time.perf_counter()
         llm = LLM(**kwargs)
         result["engine_startup_s"] = time.perf_counter() - t0

@@ -48,3 +48,12 @@ def test_divisible_windows_keep_the_closed_form(L, T):
 def test_window_longer_than_the_ring_is_refused():
     with pytest.raises(ValueError, match="window 17"):
         common.flush_cycle(16, 17)
+
+
+def test_host_state_reads_the_load_and_tolerates_a_missing_nvidia_smi(monkeypatch):
+    state = common.host_state()
+    assert len(state["loadavg"]) == 3 and all(v >= 0 for v in state["loadavg"])
+    assert state["uptime_s"] > 0
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi on the path
+    state = common.host_state()
+    assert state["gpus"] is None and state["gpu_processes"] is None
