@@ -396,6 +396,7 @@ GDN_ROUTE_KNOBS = {
         "readout_tiles",
         "readout_stages",
         "flush_stages",
+        "flush_rows_read",
     },
 }
 

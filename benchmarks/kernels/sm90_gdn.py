@@ -290,7 +290,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
     )
     out = [
         (
-            f"window {T} plan",
+            f"window {T} plan{', flush rows read LP' if lp_flush else ''}",
             gdn_window._gdn_window_plan_kernel,
             kernel_args(gdn_window._gdn_window_plan_kernel, torch.bfloat16, T),
             dict(
@@ -305,9 +305,11 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 IS_VARLEN=True,
                 EXACT_FLUSH=True,
                 HAS_LP=True,
+                FLUSH_READS_LP=lp_flush,
             ),
             1,
         )
+        for lp_flush in (False, True)
     ]
     readout = gdn_window._gdn_window_readout_kernel
     for block_v, warps, lp_dot, tiles, stages in (

@@ -153,6 +153,21 @@ WY_ROWS = {
         BF16,
         dict(flush_precision="bf16x3", readout_precision="bf16x3", readout_tiles=4),
     ),
+    "split_planned-exact-bf16-T3-flush_rows_lp": (  # flush rows read the fresh LP copy
+        "split_planned",
+        True,
+        BF16,
+        3,
+        BF16,
+        dict(
+            flush_precision="bf16x3",
+            readout_precision="bf16x3",
+            readout_tiles=0,
+            readout_stages=2,
+            flush_stages=1,
+            flush_rows_read="lp",
+        ),
+    ),
     "split_planned-exact-fp16-T2": (
         "split_planned",
         True,
@@ -231,6 +246,13 @@ GPU_VARIANTS = {
     "split_planned-wy": (
         "split_planned",
         dict(WY, block_v=16, readout_tiles=0, readout_stages=2, flush_stages=1),
+    ),
+    # flush rows read the LP copy the flush launch wrote (the same as the HP runs without LP)
+    "split_planned-wy_flush_rows_lp": (
+        "split_planned",
+        dict(
+            WY, block_v=16, readout_tiles=0, readout_stages=2, flush_stages=1, flush_rows_read="lp"
+        ),
     ),
     # 8 tiles per readout program as at bs 256 (`auto_readout_tiles` picks 1 for 8 rows)
     "split_planned-wy_tiles8": (

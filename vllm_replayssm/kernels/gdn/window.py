@@ -234,6 +234,7 @@ def _gdn_window_plan_kernel(
     IS_VARLEN: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
     HAS_LP: tl.constexpr,
+    FLUSH_READS_LP: tl.constexpr,
 ):
     """The window step's plan, one program per (key head, row): everything but the state
     tile's products, once per row instead of in every (value tile, head block) readout
@@ -248,9 +249,11 @@ def _gdn_window_plan_kernel(
     c_u,i = β_i c_w,i, A_h = β_i e^{G_i} w_l (k_l·k_i), B_h = e^{G_i} w_l (k_l·q_i), A_w =
     β_i e^{G_i − G_j} (k_j·k_i), B_w = e^{G_i − G_j} (k_j·q_i); `window_coef_len` words);
     appends the window's g, β (exact flush) and k records. Flush rows get an empty
-    history: the readout reads their folded checkpoint. The key head 0 program stores the
-    row's plan words (`plan_row.store_plan_words`; NULL rows: the slot word only), which the
-    readout launch reads instead of the cursor words."""
+    history: the readout reads their folded checkpoint, HP, or with FLUSH_READS_LP the LP
+    copy the flush launch has just written from it (LP's rounding, as every other row's
+    read; half the bytes of bf16 HP). The key head 0 program stores the row's plan words
+    (`plan_row.store_plan_words`; NULL rows: the slot word only), which the readout launch
+    reads instead of the cursor words."""
     pid_k = tl.program_id(0)
     pid_r = tl.program_id(1).to(tl.int64)
     slot32 = tl.load(state_indices_ptr + pid_r).to(tl.int32)
@@ -275,6 +278,8 @@ def _gdn_window_plan_kernel(
         write_row = o + n
         write_row = tl.where(write_row >= num_ring_rows, write_row - num_ring_rows, write_row)
         store_plan_words(p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale, HAS_LP)
+        if FLUSH_READS_LP:  # the flush rewrites a stale LP too: only stale rows left read HP
+            tl.store(p_plan + T_PLAN_READ_HP, (stale & (flush == 0)).to(tl.int32))
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
     o_h = tl.arange(0, BLOCK_H)
@@ -516,7 +521,7 @@ def _gdn_window_readout_kernel(
     p_c = coef_ptr + r * stride_coef_row
     lp_row = False  # whether the row reads LP (a runtime flag with an LP copy)
     if HAS_LP:
-        lp_row = tl.load(p_plan + T_PLAN_READ_HP) == 0  # else flush rows, stale LP: HP
+        lp_row = tl.load(p_plan + T_PLAN_READ_HP) == 0  # else stale LP, flush rows: HP
     # what both branches pass (Triton takes tuples of tensors and scalars as arguments)
     row = (kq_t, rows, m_h, write_row, num_ring_rows, t0, p_c, q, p_rd, p_rv)
     row += (v_ptr + bos * stride_v_tok, out_ptr + bos * stride_out_tok)
@@ -1081,6 +1086,7 @@ def gdn_window_decode(
     readout_tiles: int = 1,
     readout_stages: int = 1,
     flush_stages: int = 3,
+    flush_rows_read: str = "hp",
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1111,8 +1117,11 @@ def gdn_window_decode(
     once; readout_stages: the pipelining of that program's tile loop. flush_stages: Triton's
     num_stages for the launches of `_gdn_window_kernel`, the depth to which Triton pipelines
     their loops that name none (3, Triton's default: the WY fold's loops then take 33 KiB of
-    shared memory per one-warp program at sm_90, 8 KiB with 1). The defaults are the
-    small-batch row of that table.
+    shared memory per one-warp program at sm_90, 8 KiB with 1). flush_rows_read
+    (window_plan, with an LP copy): what the readout reads for flush rows, "hp" (the folded
+    checkpoint) or "lp" (the LP copy the flush launch wrote from it: LP rounding, as the
+    other rows, for half of bf16 HP's bytes). The defaults are the small-batch row of that
+    table.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1158,6 +1167,10 @@ def gdn_window_decode(
         raise ValueError("the WY flush takes value tiles and key dims of >= 16")
     if readout_precision not in ("tf32x3", "bf16x3"):
         raise ValueError(f"unknown readout_precision {readout_precision!r}")
+    if flush_rows_read not in ("hp", "lp"):
+        raise ValueError(f"flush_rows_read must be 'hp' or 'lp', got {flush_rows_read!r}")
+    if flush_rows_read == "lp" and not window_plan:
+        raise ValueError("flush_rows_read 'lp' is the planned readout's (window_plan)")
     tiles = triton.cdiv(V, block_v)
     if (readout_tiles != 1 or readout_stages > 1) and not window_plan:
         raise ValueError("readout_tiles and readout_stages are the planned readout's")
@@ -1238,6 +1251,7 @@ def gdn_window_decode(
         IS_VARLEN=query_start_loc is not None,
         EXACT_FLUSH=cache.exact_flush,
         HAS_LP=cache.lp is not None,
+        FLUSH_READS_LP=flush_rows_read == "lp" and cache.lp is not None,
         num_warps=1,
     )
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
