@@ -92,3 +92,14 @@ def test_mixed_layouts_go_back_to_the_torch_form(device):
     slots = torch.tensor([1], dtype=torch.int32, device=device)
     assert not prefill_hook_triton(hp, lp_t, meta, slots, buffer_len=L, window=1, stagger=False)
     assert torch.equal(_bits(lp_t), before), "nothing written when refused"
+
+
+def test_strided_slots_and_block_tables(device):
+    """A strided slot column is read as its values (made contiguous); a 2-D block table goes
+    back to the torch form, which takes every entry."""
+    hp, lp, meta = _pages(device, torch.bfloat16, seed=3)
+    table = torch.tensor([[4, 0], [2, 0]], dtype=torch.int32, device=device)
+    assert prefill_hook_triton(hp, lp, meta, table[:, 0], buffer_len=L, window=1, stagger=False)
+    for s in (4, 2):
+        assert _lp_is_cast_of(lp[s], hp[s].to(torch.bfloat16), hp[s])
+    assert not prefill_hook_triton(hp, lp, meta, table, buffer_len=L, window=1, stagger=False)

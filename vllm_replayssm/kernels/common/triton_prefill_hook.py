@@ -95,14 +95,16 @@ def prefill_hook_triton(
 ) -> bool:
     """`prefill_hook.apply_prefill_hook` (same arguments and effects) in one launch. Returns
     False, having done nothing, where the slots' HP and LP regions do not share one element
-    order (`same_slot_order`); the caller then runs the torch form."""
+    order (`same_slot_order`) or state_indices is not one slot per row ([R]); the caller then
+    runs the torch form."""
     views = same_slot_order(hp, lp)
-    if views is None:
+    if views is None or state_indices.dim() != 1:  # block tables: the torch form takes them
         return False
     hp, lp = views
     R = state_indices.shape[0]
     if R == 0:
         return True
+    state_indices = state_indices.contiguous()  # a strided column would be misread
     require_row_contiguous(state_indices=state_indices)
     _prefill_hook_kernel[(R, SPLIT)](
         hp,
