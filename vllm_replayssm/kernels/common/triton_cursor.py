@@ -24,6 +24,7 @@ from vllm_replayssm.kernels.common.cursor import (
     PENDING,
     TICKET,
 )
+from vllm_replayssm.layout import META_LEN
 
 W_ORIGIN = tl.constexpr(ORIGIN)
 W_COMMITTED = tl.constexpr(COMMITTED)
@@ -35,6 +36,7 @@ W_MAGIC = tl.constexpr(MAGIC)
 W_TICKET = tl.constexpr(TICKET)
 MAGIC_WORD = tl.constexpr(META_MAGIC)
 MAGIC_WORD_LP_STALE = tl.constexpr(META_MAGIC_LP_STALE)
+META_WORDS = tl.constexpr(META_LEN)
 
 
 @triton.jit
@@ -175,3 +177,13 @@ def finish_stock_row(p_meta, stride_word, num_programs, kap_reset):
         tl.store(p_meta + W_FOLD_COUNT * stride_word, 0)
         tl.store(p_meta + W_MAGIC * stride_word, MAGIC_WORD_LP_STALE)
         tl.store(p_meta + W_TICKET * stride_word, 0)
+
+
+@triton.jit
+def store_reset_words(p_meta, stride_word, slot, num_ring_rows, phase_mod):
+    """Store a reset page's cursor words (`cursor.reset_words`, LP fresh): capacity C - phi
+    with phi = slot mod phase_mod (1 without stagger: phi = 0), the magic word, the rest 0."""
+    w = tl.arange(0, META_WORDS)
+    phi = slot % phase_mod
+    words = tl.where(w == W_CAPACITY, num_ring_rows - phi, tl.where(w == W_MAGIC, MAGIC_WORD, 0))
+    tl.store(p_meta + w * stride_word, words.to(tl.int32))

@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.cursor import CAPACITY, MAGIC, META_MAGIC
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
-from vllm_replayssm.layout import META_LEN, NULL_BLOCK_ID, ring_rows
+from vllm_replayssm.kernels.common.triton_cursor import store_reset_words
+from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
 
 # Programs per row: a fresh row's bytes are split over this many programs (each loops over
 # its share), so that a step with a fresh row is not one program's serial memset while a
@@ -57,12 +57,8 @@ def _fresh_reset_kernel(
     null_block_id,
     capacity,
     phase_mod,
-    magic,
     NUM_TENSORS: tl.constexpr,
     HAS_Q: tl.constexpr,
-    META_WORDS: tl.constexpr,
-    W_CAPACITY: tl.constexpr,
-    W_MAGIC: tl.constexpr,
     SPLIT_: tl.constexpr,
     BLOCK_: tl.constexpr,
 ):
@@ -82,10 +78,8 @@ def _fresh_reset_kernel(
     if NUM_TENSORS > 2:
         _zero_share(c_ptr + slot * stride_c, n_c, split_id, SPLIT_, BLOCK_)
     if split_id == 0:
-        w = tl.arange(0, META_WORDS)
-        phi = slot % phase_mod  # phase_mod 1 without stagger: phi = 0
-        words = tl.where(w == W_CAPACITY, capacity - phi, tl.where(w == W_MAGIC, magic, 0))
-        tl.store(meta_ptr + slot * stride_meta_slot + w * stride_meta_word, words.to(tl.int32))
+        p_meta = meta_ptr + slot * stride_meta_slot
+        store_reset_words(p_meta, stride_meta_word, slot, capacity, phase_mod)
 
 
 def reset_fresh_rows(
@@ -128,12 +122,8 @@ def reset_fresh_rows(
         null_block_id,
         ring_rows(buffer_len, window),
         buffer_len - window + 1 if stagger else 1,
-        META_MAGIC,
         NUM_TENSORS=len(tensors),
         HAS_Q=q is not None,
-        META_WORDS=META_LEN,
-        W_CAPACITY=CAPACITY,
-        W_MAGIC=MAGIC,
         SPLIT_=SPLIT,
         BLOCK_=BLOCK,
     )

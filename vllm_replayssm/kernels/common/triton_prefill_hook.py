@@ -15,10 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.cursor import CAPACITY, MAGIC, META_MAGIC
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
-from vllm_replayssm.layout import META_LEN, NULL_BLOCK_ID, ring_rows
+from vllm_replayssm.kernels.common.triton_cursor import store_reset_words
+from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
 
 # Programs per row: a row's checkpoint (MiBs) is split over this many programs, each looping
 # over its share in BLOCK-element steps.
@@ -40,12 +40,8 @@ def _prefill_hook_kernel(
     null_block_id,
     capacity,
     phase_mod,
-    magic,
     HAS_LP: tl.constexpr,
     LP_IS_FP16: tl.constexpr,
-    META_WORDS: tl.constexpr,
-    W_CAPACITY: tl.constexpr,
-    W_MAGIC: tl.constexpr,
     SPLIT_: tl.constexpr,
     BLOCK_: tl.constexpr,
 ):
@@ -63,10 +59,8 @@ def _prefill_hook_kernel(
             m = idx < n
             store_lp(p_lp + idx, tl.load(p_hp + idx, mask=m, other=0.0), m, LP_IS_FP16)
     if split_id == 0:
-        w = tl.arange(0, META_WORDS)
-        phi = slot % phase_mod  # phase_mod 1 without stagger: phi = 0
-        words = tl.where(w == W_CAPACITY, capacity - phi, tl.where(w == W_MAGIC, magic, 0))
-        tl.store(meta_ptr + slot * stride_meta_slot + w * stride_meta_word, words.to(tl.int32))
+        p_meta = meta_ptr + slot * stride_meta_slot
+        store_reset_words(p_meta, stride_meta_word, slot, capacity, phase_mod)
 
 
 def same_slot_order(hp: torch.Tensor, lp: torch.Tensor | None) -> tuple | None:
@@ -118,12 +112,8 @@ def prefill_hook_triton(
         null_block_id,
         ring_rows(buffer_len, window),
         buffer_len - window + 1 if stagger else 1,
-        META_MAGIC,
         HAS_LP=lp is not None,
         LP_IS_FP16=lp is not None and lp.dtype == torch.float16,
-        META_WORDS=META_LEN,
-        W_CAPACITY=CAPACITY,
-        W_MAGIC=MAGIC,
         SPLIT_=SPLIT,
         BLOCK_=BLOCK,
     )
