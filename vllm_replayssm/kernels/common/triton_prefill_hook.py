@@ -5,8 +5,8 @@ which stalls the host once per SSM layer and prefill step) and copies the checkp
 a gathered fp32 temporary, its LP cast and a scatter. Here one launch covers every row: the
 programs of a NULL row return at once; those of another row copy their share of the slot's
 HP into LP (`triton_checkpoint.store_lp`: the same cast and fp16 saturation) and the row's
-first program stores the reset cursor words (`cursor.reset_words`). No host synchronisation,
-no allocation; HP is read once and LP written once.
+first program stores the reset cursor words (`cursor.reset_words`). No host synchronisation
+and, for a contiguous slot list, no allocation; HP is read once and LP written once.
 """
 
 from __future__ import annotations
