@@ -36,11 +36,15 @@ META_MAGIC = 0x52504C59  # "RPLY": the page was reset by ReplaySSM, LP == HP
 META_MAGIC_LP_STALE = 0x52504C53  # "RPLS": as above, but LP is stale (HP was updated alone)
 
 
+def stagger_modulus(buffer_len: int, window: int, stagger: bool) -> int:
+    """M with phi = slot mod M: L - T + 1, or 1 without stagger (phi = 0). The kernels that
+    store reset cursor words take it as an argument."""
+    return buffer_len - window + 1 if stagger else 1
+
+
 def stagger_phase(slots: torch.Tensor, buffer_len: int, window: int, stagger: bool) -> torch.Tensor:
     """phi = slot mod (L - T + 1): the first cycle of a slot is phi steps shorter."""
-    if not stagger:
-        return torch.zeros_like(slots)
-    return torch.remainder(slots, buffer_len - window + 1)
+    return torch.remainder(slots, stagger_modulus(buffer_len, window, stagger))
 
 
 def reset_meta(

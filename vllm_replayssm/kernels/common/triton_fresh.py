@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_replayssm.kernels.common.cursor import stagger_modulus
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import store_reset_words
 from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
@@ -121,7 +122,7 @@ def reset_fresh_rows(
         *(t[0].numel() for t in padded),
         null_block_id,
         ring_rows(buffer_len, window),
-        buffer_len - window + 1 if stagger else 1,
+        stagger_modulus(buffer_len, window, stagger),
         NUM_TENSORS=len(tensors),
         HAS_Q=q is not None,
         SPLIT_=SPLIT,

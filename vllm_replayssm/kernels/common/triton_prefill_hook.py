@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_replayssm.kernels.common.cursor import stagger_modulus
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import store_reset_words
@@ -111,7 +112,7 @@ def prefill_hook_triton(
         hp[0].numel(),
         null_block_id,
         ring_rows(buffer_len, window),
-        buffer_len - window + 1 if stagger else 1,
+        stagger_modulus(buffer_len, window, stagger),
         HAS_LP=lp is not None,
         LP_IS_FP16=lp is not None and lp.dtype == torch.float16,
         SPLIT_=SPLIT,

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.cursor import stagger_modulus
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, stock_route_row
 from vllm_replayssm.kernels.gdn.tiles import advance_tile, beta_gate, l2norm, log_decay
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
@@ -229,7 +230,7 @@ def gdn_stock_route_decode(
         null_block_id,
         grid[0] * Hv,
         num_ring_rows,
-        (buffer_len - window + 1) if stagger else 1,
+        stagger_modulus(buffer_len, window, stagger),
         *cache.hp.stride(),
         *cache.ring_g.stride(),
         *beta.stride(),

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.cursor import stagger_modulus
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, softplus, stock_route_row
 from vllm_replayssm.kernels.mamba2.tiles import fold_tile
@@ -210,7 +211,7 @@ def mamba2_stock_route_decode(
         H // G,
         grid[0] * H,
         Cn,
-        (buffer_len - window + 1) if stagger else 1,
+        stagger_modulus(buffer_len, window, stagger),
         *cache.hp.stride(),
         *cache.ring_dt.stride(),
         *cache.ring_x.stride(),
