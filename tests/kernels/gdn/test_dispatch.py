@@ -38,6 +38,7 @@ POLICY = {
     "spec_bs16": (16, False, True, "fused", 1),
     "spec_bs17": (17, False, True, "split", 1),
     "spec_bs64": (64, False, False, "split", 1),  # one value head per flush program
+    "spec_bs64_lp": (64, False, True, "split", 1),
 }
 
 
@@ -57,6 +58,8 @@ def test_launch_config(case):
         assert cfg["block_v"] == 16 and cfg["num_warps"] == 1
     want = "stock" if route == "stock" else "replay"
     assert chosen_route("auto", rows, plain, has_lp=has_lp) == want
+    # Planned window steps read flush rows' fresh LP copy when there is one.
+    assert cfg.get("flush_rows_read") == ("lp" if route == "split" and has_lp else None)
 
 
 @pytest.mark.parametrize("bf16_keys", [True, False])

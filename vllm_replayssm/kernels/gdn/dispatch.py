@@ -86,7 +86,12 @@ def launch_config(
       (`…-fb7f13d-gdn-window4-heads.json`; the four-head program spilled 256 B at 255
       registers): bs 256 bf16 LP 122B 815.9 -> 783.3 µs (2.03x vLLM's 1,586.8), 4B 449.9
       -> 420.6 (1.90x of 800.5), HP only 681.1 -> 677.8 and 381.6 -> 365.0; bs 64 bf16 LP
-      122B 230.2 -> 205.3, 4B 131.4 -> 115.3 (two heads per program: slower than both)."""
+      122B 230.2 -> 205.3, 4B 131.4 -> 115.3 (two heads per program: slower than both);
+    - with an LP copy the readout reads a flush row's fresh LP copy instead of its folded HP
+      (flush_rows_read "lp": LP rounding, as every other row; half of HP's bytes), bf16 LP
+      (`…-5c6c531-gdn-window4-flush-rows-read.json`): bs 256 122B 775.1 -> 739.7 µs (2.13x
+      vLLM's 1,572.8), 4B 417.5 -> 395.3 (2.00x of 791.6); bs 64 122B 204.3 -> 191.9, 4B
+      113.5 -> 108.4."""
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
         return _route_config("stock" if num_rows <= limit else "replay")
@@ -112,6 +117,8 @@ def _route_config(route: str, *, has_lp: bool = True, bf16_keys: bool = True) ->
     )
     if route == "split":  # the planned readout's pipelined tile loop; the flush unpipelined
         cfg.update(readout_tiles=0, readout_stages=2, flush_stages=1)
+    if route == "split" and has_lp:
+        cfg.update(flush_rows_read="lp")
     if bf16_keys and (route == "split" or not has_lp):  # exact bf16 products: bf16 keys
         cfg.update(flush_precision="bf16x3")
     if bf16_keys and route == "split":
