@@ -2,7 +2,8 @@
 
 One page per (request, layer) holds, in this order (design §3.3): the stock conv state, the
 fp32 HP checkpoint (so stock code, which touches only indices 0 and 1, keeps working), the
-optional LP copy, the ring records and the cursor words. vLLM carves a page into
+optional LP copy, the ring records, the cursor words and, under speculative decoding, the
+window start. vLLM carves a page into
 consecutive views without padding (`GPUModelRunner._reshape_kv_cache_tensors`), so uint8
 pads are inserted to start every tensor on an ALIGN_BYTES boundary. `carve` reproduces that
 carving for tests and benchmarks, so kernels always see vLLM's paged strides. Starts and the
@@ -113,6 +114,15 @@ def _aligned(specs: list[StateTensorSpec]) -> list[StateTensorSpec]:
     return out
 
 
+def _window_start_specs(window: int) -> list[StateTensorSpec]:
+    """Under speculative decoding (window > 1) a page also keeps its window start: the tokens
+    before its pending window, from which the next step derives what it commits
+    (`layers/spec.py`). It lives in the page so that a page copied to another block (vLLM's
+    prefix caching moves a running request's page, and caches a copy at block boundaries)
+    describes itself wherever it lands."""
+    return [StateTensorSpec("window_start", (1,), torch.int64)] if window > 1 else []
+
+
 def mamba2_state_specs(
     geom: Mamba2Geometry,
     buffer_len: int,
@@ -122,7 +132,8 @@ def mamba2_state_specs(
     conv_shape: tuple[int, ...],
     conv_dtype: torch.dtype,
 ) -> list[StateTensorSpec]:
-    """Page of one Mamba-2 layer: conv, hp, [lp], ring_dt, ring_x, ring_B, meta (+ pads)."""
+    """Page of one Mamba-2 layer: conv, hp, [lp], ring_dt, ring_x, ring_B, meta,
+    [window_start] (+ pads)."""
     num_ring_rows = ring_rows(buffer_len, window)
     H, P, N, G = geom.nheads, geom.headdim, geom.dstate, geom.ngroups
     specs = [
@@ -137,7 +148,7 @@ def mamba2_state_specs(
         StateTensorSpec("ring_B", (G, num_ring_rows, N), act_dtype),
         StateTensorSpec("meta", (META_LEN,), torch.int32),
     ]
-    return _aligned(specs)
+    return _aligned(specs + _window_start_specs(window))
 
 
 def gdn_state_specs(
@@ -151,8 +162,9 @@ def gdn_state_specs(
     conv_dtype: torch.dtype,
 ) -> list[StateTensorSpec]:
     """Page of one GDN layer: conv, hp, [lp], ring_g, [ring_beta], ring_k, ring_d, [ring_v],
-    meta (+ pads). beta and v are kept only for the exact flush. The corrected values d are
-    fp32 (they carry the state dependence: HP-only replay is then as accurate as stock fp32)."""
+    meta, [window_start] (+ pads). beta and v are kept only for the exact flush. The
+    corrected values d are fp32 (they carry the state dependence: HP-only replay is then as
+    accurate as stock fp32)."""
     num_ring_rows = ring_rows(buffer_len, window)
     Hk, Hv, K, V = geom.num_k_heads, geom.num_v_heads, geom.head_k_dim, geom.head_v_dim
     specs = [
@@ -171,7 +183,7 @@ def gdn_state_specs(
     if exact_flush:
         specs.append(StateTensorSpec("ring_v", (Hv, num_ring_rows, V), act_dtype))
     specs.append(StateTensorSpec("meta", (META_LEN,), torch.int32))
-    return _aligned(specs)
+    return _aligned(specs + _window_start_specs(window))
 
 
 def page_size_bytes(specs: list[StateTensorSpec]) -> int:

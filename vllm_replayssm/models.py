@@ -22,6 +22,7 @@ from vllm.model_executor.models.qwen3_5 import (
 )
 from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
 
+from vllm_replayssm import prefix_cache
 from vllm_replayssm.config import ReplayConfig
 from vllm_replayssm.layers.gdn import ReplayQwenGatedDeltaNetAttention
 from vllm_replayssm.layers.mamba2 import ReplayMambaMixer2
@@ -52,6 +53,8 @@ class _ReplayPages:
         if not ReplayConfig.from_vllm_config(vllm_config).enabled:
             return
         self._replay_page_bytes = page_size_bytes(self._replay_specs(vllm_config))
+        if vllm_config.speculative_config and vllm_config.cache_config.enable_prefix_caching:
+            prefix_cache.install()  # block-boundary copies of our pages
         stock = [
             name
             for name, m in self.named_modules()  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ from torch.nn import functional
 
 from vllm_replayssm.kernels.common.triton_conv import spec_conv_update_triton
 from vllm_replayssm.layers.conv import (
+    conv_context_commit,
     conv_context_to_back,
     conv_context_to_front,
     spec_conv_update,
@@ -73,6 +74,37 @@ def test_context_front_back_roundtrip():
     torch.testing.assert_close(state[0], before[0])
     conv_context_to_front(state, slots, 4)
     torch.testing.assert_close(state, before)
+
+
+def test_context_commit_puts_the_committed_context_last():
+    """A window of `pending` inputs ends the state; with `committed` of them counting, the
+    context is the K - 1 columns ending there, and the next window's conv (pending 0) must
+    read exactly those: the committed context lands in the last K - 1 columns, and a conv
+    update from the committed page equals one from the state as it was."""
+    K, M, D = 4, 6, 3  # M = K - 1 + k with k = 3
+    gen = torch.Generator().manual_seed(5)
+    state = torch.randn(4, D, M, generator=gen)
+    before = state.clone()
+    slots, pending, committed = (
+        torch.tensor([1, 2, 3]),
+        torch.tensor([4, 4, 0]),
+        torch.tensor([1, 4, 0]),
+    )
+    conv_context_commit(state, slots, pending, committed, K)
+    for slot, end in ((1, M - 3), (2, M), (3, M)):  # e = M - pending + committed
+        torch.testing.assert_close(state[slot, :, -(K - 1) :], before[slot, :, end - (K - 1) : end])
+    torch.testing.assert_close(state[0], before[0])
+    weight = torch.randn(D, K, generator=gen)
+    x = torch.randn(2, D, generator=gen)
+    qsl = torch.tensor([0, 2])
+    one = torch.tensor([1])
+    want = spec_conv_update(
+        x, before.clone(), one, qsl, pending[:1], committed[:1], weight, None, None, 4
+    )
+    got = spec_conv_update(
+        x, state.clone(), one, qsl, torch.tensor([0]), torch.tensor([0]), weight, None, None, 4
+    )
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("impl", list(IMPLS))

@@ -12,7 +12,7 @@ import torch
 from vllm_replayssm.kernels.common.checkpoint import to_lp
 from vllm_replayssm.kernels.common.cursor import COMMITTED, PENDING, reset_words
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
-from vllm_replayssm.layers.pages import page_copy_func
+from vllm_replayssm.layers.pages import page_copy_func, page_rows
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -73,11 +73,32 @@ def test_page_copy_moves_every_tensor(family, pad):
     assert changed.min() >= 6 * page and changed.max() < 6 * page + nbytes
 
 
-def test_page_copy_refuses_accepted_drafts():
+def test_page_copy_is_whole_at_any_accepted_count():
+    """Under speculative decoding vLLM passes the tokens the request's last step accepted;
+    the page (its window start included) is copied whole whatever the count: the next step
+    derives its commit from positions (`layers/spec.py`)."""
     fam = FAMILIES["mamba2"]()
-    _, views, nbytes, _ = _pages(fam, 4, 1, None, 0)
-    with pytest.raises(RuntimeError, match="2 accepted tokens"):
-        page_copy_func(nbytes)(views["conv"], [0, 1], 0, 2)
+    raw, views, nbytes, _ = _pages(fam, 8, 4, None, 0)
+    assert "window_start" in views  # speculative pages keep their window start
+    block_ids = [0, 2, 5]
+    _vllm_copy(raw, views, (page_copy_func(nbytes),), block_ids, 1, 2)
+    for accepted in (1, 3):
+        spec = page_copy_func(nbytes)(views["conv"], block_ids, 1, accepted)
+        assert spec.start_addr == views["conv"][2].data_ptr()
+        assert spec.num_elements * views["conv"].element_size() == nbytes
+    for name, view in views.items():
+        assert torch.equal(view[5].view(torch.uint8), view[2].view(torch.uint8)), name
+
+
+def test_page_rows_views_each_page_as_bytes():
+    fam = FAMILIES["gdn"]()
+    raw, views, nbytes, page = _pages(fam, 8, 4, torch.bfloat16, 384)
+    rows = page_rows(views["conv"], nbytes)
+    assert rows.shape == (NUM_SLOTS, nbytes)
+    assert torch.equal(rows[3], raw[3 * page : 3 * page + nbytes])
+    rows[4] = rows[1]
+    assert torch.equal(views["window_start"][4], views["window_start"][1])
+    assert torch.equal(views["hp"][4], views["hp"][1])
 
 
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp_only", "lp_bf16"])
@@ -125,3 +146,63 @@ def test_copied_boundary_page_materialises_to_the_boundary_state(family, lp):
     y_ref, _ = fam.naive(S_ref, tok)
     for out in outs:
         assert (out.double() - y_ref).norm() / y_ref.norm() < tol_for(lp)
+
+
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp_only", "lp_bf16"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_page_copied_inside_a_verify_window_resumes_to_the_boundary_state(family, lp):
+    """Speculative decoding with prefix caching (`prefix_cache.py`): slot 3 prefills at
+    position P, verifies a window of 4 tokens (2 accepted), then a second window of 4, of
+    which the first 2 reach a block boundary b = P + 4. The page as that step left it (both
+    windows' records, the second one pending) is copied whole into slot 6, the boundary's
+    block; a request that hits it resumes there (`SpecWindows.resume_rows`: 2 of the 4
+    pending records committed from positions, folded into HP) and holds the float64 state
+    at b, with an empty ring. Slot 3 goes on from the same page, committing the same 2
+    records, and both decode the next token alike."""
+    from vllm_replayssm.layers.spec import SpecWindows
+
+    L, T, P = 8, 4, 100
+    fam = FAMILIES[family]()
+    raw, views, nbytes, _ = _pages(fam, L, T, lp, 0, seed=3)
+    cache = CACHE[family].from_views(views)
+    window_start = views["window_start"][:, 0]
+    gen = torch.Generator().manual_seed(4)
+    S0 = fam.initial_state(gen).double()
+    src, dst = torch.tensor([3]), torch.tensor([6])
+    cache.hp[src] = S0.float()[None]
+    apply_prefill_hook(cache.hp, cache.lp, cache.meta, src, buffer_len=L, window=T, stagger=True)
+    window_start[src] = P
+    qsl = torch.tensor([0, T], dtype=torch.int32)
+    w1, w2 = fam.tokens(T, gen), fam.tokens(T, gen)
+    fam.decode(cache, w1, src.int(), torch.zeros(fam.out_shape(T)), L, T, qsl, torch.tensor([0]))
+    fam.decode(cache, w2, src.int(), torch.zeros(fam.out_shape(T)), L, T, qsl, torch.tensor([2]))
+    window_start[src] = P + 2
+    assert cache.meta[3, PENDING] == T
+    _, S_ref = fam.naive(S0, cat_tokens([_head(w1, 2), _head(w2, 2)]))
+    _vllm_copy(raw, views, (page_copy_func(nbytes),), [0, 3, 6], 1, 2)
+    conv = torch.zeros(NUM_SLOTS, 2, 6)  # [S, D, M], K = 3: the conv's part is test_conv's
+    chunk = 5  # the hit request's prefill chunk after b
+    SpecWindows(L, T).resume_rows(
+        cache.meta,
+        window_start,
+        conv,
+        dst,
+        torch.tensor([chunk]),
+        torch.tensor([P + 4 + chunk]),
+        3,
+        lambda rows, accepted: fam.materialise(cache, rows.int(), L, T, True, acc=accepted),
+    )
+    err = (cache.hp[6].double() - S_ref).norm() / S_ref.norm()
+    assert err < tol_for(), err
+    assert cache.meta[6, COMMITTED] == 0 and cache.meta[6, PENDING] == 0
+    tok = fam.tokens(1, gen)
+    y_ref, _ = fam.naive(S_ref, tok)
+    one = torch.tensor([0, 1], dtype=torch.int32)
+    for slot, acc in ((src, 2), (dst, 0)):
+        out = torch.full(fam.out_shape(1), float("nan"))
+        fam.decode(cache, tok, slot.int(), out, L, T, one, torch.tensor([acc]))
+        assert (out.double() - y_ref).norm() / y_ref.norm() < tol_for(lp)
+
+
+def _head(tok: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    return {k: v[:n] for k, v in tok.items()}

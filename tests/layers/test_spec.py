@@ -1,6 +1,7 @@
-"""layers/spec.py: the commit counts of speculative steps derived from positions, over a
-sequence of steps in which vLLM's own acceptance counts would be missing (a draft-free step
-after a step whose drafts were rejected)."""
+"""layers/spec.py: the commit counts of speculative steps derived from positions and the
+pages' window starts, over a sequence of steps in which vLLM's own acceptance counts would
+be missing (a draft-free step after a step whose drafts were rejected); prefill rows that
+continue a page (`SpecWindows.resume_rows`)."""
 
 import torch
 
@@ -12,15 +13,25 @@ L, T = 8, 4  # buffer_len, window (k = 3 drafts)
 
 
 def _step(
-    spec: SpecWindows, meta: torch.Tensor, slots: torch.Tensor, q: list[int], seq_lens: list[int]
+    spec: SpecWindows,
+    meta: torch.Tensor,
+    window_start: torch.Tensor,
+    slots: torch.Tensor,
+    q: list[int],
+    seq_lens: list[int],
 ):
     """One speculative step's commit counts; then what the decode step would leave: the
     window's q records pending, and the window start recorded."""
     q_t, lens = torch.tensor(q), torch.tensor(seq_lens)
-    start, accepted, pending, committed = spec.acceptance(meta, slots, q_t, lens)
+    start, accepted, pending, committed = spec.acceptance(meta, window_start, slots, q_t, lens)
     meta[slots, PENDING] = q_t.to(meta.dtype)
-    spec.starts(meta.shape[0], meta.device)[slots] = start
+    window_start[slots] = start
     return start.tolist(), accepted.tolist(), pending.tolist(), committed.tolist()
+
+
+def _window_starts(S: int) -> torch.Tensor:
+    """[S] int64 with a slot stride, as the pages' window start words are."""
+    return torch.zeros(S, 3, dtype=torch.int64)[:, 1]
 
 
 def test_acceptance_from_positions():
@@ -28,17 +39,18 @@ def test_acceptance_from_positions():
     slots = torch.tensor([1, 3])
     reset_meta(meta, slots, L, T, stagger=False)
     spec = SpecWindows(L, T)
+    ws = _window_starts(4)
     # After prefill: prompts of 10 and 6 tokens, nothing pending.
-    spec.starts(4, meta.device)[slots] = torch.tensor([10, 6])
+    ws[slots] = torch.tensor([10, 6])
     # Step 1: both rows verify 1 + 3 tokens; nothing was pending, nothing commits.
-    assert _step(spec, meta, slots, [4, 4], [14, 10]) == ([10, 6], [0, 0], [0, 0], [0, 0])
+    assert _step(spec, meta, ws, slots, [4, 4], [14, 10]) == ([10, 6], [0, 0], [0, 0], [0, 0])
     # Step 2: row 1 accepted 2 of its window (bonus included), row 3 all 4.
-    assert _step(spec, meta, slots, [4, 4], [16, 14]) == ([12, 10], [2, 4], [4, 4], [2, 4])
+    assert _step(spec, meta, ws, slots, [4, 4], [16, 14]) == ([12, 10], [2, 4], [4, 4], [2, 4])
     # Step 3 has no drafts (one token per row); row 1 had its drafts rejected (1 accepted):
     # positions still give it, where vLLM passes no acceptance on such a step.
-    assert _step(spec, meta, slots, [1, 1], [14, 15]) == ([13, 14], [1, 4], [4, 4], [1, 4])
+    assert _step(spec, meta, ws, slots, [1, 1], [14, 15]) == ([13, 14], [1, 4], [4, 4], [1, 4])
     # Step 4: the one-token windows commit.
-    assert _step(spec, meta, slots, [4, 4], [18, 19]) == ([14, 15], [1, 1], [1, 1], [1, 1])
+    assert _step(spec, meta, ws, slots, [4, 4], [18, 19]) == ([14, 15], [1, 1], [1, 1], [1, 1])
 
 
 def test_garbage_words_count_nothing_pending():
@@ -47,45 +59,17 @@ def test_garbage_words_count_nothing_pending():
     meta = torch.full((2, META_LEN), 12345, dtype=torch.int32)
     spec = SpecWindows(L, T)
     start, accepted, pending, committed = spec.acceptance(
-        meta, torch.tensor([1]), torch.tensor([4]), torch.tensor([30])
+        meta, _window_starts(2), torch.tensor([1]), torch.tensor([4]), torch.tensor([30])
     )
     assert start.tolist() == [26] and accepted.tolist() == [26]
     assert pending.tolist() == [0] and committed.tolist() == [0]
 
 
-def test_starts_follow_the_slot_count_and_device():
-    spec = SpecWindows(L, T)
-    a = spec.starts(4, torch.device("cpu"))
-    a[2] = 7
-    assert spec.starts(4, torch.device("cpu"))[2] == 7
-    assert spec.starts(6, torch.device("cpu")).tolist() == [0] * 6  # a new cache: fresh
-
-
-def test_kv_cache_binding_sizes_the_starts():
-    """vLLM binds a layer's KV cache (`layer.kv_cache = [...]`) before it captures CUDA
-    graphs; the layer sizes its window starts then, so that a captured step never allocates
-    (and zero-fills) them. The tensor then stays the same object across steps."""
-    from vllm_replayssm.layers.pages import ReplayPage
-
-    class Layer(ReplayPage, torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.kv_cache = (torch.tensor([]),)  # vLLM's placeholder before binding
-            self.spec_windows = SpecWindows(L, T)
-
-    layer = Layer()
-    assert layer.spec_windows._starts is None
-    layer.kv_cache = [torch.zeros(5, 3), torch.zeros(5, 2)]  # bind_kv_cache
-    reserved = layer.spec_windows._starts
-    assert reserved is not None and reserved.shape == (5,) and not reserved.any()
-    assert layer.spec_windows.starts(5, torch.device("cpu")) is reserved
-    assert layer.kv_cache[0].shape == (5, 3)
-
-
 def test_triton_acceptance_matches_torch():
     """The one-launch Triton twin (kernels/common/triton_acceptance.py, GPUs; interpreted
     here) against the torch version: valid words with pending windows, garbage words, rows
-    whose positions went back (clamped to 0), NULL padding rows, more rows than a block."""
+    whose positions went back (clamped to 0), NULL padding rows, more rows than a block;
+    window starts read with the pages' slot stride."""
     from vllm_replayssm.kernels.common.triton_acceptance import spec_acceptance
 
     gen = torch.Generator().manual_seed(3)
@@ -96,12 +80,12 @@ def test_triton_acceptance_matches_torch():
     meta[3] = 12345  # garbage: reads as nothing pending
     meta[7, PENDING] = T + 1  # breaks the invariant too
     spec = SpecWindows(L, T)
-    starts = spec.starts(S, meta.device)
+    starts = _window_starts(S)
     starts.copy_(torch.randint(0, 40, (S,), generator=gen))
     slots = torch.randint(0, S, (R,), generator=gen)
     q = torch.randint(0, T + 1, (R,), generator=gen)
     seq_lens = torch.randint(0, 50, (R,), generator=gen) + q
-    want = spec.acceptance(meta, slots, q, seq_lens)
+    want = spec.acceptance(meta, starts, slots, q, seq_lens)
     got = spec_acceptance(meta, starts, slots, q, seq_lens, num_ring_rows=L + T, window=T)
     for name, a, b in zip(("start", "accepted", "pending", "committed"), want, got, strict=True):
         assert torch.equal(a, b), name

@@ -39,18 +39,6 @@ def test_valid_configuration_passes(qwen3_next):
 @pytest.mark.parametrize(
     "replayssm, kw, match",
     [
-        (
-            {"enabled": True, "buffer_len": 8},
-            {
-                "enable_prefix_caching": True,
-                "speculative_config": {
-                    "method": "ngram",
-                    "num_speculative_tokens": 3,
-                    "prompt_lookup_max": 3,
-                },
-            },
-            "replayssm cannot run with prefix caching with speculative decoding",
-        ),
         ({"enabled": True, "buffer_len": 0}, {}, "buffer_len must be an integer"),
         ({"enabled": True, "lp_dtype": "int8"}, {}, "lp_dtype must be one of"),
         ({"enabled": True, "bufferlen": 8}, {}, r"unknown replayssm key\(s\) \['bufferlen'\]"),
@@ -67,7 +55,6 @@ def test_valid_configuration_passes(qwen3_next):
         ),
     ],
     ids=[
-        "prefix_caching_spec",
         "buffer_len",
         "lp_dtype",
         "unknown_key",
@@ -144,8 +131,21 @@ def test_prefix_caching_on_gpus_runs_align(qwen3_next, monkeypatch):
     monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
     cfg = _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True)
     assert cfg.cache_config.mamba_cache_mode == "align"
-    with pytest.raises(Exception, match="prefix caching with speculative decoding"):
+    with pytest.raises(Exception, match="prefix caching with speculative decoding on GPUs"):
         _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True, speculative_config=NGRAM)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_next", "nemotron_h"])
+def test_prefix_caching_with_speculative_decoding_passes_on_cpu(kind, request):
+    """On the CPU platform (tests/plugin/test_prefix_caching_cpu.py) in "align" mode."""
+    cfg = _config(
+        request.getfixturevalue(kind),
+        {"enabled": True, "buffer_len": 8},
+        enable_prefix_caching=True,
+        speculative_config=NGRAM,
+    )
+    assert cfg.cache_config.mamba_cache_mode == "align"
+    assert cfg.speculative_config.num_speculative_tokens == 3
 
 
 def test_speculative_stock_cpu_mamba2_is_refused(nemotron_h):

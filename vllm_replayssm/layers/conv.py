@@ -50,6 +50,28 @@ def conv_context_to_front(conv_state: torch.Tensor, slots: torch.Tensor, kernel:
     conv_state[slots] = torch.cat([rows[..., -w:], rows[..., :-w]], dim=-1)
 
 
+def conv_context_commit(
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    pending: torch.Tensor,
+    committed: torch.Tensor,
+    kernel: int,
+) -> None:
+    """Put the committed context of `slots` in the last K - 1 columns, where a prefilled
+    slot (pending 0) keeps it: a page whose last step left a window of `pending` tokens, of
+    which `committed` count now (min(accepted, pending)), has its context end at column
+    e = M - pending + committed. conv_state: [S, D, M] (the dim-first view); slots,
+    pending, committed: [R] int."""
+    if slots.numel() == 0:
+        return
+    w, M = kernel - 1, conv_state.shape[-1]
+    rows = conv_state[slots]  # [R, D, M], a copy
+    end = (M - pending.long() + committed.long()).clamp(w, M)
+    idx = end[:, None] + torch.arange(-w, 0, device=end.device)[None, :]  # [R, K - 1]
+    rows[..., M - w :] = torch.gather(rows, 2, idx[:, None, :].expand(-1, rows.shape[1], -1))
+    conv_state[slots] = rows
+
+
 def spec_conv_update(
     x: torch.Tensor,
     conv_state: torch.Tensor,

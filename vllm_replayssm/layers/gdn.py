@@ -40,7 +40,12 @@ from vllm_replayssm.layers.conv import (
     spec_conv_update,
 )
 from vllm_replayssm.layers.fresh import start_fresh_rows
-from vllm_replayssm.layers.pages import ReplayPage, gdn_cache_from_kv, gdn_page_specs
+from vllm_replayssm.layers.pages import (
+    ReplayPage,
+    gdn_cache_from_kv,
+    gdn_page_specs,
+    window_start_view,
+)
 from vllm_replayssm.layers.spec import SpecWindows
 from vllm_replayssm.layout import ring_rows
 from vllm_replayssm.metrics import StepCounters
@@ -495,8 +500,9 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             window=self.replay_window,
             stagger=cfg.stagger,
         )
+        window_start = window_start_view(self.kv_cache, self.replay_specs)
         start, accepted, pending, committed = self.spec_windows.acceptance(
-            cache.meta, slots, q, seq_lens
+            cache.meta, window_start, slots, q, seq_lens
         )
         x = spec_conv_update(
             mixed_qkv[tokens],
@@ -546,7 +552,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             accepted,
         )
         _put_outputs(core_attn_out, tokens, out)
-        self.spec_windows.starts(cache.meta.shape[0], mixed_qkv.device)[slots] = start
+        window_start[slots] = start
 
     def _prefill_rows_spec(
         self,
@@ -576,7 +582,30 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=cpu)
         K = self._conv_weight_2d().shape[-1]
         conv = conv_state_view(self.kv_cache)
-        conv_context_to_front(conv, slots.index_select(0, split.prefill_init_rows).long(), K)
+        window_start = window_start_view(self.kv_cache, self.replay_specs)
+        init = split.prefill_init_rows
+        init_slots = slots.index_select(0, init).long()
+        if init.numel():
+            qsl_cpu = split.prefill_query_start_loc_cpu
+            q_init = to_device(qsl_cpu[1:] - qsl_cpu[:-1], slots).index_select(0, init)
+            self.spec_windows.resume_rows(
+                cache.meta,
+                window_start,
+                conv,
+                init_slots,
+                q_init,
+                seq_lens.index_select(0, init),
+                K,
+                lambda rows, accepted: gdn_replay_materialise(
+                    cache,
+                    rows,
+                    buffer_len=cfg.buffer_len,
+                    window=self.replay_window,
+                    stagger=cfg.stagger,
+                    num_accepted_tokens=accepted,
+                ),
+            )
+        conv_context_to_front(conv, init_slots, K)
         npt = _num_tokens(tokens)
         view = md.replay_prefill_view
         if view is None:
@@ -609,9 +638,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             window=self.replay_window,
             stagger=cfg.stagger,
         )
-        self.spec_windows.starts(cache.meta.shape[0], mixed_qkv.device)[slots.long()] = (
-            seq_lens.long()
-        )
+        window_start[slots.long()] = seq_lens.long()
 
     def _conv_weight_2d(self) -> torch.Tensor:
         if current_platform.is_cpu() and vllm_uses_amx():

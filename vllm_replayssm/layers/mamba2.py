@@ -42,9 +42,15 @@ from vllm_replayssm.layers.conv import (
     spec_conv_update,
 )
 from vllm_replayssm.layers.fresh import start_fresh_rows
-from vllm_replayssm.layers.pages import ReplayPage, mamba2_cache_from_kv, mamba2_page_specs
+from vllm_replayssm.layers.pages import (
+    ReplayPage,
+    mamba2_cache_from_kv,
+    mamba2_page_specs,
+    page_rows,
+    window_start_view,
+)
 from vllm_replayssm.layers.spec import SpecWindows, capturing
-from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
+from vllm_replayssm.layout import NULL_BLOCK_ID, page_size_bytes, ring_rows
 from vllm_replayssm.metrics import StepCounters
 
 logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only that tree
@@ -302,8 +308,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             window=self.replay_window,
             stagger=cfg.stagger,
         )
+        window_start = window_start_view(self.kv_cache, self.replay_specs)
         start, accepted, pending, committed = self.spec_windows.acceptance(
-            cache.meta, slots, q, seq_lens
+            cache.meta, window_start, slots, q, seq_lens
         )
         if trace.enabled():
             trace.forward(
@@ -319,7 +326,14 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                     meta=cache.meta[slots],
                 ),
             )
-        if num_accepted_tokens is not None and cfg.debug_checks and not capturing(dev):
+        # (vLLM resets its count to 1 when prefix caching moves a page to another block;
+        # our count, from positions and the page's window start, is unaffected.)
+        if (
+            num_accepted_tokens is not None
+            and cfg.debug_checks
+            and not self.cache_config.enable_prefix_caching
+            and not capturing(dev)
+        ):
             ours = committed[slots != NULL_BLOCK_ID]
             theirs = torch.minimum(num_accepted_tokens[:nd].long(), pending)[slots != NULL_BLOCK_ID]
             if not torch.equal(ours, theirs):
@@ -365,7 +379,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             run,
             accepted,
         )
-        self.spec_windows.starts(cache.meta.shape[0], dev)[slots] = start
+        window_start[slots] = start
 
     def _prefill_spec(
         self,
@@ -379,21 +393,28 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         joins a decode batch a prefill row of 1 + k tokens, k of them placeholder drafts. Every
         row is prefilled as vLLM's metadata describes it (`_prefill_replay`: the prefill
         kernels' chunk metadata covers all prefill rows, so no subset is cut out of it); then
-        the rows with drafts are verified as windows (`_decode_spec`: their pages reset, since
+        the rows with drafts are verified as windows (`_decode_spec`: their pages reset where
         nothing of them is computed, the window pending until the next step commits what was
-        accepted), replacing what the prefill wrote for them: outputs, state, cursor words.
+        accepted), replacing what the prefill wrote for them: outputs, state, cursor words
+        (the prefill leaves the page of such a row with a stored state, a prefix-cache hit,
+        as it found it once folded).
         The draft counts are host tensors (the runner's); selecting the rows synchronises on
         GPUs, where batches with prefill rows run eagerly (FULL_DECODE_ONLY graphs)."""
-        self._prefill_replay(projected_states, output, md, attn_metadata, cpu)
         nd, npf = md.num_decodes, md.num_prefills
         drafts = md.replay_num_drafts  # backends/mamba2.py
-        if drafts is None:
-            return
-        windowed = drafts[nd : nd + npf].cpu() > 0
-        if not bool(windowed.any()):
+        windowed = None if drafts is None else drafts[nd : nd + npf].cpu() > 0
+        if windowed is None or not bool(windowed.any()):
+            self._prefill_replay(projected_states, output, md, attn_metadata, cpu)
             return
         dev = projected_states.device
         rows = windowed.to(dev)
+        # A row with drafts that continues a stored page (a prefix-cache hit with one token
+        # left, which vLLM pads with placeholder drafts) keeps its folded page through the
+        # prefill, whose result `_decode_spec` replaces.
+        keep = None
+        if md.has_initial_states_p is not None and md.prep_initial_states:
+            keep = md.state_indices_tensor_p[rows & md.has_initial_states_p]
+        self._prefill_replay(projected_states, output, md, attn_metadata, cpu, keep=keep)
         qsl = md.query_start_loc_p.long()
         q = qsl[1:] - qsl[:-1]
         row_of_token = torch.repeat_interleave(torch.arange(npf, device=dev), q)
@@ -419,23 +440,48 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         md,
         attn_metadata: dict,
         cpu: bool,
+        keep: torch.Tensor | None = None,
     ) -> None:
+        """vLLM's prefill of the step's prefill rows on their HP, after the rows that
+        continue a stored page have their rings folded into HP (under speculative decoding
+        from positions: `SpecWindows.resume_rows`), then the prefill hook. keep: [<= R]
+        slots of rows whose pages must come out of this as they went in, once folded (rows
+        with drafts that continue a stored page, which `_decode_spec` verifies next)."""
         cfg = self.replay
         cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
         slots = md.state_indices_tensor_p
         common = dict(buffer_len=cfg.buffer_len, window=self.replay_window, stagger=cfg.stagger)
         spec = self.replay_window > 1
+        conv = conv_state_view(self.kv_cache)
+        nd, npf = md.num_decodes, md.num_prefills
+        page = None
         if md.has_initial_states_p is not None and md.prep_initial_states:
             resumed = slots[md.has_initial_states_p]
             # Stock prefill reads HP of these rows: fold what their rings hold first.
-            reference.mamba2_replay_materialise(cache, self.A, resumed, **common)
             if spec:
+                qsl = md.query_start_loc_p.long()
+                init = md.has_initial_states_p
+                self.spec_windows.resume_rows(
+                    cache.meta,
+                    window_start_view(self.kv_cache, self.replay_specs),
+                    conv,
+                    resumed.long(),
+                    (qsl[1:] - qsl[:-1])[init],
+                    md.seq_lens[nd : nd + npf][init],
+                    self.conv_kernel_size,
+                    lambda rows, accepted: reference.mamba2_replay_materialise(
+                        cache, self.A, rows, num_accepted_tokens=accepted, **common
+                    ),
+                )
+                if keep is not None and keep.numel():  # folded, context last (`_decode_spec`)
+                    pages = page_rows(self.kv_cache[0], page_size_bytes(self.replay_specs))
+                    page = pages[keep].clone()
                 # Under speculative decoding our conv state keeps its context last
                 # (layers/conv.py); vLLM's prefill conv (CPU and Triton alike) reads and
                 # writes the first K - 1 columns.
-                conv_context_to_front(
-                    conv_state_view(self.kv_cache), resumed, self.conv_kernel_size
-                )
+                conv_context_to_front(conv, resumed, self.conv_kernel_size)
+            else:
+                reference.mamba2_replay_materialise(cache, self.A, resumed, **common)
         if cpu:
             self._prefill_cpu(projected_states, output, md, cache.hp)
         else:
@@ -450,12 +496,13 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             with self.metadata_view(attn_metadata, prefill_md):
                 super().conv_ssm_forward(projected_states=projected_states, output=output)
         if spec:
-            conv_context_to_back(conv_state_view(self.kv_cache), slots, self.conv_kernel_size)
-            nd, npf = md.num_decodes, md.num_prefills
-            self.spec_windows.starts(cache.meta.shape[0], slots.device)[slots.long()] = md.seq_lens[
+            conv_context_to_back(conv, slots, self.conv_kernel_size)
+            window_start_view(self.kv_cache, self.replay_specs)[slots.long()] = md.seq_lens[
                 nd : nd + npf
             ].long()
         apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, **common)
+        if page is not None:
+            pages[keep] = page
 
     def _prefill_cpu(
         self, projected_states: torch.Tensor, output: torch.Tensor, md, ssm_state: torch.Tensor

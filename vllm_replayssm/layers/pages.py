@@ -163,6 +163,27 @@ def gdn_cache_from_kv(
     return GDNReplayCache.from_views(views)
 
 
+def window_start_view(
+    kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...], specs: list[StateTensorSpec]
+) -> torch.Tensor:
+    """[S] int64: the window start word of every page of one layer (a strided view; pages
+    of speculative decoding only, `layout._window_start_specs`)."""
+    return _bound_views(kv_cache, specs)["window_start"][:, 0]
+
+
+def page_rows(state: torch.Tensor, page_bytes: int) -> torch.Tensor:
+    """[num_blocks, page_bytes] uint8 view of one layer's pages, from its tensor 0 (`state`,
+    [num_blocks, ...] as vLLM binds it: each page one contiguous run from tensor 0's block
+    start, `layout.carve`; the block stride may exceed the page, when vLLM pads pages)."""
+    stride = state.stride(0) * state.element_size()
+    if stride < page_bytes:
+        raise RuntimeError(f"block stride {stride} B is below the page's {page_bytes} B")
+    raw = torch.empty(0, dtype=torch.uint8, device=state.device).set_(state.untyped_storage())
+    return raw.as_strided(
+        (state.shape[0], page_bytes), (stride, 1), state.storage_offset() * state.element_size()
+    )
+
+
 def page_copy_func(page_bytes: int):
     """vLLM's prefix caching in "align" mode moves a request's state to its next block with
     one `MambaStateCopyFunc` per state tensor of the model's `get_mamba_state_copy_func`
@@ -170,22 +191,21 @@ def page_copy_func(page_bytes: int):
     which pairs the functions with the layer's tensors and stops at the shorter). A
     ReplaySSM page is contiguous per block (vLLM carves it from one page-sized run, tensor 0
     at its start: `layout.carve`), so one copy of `page_bytes` from tensor 0's block start
-    moves all of it: conv, HP, LP, ring and cursor words. Returns that function, for tensor
-    0 only; it copies the source block whole (plain decode: vLLM asks for one accepted
-    token; speculative decoding with prefix caching is refused at start-up)."""
+    moves all of it: conv, HP, LP, ring, cursor words and window start. Returns that
+    function, for tensor 0 only. It copies the source block whole whatever the accepted
+    count vLLM passes (under speculative decoding, the tokens its last step accepted): the
+    page's cursor words and window start let the next step derive what it commits
+    (`layers/spec.py`), where vLLM's own states are cut at the accepted token. The function
+    carries `replayssm_page_bytes` so that `prefix_cache.py` can recognise our pages."""
     from vllm.model_executor.layers.mamba.mamba_utils import MambaCopySpec
 
     def copy_page(state: torch.Tensor, block_ids: list[int], cur_block_idx: int, accepted: int):
-        if accepted != 1:
-            raise RuntimeError(
-                f"replayssm: a page copy asked for {accepted} accepted tokens (plain decode "
-                "copies whole pages only)"
-            )
         if page_bytes % state.element_size():
             raise RuntimeError(f"page of {page_bytes} B is not a multiple of tensor 0's dtype")
         start = state[block_ids[cur_block_idx]].data_ptr()
         return MambaCopySpec(start_addr=start, num_elements=page_bytes // state.element_size())
 
+    copy_page.replayssm_page_bytes = page_bytes  # type: ignore[attr-defined]
     return copy_page
 
 
@@ -198,25 +218,6 @@ class ReplayPage:
     replay_specs: list[StateTensorSpec]
     replay_window: int
     _stock_page = False
-
-    @property
-    def kv_cache(self):
-        """The layer's bound page tensors (vLLM assigns them: `bind_kv_cache`)."""
-        try:
-            return self.__dict__["_replay_kv_cache"]
-        except KeyError:
-            raise AttributeError("kv_cache") from None
-
-    @kv_cache.setter
-    def kv_cache(self, value) -> None:
-        # vLLM binds the KV cache once, before it captures CUDA graphs. Per-slot tensors of
-        # the speculative step (`layers/spec.SpecWindows`) are sized here, outside capture:
-        # allocated at the first captured step, their zero-fill would be captured too and
-        # replayed at every step.
-        self.__dict__["_replay_kv_cache"] = value
-        windows = self.__dict__.get("spec_windows")
-        if windows is not None and value and value[0].numel():
-            windows.reserve(value[0].shape[0], value[0].device)
 
     def _start_replay(self, vllm_config: Any) -> bool:
         """Read the replayssm settings into `self.replay`; when enabled, refuse what the layer

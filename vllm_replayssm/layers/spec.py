@@ -2,16 +2,23 @@
 commits, derived from token positions (tensor ops only, no host synchronisation).
 
 vLLM passes acceptance counts only on steps where some row has drafts; a row whose drafts
-were rejected on the step before a draft-free step would then commit them. So a layer keeps,
-per slot, the tokens before its pending window (`SpecWindows.starts`), and a step's accepted
-count is the tokens before its own window (seq_len - q) minus that.
+were rejected on the step before a draft-free step would then commit them. So a page keeps
+the tokens before its pending window (its `window_start` word, `layout._window_start_specs`),
+and a step's accepted count is the tokens before its own window (seq_len - q) minus that.
+Since the start travels with the page, a page that vLLM's prefix caching copies to another
+block (`layers/pages.page_copy_func`, `prefix_cache.py`) still says what its next step
+commits: a request that continues from a copy made at a block boundary inside a verify
+window commits exactly the window's records up to that boundary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid
+from vllm_replayssm.layers.conv import conv_context_commit
 from vllm_replayssm.layout import ring_rows
 
 
@@ -21,42 +28,27 @@ def capturing(device: torch.device) -> bool:
 
 
 class SpecWindows:
-    """One layer's window starts and the commit counts derived from them."""
+    """One layer's commit counts derived from positions and its pages' window starts."""
 
     def __init__(self, buffer_len: int, window: int) -> None:
         self.buffer_len = buffer_len
         self.window = window
-        self._starts: torch.Tensor | None = None
-
-    def reserve(self, num_slots: int, device: torch.device) -> None:
-        """Allocate `starts` for num_slots slots (zeros) unless it has that size already;
-        the layer calls this when vLLM binds its KV cache (`layers/pages.ReplayPage`)."""
-        starts = self._starts
-        if starts is None or starts.shape[0] != num_slots or starts.device != device:
-            if capturing(device):
-                raise RuntimeError(
-                    "replayssm: speculative window starts allocated inside CUDA-graph capture "
-                    "(their zero-fill would replay at every step); the KV-cache binding "
-                    "should have sized them"
-                )
-            self._starts = torch.zeros(num_slots, dtype=torch.long, device=device)
-
-    def starts(self, num_slots: int, device: torch.device) -> torch.Tensor:
-        """[num_slots] int64: per slot, the tokens before its pending window. Every prefill
-        chunk and decode step that writes a slot sets its entry (`starts(...)[slots] = ...`);
-        `reserve`d at KV-cache binding, or here (zeros) when the slot count or device
-        changes."""
-        self.reserve(num_slots, device)
-        return self._starts
 
     def acceptance(
-        self, meta: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, seq_lens: torch.Tensor
+        self,
+        meta: torch.Tensor,
+        window_start: torch.Tensor,
+        slots: torch.Tensor,
+        q: torch.Tensor,
+        seq_lens: torch.Tensor,
     ):
         """Commit counts of a speculative step's rows. meta: [S, META_LEN] cursor words;
-        slots, q (tokens this step), seq_lens (request lengths after it): [R]. Returns
-        (start, accepted, pending, committed), [R] int64 each; store `start` with
-        `starts(...)[slots] = start` after the step."""
-        window_start = self.starts(meta.shape[0], meta.device)
+        window_start: [S] int64, the pages' window starts (any slot stride: a view into the
+        pages, `layers/pages.window_start_view`); slots, q (tokens this step), seq_lens
+        (request lengths after it): [R]. Returns (start, accepted, pending, committed), [R]
+        int64 each; store `start` with `window_start[slots] = start` after the step. A page
+        whose words are not valid (fresh, or garbage) has nothing pending, so whatever its
+        start holds, nothing commits."""
         if meta.is_cuda:  # one launch instead of these ~15 small ops
             from vllm_replayssm.kernels.common.triton_acceptance import spec_acceptance
 
@@ -70,8 +62,35 @@ class SpecWindows:
                 window=self.window,
             )
         start = seq_lens.long() - q.long()
-        accepted = (start - window_start[slots]).clamp(min=0)
+        accepted = (start - window_start[slots.long()]).clamp(min=0)
         words = meta[slots]
         valid = meta_is_valid(words, self.buffer_len, self.window)
         pending = torch.where(valid, words[:, PENDING].long(), 0)
         return start, accepted, pending, torch.minimum(accepted, pending)
+
+    def resume_rows(
+        self,
+        meta: torch.Tensor,
+        window_start: torch.Tensor,
+        conv_state: torch.Tensor,
+        slots: torch.Tensor,
+        q: torch.Tensor,
+        seq_lens: torch.Tensor,
+        kernel: int,
+        materialise: Callable[[torch.Tensor, torch.Tensor], None],
+    ) -> None:
+        """Prefill rows that continue a stored page, before vLLM's prefill reads its HP and
+        conv context: a chunk of a chunked prefill (nothing pending: the prefill hook left
+        HP exact), or a prefix-cache hit, whose page is a copy of a cached block's, made
+        after a decode step (HP, the records since its last flush, maybe a verify window
+        pending, of which the tokens up to the block boundary count). Commits from
+        positions as a decode step would, puts the committed conv context last
+        (`conv_context_commit`) and folds the committed records into HP with
+        `materialise(slots, accepted)` (which resets the cursor). meta, window_start: the
+        layer's cursor words and window starts; conv_state: [S, D, M] dim-first; slots, q,
+        seq_lens: [R] (q: the chunk's tokens; seq_lens: lengths after it)."""
+        if slots.numel() == 0:
+            return
+        _, accepted, pending, committed = self.acceptance(meta, window_start, slots, q, seq_lens)
+        conv_context_commit(conv_state, slots, pending, committed, kernel)
+        materialise(slots, accepted)

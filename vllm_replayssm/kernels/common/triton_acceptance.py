@@ -28,6 +28,7 @@ def _acceptance_kernel(
     out_ptr,
     num_rows,
     num_ring_rows,
+    stride_start_slot,
     stride_meta_slot,
     stride_meta_word,
     WINDOW: tl.constexpr,
@@ -39,7 +40,8 @@ def _acceptance_kernel(
     start = tl.load(seq_lens_ptr + r, mask=m, other=0).to(tl.int64) - tl.load(
         q_ptr + r, mask=m, other=0
     ).to(tl.int64)
-    accepted = tl.maximum(start - tl.load(window_start_ptr + slot, mask=m, other=0), 0)
+    window_start = tl.load(window_start_ptr + slot * stride_start_slot, mask=m, other=0)
+    accepted = tl.maximum(start - window_start, 0)
     _, _, p, _, _, _, _, valid = load_words(
         meta_ptr + slot * stride_meta_slot, stride_meta_word, num_ring_rows, WINDOW
     )
@@ -61,12 +63,12 @@ def spec_acceptance(
     window: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(start, accepted, pending, committed), [R] int64 each, as `SpecWindows.acceptance`
-    computes them. meta: [S, META_LEN] int32; window_start: [S] int64; slots, q, seq_lens:
-    [R] ints."""
+    computes them. meta: [S, META_LEN] int32; window_start: [S] int64 (any slot stride: a
+    view into the pages); slots, q, seq_lens: [R] ints."""
     R = slots.shape[0]
     out = torch.empty(4, R, dtype=torch.int64, device=slots.device)
     if R:
-        require_row_contiguous(slots=slots, q=q, seq_lens=seq_lens, window_start=window_start)
+        require_row_contiguous(slots=slots, q=q, seq_lens=seq_lens)
         _acceptance_kernel[(triton.cdiv(R, BLOCK_ROWS),)](
             meta,
             window_start,
@@ -76,6 +78,7 @@ def spec_acceptance(
             out,
             R,
             num_ring_rows,
+            window_start.stride(0),
             *meta.stride(),
             WINDOW=window,
             BLOCK=BLOCK_ROWS,
