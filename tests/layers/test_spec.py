@@ -65,11 +65,12 @@ def test_garbage_words_count_nothing_pending():
     assert pending.tolist() == [0] and committed.tolist() == [0]
 
 
-def test_triton_acceptance_matches_torch():
+def test_triton_acceptance_matches_torch(device):
     """The one-launch Triton twin (kernels/common/triton_acceptance.py, GPUs; interpreted
     here) against the torch version: valid words with pending windows, garbage words, rows
     whose positions went back (clamped to 0), NULL padding rows, more rows than a block;
-    window starts read with the pages' slot stride."""
+    window starts read with the pages' slot stride. Interpreted on CPUs, on the device on the
+    GPU host."""
     from vllm_replayssm.kernels.common.triton_acceptance import spec_acceptance
 
     gen = torch.Generator().manual_seed(3)
@@ -86,7 +87,10 @@ def test_triton_acceptance_matches_torch():
     q = torch.randint(0, T + 1, (R,), generator=gen)
     seq_lens = torch.randint(0, 50, (R,), generator=gen) + q
     want = spec.acceptance(meta, starts, slots, q, seq_lens)
-    got = spec_acceptance(meta, starts, slots, q, seq_lens, num_ring_rows=L + T, window=T)
+    ws = torch.zeros(S, 3, dtype=torch.int64, device=device)[:, 1]  # strided, as in pages
+    ws.copy_(starts)
+    rows = (t.to(device) for t in (slots, q, seq_lens))
+    got = spec_acceptance(meta.to(device), ws, *rows, num_ring_rows=L + T, window=T)
     for name, a, b in zip(("start", "accepted", "pending", "committed"), want, got, strict=True):
-        assert torch.equal(a, b), name
+        assert torch.equal(a, b.cpu()), name
     assert (want[2] == 0).any() and (want[3] > 0).any()  # both kinds of rows occur
