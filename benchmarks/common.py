@@ -109,11 +109,24 @@ GPU_STATE_FIELDS = (
 )
 
 
+def triton_cache_entries() -> int | None:
+    """Kernels in Triton's on-disk cache (one directory per compiled specialisation; the
+    cache is TRITON_CACHE_DIR or ~/.triton/cache), or None without one. Its growth over a
+    timed phase counts the compilations inside it."""
+    root = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    try:
+        return sum(1 for entry in root.iterdir() if entry.is_dir())
+    except OSError:
+        return None
+
+
 def host_state() -> dict:
     """What else the machine is doing now, for reading a slow run: the 1 / 5 / 15-minute load
-    averages, seconds since boot, and per GPU nvidia-smi's GPU_STATE_FIELDS plus the compute
-    processes on it (None where nvidia-smi is missing or fails)."""
+    averages, seconds since boot, per GPU nvidia-smi's GPU_STATE_FIELDS plus the compute
+    processes on it (None where nvidia-smi is missing or fails), and the kernels in Triton's
+    cache (`triton_cache_entries`)."""
     state: dict = {"loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    state["triton_cache_entries"] = triton_cache_entries()
     try:
         state["uptime_s"] = float(Path("/proc/uptime").read_text().split()[0])
     except OSError:

@@ -398,6 +398,8 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         "distinct_tokens": len({t for seq in tokens for t in seq}),
         "token_ids": tokens,
         "host_state": state,
+        # After the timed generates: Triton compiles inside them show as new cache entries.
+        "host_state_after": common.host_state(),
     }
     if spec["mode"] != "off":
         row["route"] = route_ran(spec, bs)

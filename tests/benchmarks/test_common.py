@@ -57,3 +57,16 @@ def test_host_state_reads_the_load_and_tolerates_a_missing_nvidia_smi(monkeypatc
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi on the path
     state = common.host_state()
     assert state["gpus"] is None and state["gpu_processes"] is None
+
+
+def test_triton_cache_entries_count_kernel_directories(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "none"))
+    assert (
+        common.triton_cache_entries() is None
+        and common.host_state()["triton_cache_entries"] is None
+    )
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    for name in ("AB12", "CD34"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "stray.lock").write_text("")
+    assert common.triton_cache_entries() == 2
