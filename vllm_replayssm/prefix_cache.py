@@ -139,14 +139,15 @@ def postprocess_pages(
     counts = accepted
     if rows.size:
         dev = accepted.device
-        rows_t = torch.from_numpy(rows).to(dev)
-        reach = accepted.index_select(0, rows_t).long() >= torch.from_numpy(need).to(dev)
-        same = torch.from_numpy(src_idx == dst_idx).to(dev)
+        rows_t = _on(rows, dev)
+        reach = accepted.index_select(0, rows_t).long() >= _on(need, dev)
+        same = _on(src_idx == dst_idx, dev)
         counts = accepted.clone()
-        counts[rows_t] = torch.where(reach & same, 1, counts[rows_t])
-        moves = src_idx != dst_idx
-        COUNTS["candidates"] += int(moves.sum())
-        if moves.any():
+        counts.index_copy_(0, rows_t, torch.where(reach & same, 1, counts[rows_t]))
+        moves = np.nonzero(src_idx != dst_idx)[0]
+        COUNTS["candidates"] += moves.size
+        if moves.size:
+            reach = reach.index_select(0, _on(moves, dev))
             _copy_pages(
                 kv_cache_config,
                 ctx.mamba_group_ids,
@@ -156,11 +157,20 @@ def postprocess_pages(
                 rows[moves],
                 src_idx[moves],
                 dst_idx[moves],
-                reach[torch.from_numpy(moves).to(dev)],
+                reach,
             )
             if not reach.is_cuda:
-                COUNTS["copied"] += int(reach[torch.from_numpy(moves)].sum())
+                COUNTS["copied"] += int(reach.sum())
     num_accepted_tokens_cpu_tensor[:num_reqs].copy_(counts, non_blocking=True)
+
+
+def _on(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on `device`, without waiting for the device's queued work (pinned, then
+    an asynchronous copy on CUDA: a pageable copy would synchronise the stream)."""
+    t = torch.from_numpy(np.ascontiguousarray(values))
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _copy_pages(
@@ -179,11 +189,8 @@ def _copy_pages(
     elsewhere the destination is rewritten with itself."""
     for gid in group_ids:
         table = input_batch.block_table[gid].get_numpy_array()
-        src = table[rows, src_idx].astype(np.int64)
-        dst = table[rows, dst_idx].astype(np.int64)
+        dst = _on(table[rows, dst_idx].astype(np.int64), reach.device)
+        src = torch.where(reach, _on(table[rows, src_idx].astype(np.int64), reach.device), dst)
         for name in kv_cache_config.kv_cache_groups[gid].layer_names:
-            state = forward_context[name].kv_cache[0]
-            pages = page_rows(state, page_bytes)
-            src_t = torch.from_numpy(src).to(state.device)
-            dst_t = torch.from_numpy(dst).to(state.device)
-            pages[dst_t] = pages[torch.where(reach, src_t, dst_t)]
+            pages = page_rows(forward_context[name].kv_cache[0], page_bytes)
+            pages[dst] = pages[src]
