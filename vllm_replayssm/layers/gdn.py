@@ -585,7 +585,10 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         window_start = window_start_view(self.kv_cache, self.replay_specs)
         init = split.prefill_init_rows
         init_slots = slots.index_select(0, init).long()
-        if init.numel():
+        # Without prefix caching a stored page is a chunk continuation's: the prefill hook
+        # left its HP exact and its ring empty (nothing to fold, and the fold's read-back
+        # of the device would cost every such step once per layer).
+        if init.numel() and self.cache_config.enable_prefix_caching:
             qsl_cpu = split.prefill_query_start_loc_cpu
             q_init = to_device(qsl_cpu[1:] - qsl_cpu[:-1], slots).index_select(0, init)
             self.spec_windows.resume_rows(
