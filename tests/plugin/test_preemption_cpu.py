@@ -132,8 +132,19 @@ PC_CASES = {
 PC_PROMPTS = 6
 
 
-@pytest.mark.parametrize("kind", list(PC_CASES))
-def test_readmission_through_prefix_cache_hits(runs, kind, capsys, monkeypatch):
+# With speculative decoding (ngram, k = 3): re-admitted requests resume from pages that
+# decode windows left (`prefix_cache.py`, `layers/spec.SpecWindows.resume_rows`); compared
+# with the same plain-decoding reference. NemotronH only so far: under Qwen3-Next's budget
+# above, its speculative engine admitted one request at a time and never preempted.
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+
+
+@pytest.mark.parametrize(
+    "kind, spec",
+    [(kind, False) for kind in PC_CASES] + [("nemotron_h", True)],
+    ids=[*PC_CASES, "nemotron_h-spec"],
+)
+def test_readmission_through_prefix_cache_hits(runs, kind, spec, capsys, monkeypatch):
     from vllm.v1.metrics.stats import PrefixCacheStats
 
     block, kv_bytes, prompt_len, new_tokens, step_tokens, blocks = PC_CASES[kind]
@@ -170,12 +181,16 @@ def test_readmission_through_prefix_cache_hits(runs, kind, capsys, monkeypatch):
         metrics=m,
         enable_prefix_caching=True,
         kv_cache_memory_bytes=blocks * block * kv_bytes,
+        **({"speculative_config": SPEC} if spec else {}),
         **common,
     )
     with capsys.disabled():
         print(
-            f"\n{kind}: {m['vllm:num_preemptions']} preemptions; re-admissions queried "
-            f"{readmitted['queries']} tokens and hit {readmitted['hits']}"
+            f"\n{kind} ({'spec' if spec else 'plain'}): {m['vllm:num_preemptions']} "
+            f"preemptions; re-admissions queried {readmitted['queries']} tokens and hit "
+            f"{readmitted['hits']}; drafts accepted "
+            f"{m.get('vllm:spec_decode_num_accepted_tokens', 0):.0f}/"
+            f"{m.get('vllm:spec_decode_num_draft_tokens', 0):.0f}"
         )
     assert m["vllm:num_preemptions"] > 0, "the budget did not force preemption"
     assert readmitted["hits"] > 0, "no re-admitted request hit its cached blocks"
