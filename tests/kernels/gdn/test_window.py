@@ -125,6 +125,11 @@ def _check_reference(device, op, exact, lp, T, act=torch.float16, seed=4):
 # product takes (K, V >= 16): (route, exact flush, LP dtype, T, activations, knobs).
 TF32X3 = dict(flush_precision="tf32x3")
 BF16 = torch.bfloat16
+WY = dict(flush_precision="bf16x3", readout_precision="bf16x3")
+# The planned route as `dispatch.launch_config` launches it with bf16 keys (16-row readout
+# tiles in a pipelined loop, the flush unpipelined); with an LP copy it also reads flush
+# rows' fresh LP copy (flush_rows_read "lp").
+PLANNED_WY = dict(WY, block_v=16, readout_tiles=0, readout_stages=2, flush_stages=1)
 WY_ROWS = {
     "split_planned-exact-fp16-T3": ("split_planned", True, torch.float16, 3, torch.float16, TF32X3),
     "split_planned-exact-none-T3": ("split_planned", True, None, 3, torch.float16, TF32X3),
@@ -136,14 +141,7 @@ WY_ROWS = {
         BF16,
         3,
         BF16,
-        dict(
-            flush_precision="bf16x3",
-            readout_precision="bf16x3",
-            block_v=16,
-            readout_tiles=0,
-            readout_stages=2,
-            flush_stages=1,
-        ),
+        dict(PLANNED_WY, flush_rows_read="lp"),
     ),
     "split_planned-exact-bf16-T3-readout_tiles": (  # a key head's 4 tiles per program
         "split_planned",
@@ -151,22 +149,15 @@ WY_ROWS = {
         BF16,
         3,
         BF16,
-        dict(flush_precision="bf16x3", readout_precision="bf16x3", readout_tiles=4),
+        dict(WY, readout_tiles=4),
     ),
-    "split_planned-exact-bf16-T3-flush_rows_lp": (  # flush rows read the fresh LP copy
+    "split_planned-exact-bf16-T3-flush_rows_hp": (  # flush rows read the folded HP
         "split_planned",
         True,
         BF16,
         3,
         BF16,
-        dict(
-            flush_precision="bf16x3",
-            readout_precision="bf16x3",
-            readout_tiles=0,
-            readout_stages=2,
-            flush_stages=1,
-            flush_rows_read="lp",
-        ),
+        dict(PLANNED_WY, flush_rows_read="hp"),
     ),
     "split_planned-exact-fp16-T2": (
         "split_planned",
@@ -234,31 +225,19 @@ REAL = {
 }
 
 
-WY = dict(flush_precision="bf16x3", readout_precision="bf16x3")
 # id -> (route, launch knobs): the serial and WY flushes per route, the planned route as
-# `dispatch` launches it (16-row readout tiles in a pipelined loop) and with other knobs
+# `dispatch` launches it and with other knobs
 GPU_VARIANTS = {
     "fused-serial": ("fused", dict(flush_precision="serial")),
     "split-serial": ("split", dict(flush_precision="serial")),
     "split_planned-serial": ("split_planned", dict(flush_precision="serial")),
     "fused-wy": ("fused", WY),
     "split-wy": ("split", WY),
-    "split_planned-wy": (
-        "split_planned",
-        dict(WY, block_v=16, readout_tiles=0, readout_stages=2, flush_stages=1),
-    ),
-    # flush rows read the LP copy the flush launch wrote (the same as the HP runs without LP)
-    "split_planned-wy_flush_rows_lp": (
-        "split_planned",
-        dict(
-            WY, block_v=16, readout_tiles=0, readout_stages=2, flush_stages=1, flush_rows_read="lp"
-        ),
-    ),
+    "split_planned-wy": ("split_planned", dict(PLANNED_WY, flush_rows_read="lp")),
+    # flush rows read the folded HP (the same as the HP-only runs, which have no LP copy)
+    "split_planned-wy_flush_rows_hp": ("split_planned", dict(PLANNED_WY, flush_rows_read="hp")),
     # 8 tiles per readout program as at bs 256 (`auto_readout_tiles` picks 1 for 8 rows)
-    "split_planned-wy_tiles8": (
-        "split_planned",
-        dict(WY, block_v=16, readout_tiles=8, readout_stages=2, flush_stages=1),
-    ),
+    "split_planned-wy_tiles8": ("split_planned", dict(PLANNED_WY, readout_tiles=8)),
 }
 
 
