@@ -47,7 +47,6 @@ from vllm_replayssm.layers.pages import (
     mamba2_cache_from_kv,
     mamba2_page_specs,
     page_rows,
-    window_start_view,
 )
 from vllm_replayssm.layers.spec import SpecWindows, capturing
 from vllm_replayssm.layout import NULL_BLOCK_ID, page_size_bytes, ring_rows
@@ -308,7 +307,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             window=self.replay_window,
             stagger=cfg.stagger,
         )
-        window_start = window_start_view(self.kv_cache, self.replay_specs)
+        window_start = cache.window_start
         start, accepted, pending, committed = self.spec_windows.acceptance(
             cache.meta, window_start, slots, q, seq_lens
         )
@@ -463,7 +462,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 init = md.has_initial_states_p
                 self.spec_windows.resume_rows(
                     cache.meta,
-                    window_start_view(self.kv_cache, self.replay_specs),
+                    cache.window_start,
                     conv,
                     resumed.long(),
                     (qsl[1:] - qsl[:-1])[init],
@@ -497,9 +496,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 super().conv_ssm_forward(projected_states=projected_states, output=output)
         if spec:
             conv_context_to_back(conv, slots, self.conv_kernel_size)
-            window_start_view(self.kv_cache, self.replay_specs)[slots.long()] = md.seq_lens[
-                nd : nd + npf
-            ].long()
+            cache.window_start[slots.long()] = md.seq_lens[nd : nd + npf].long()
         apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, **common)
         if page is not None:
             pages[keep] = page
