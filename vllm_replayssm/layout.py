@@ -217,20 +217,13 @@ def carve(raw: torch.Tensor, specs: list[StateTensorSpec], page_bytes: int | Non
     return views
 
 
-def _window_start(views: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    """[S] int64 window starts (a strided view into the pages), or None without speculative
-    decoding (`_window_start_specs`)."""
-    view = views.get("window_start")
-    return None if view is None else view[:, 0]
-
-
 class Mamba2ReplayCache(NamedTuple):
     """One Mamba-2 layer's ReplaySSM tensors, each [num_slots, ...] (slot = block id).
 
     hp: [S, H, P, N] fp32; lp: [S, H, P, N] bf16/fp16 or None; ring_dt: [S, H, num_ring_rows]
     fp32 (post-softplus dt); ring_x: [S, H, num_ring_rows, P] act; ring_B: [S, G,
     num_ring_rows, N] act; meta: [S, META_LEN] int32 (num_ring_rows = `ring_rows(buffer_len,
-    window)`); window_start: [S] int64 under speculative decoding, else None.
+    window)`).
     """
 
     hp: torch.Tensor
@@ -239,7 +232,6 @@ class Mamba2ReplayCache(NamedTuple):
     ring_x: torch.Tensor
     ring_B: torch.Tensor
     meta: torch.Tensor
-    window_start: torch.Tensor | None = None
 
     @classmethod
     def from_views(cls, views: dict[str, torch.Tensor]) -> Mamba2ReplayCache:
@@ -250,7 +242,6 @@ class Mamba2ReplayCache(NamedTuple):
             views["ring_x"],
             views["ring_B"],
             views["meta"],
-            _window_start(views),
         )
 
 
@@ -261,7 +252,7 @@ class GDNReplayCache(NamedTuple):
     fp32 (log decay); ring_beta: like ring_g, or None (fold mode); ring_k: [S, Hk,
     num_ring_rows, K] act (pre-norm k); ring_d: [S, Hv, num_ring_rows, V] fp32 (corrected
     values); ring_v: [S, Hv, num_ring_rows, V] act, or None (fold mode); meta: [S, META_LEN]
-    int32; window_start: [S] int64 under speculative decoding, else None.
+    int32.
     """
 
     hp: torch.Tensor
@@ -272,7 +263,6 @@ class GDNReplayCache(NamedTuple):
     ring_d: torch.Tensor
     ring_v: torch.Tensor | None
     meta: torch.Tensor
-    window_start: torch.Tensor | None = None
 
     @property
     def exact_flush(self) -> bool:
@@ -289,7 +279,6 @@ class GDNReplayCache(NamedTuple):
             views["ring_d"],
             views.get("ring_v"),
             views["meta"],
-            _window_start(views),
         )
 
 

@@ -40,7 +40,12 @@ from vllm_replayssm.layers.conv import (
     spec_conv_update,
 )
 from vllm_replayssm.layers.fresh import start_fresh_rows
-from vllm_replayssm.layers.pages import ReplayPage, gdn_cache_from_kv, gdn_page_specs
+from vllm_replayssm.layers.pages import (
+    ReplayPage,
+    gdn_cache_from_kv,
+    gdn_page_specs,
+    window_start_view,
+)
 from vllm_replayssm.layers.spec import SpecWindows
 from vllm_replayssm.layout import ring_rows
 from vllm_replayssm.metrics import StepCounters
@@ -495,7 +500,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             window=self.replay_window,
             stagger=cfg.stagger,
         )
-        window_start = cache.window_start
+        window_start = window_start_view(self.kv_cache, self.replay_specs)
         start, accepted, pending, committed = self.spec_windows.acceptance(
             cache.meta, window_start, slots, q, seq_lens
         )
@@ -577,7 +582,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=cpu)
         K = self._conv_weight_2d().shape[-1]
         conv = conv_state_view(self.kv_cache)
-        window_start = cache.window_start
+        window_start = window_start_view(self.kv_cache, self.replay_specs)
         init = split.prefill_init_rows
         init_slots = slots.index_select(0, init).long()
         # Without prefix caching a stored page is a chunk continuation's: the prefill hook

@@ -47,6 +47,7 @@ from vllm_replayssm.layers.pages import (
     mamba2_cache_from_kv,
     mamba2_page_specs,
     page_rows,
+    window_start_view,
 )
 from vllm_replayssm.layers.spec import SpecWindows, capturing
 from vllm_replayssm.layout import NULL_BLOCK_ID, page_size_bytes, ring_rows
@@ -307,7 +308,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             window=self.replay_window,
             stagger=cfg.stagger,
         )
-        window_start = cache.window_start
+        window_start = window_start_view(self.kv_cache, self.replay_specs)
         start, accepted, pending, committed = self.spec_windows.acceptance(
             cache.meta, window_start, slots, q, seq_lens
         )
@@ -462,7 +463,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 init = md.has_initial_states_p
                 self.spec_windows.resume_rows(
                     cache.meta,
-                    cache.window_start,
+                    window_start_view(self.kv_cache, self.replay_specs),
                     conv,
                     resumed.long(),
                     (qsl[1:] - qsl[:-1])[init],
@@ -496,7 +497,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 super().conv_ssm_forward(projected_states=projected_states, output=output)
         if spec:
             conv_context_to_back(conv, slots, self.conv_kernel_size)
-            cache.window_start[slots.long()] = md.seq_lens[nd : nd + npf].long()
+            window_start_view(self.kv_cache, self.replay_specs)[slots.long()] = md.seq_lens[
+                nd : nd + npf
+            ].long()
         apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, **common)
         if page is not None:
             pages[keep] = page

@@ -163,6 +163,14 @@ def gdn_cache_from_kv(
     return GDNReplayCache.from_views(views)
 
 
+def window_start_view(
+    kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...], specs: list[StateTensorSpec]
+) -> torch.Tensor:
+    """[S] int64: the window start word of every page of one layer (a strided view; pages
+    of speculative decoding only, `layout._window_start_specs`)."""
+    return _bound_views(kv_cache, specs)["window_start"][:, 0]
+
+
 def page_rows(state: torch.Tensor, page_bytes: int) -> torch.Tensor:
     """[num_blocks, page_bytes] uint8 view of one layer's pages, from its tensor 0 (`state`,
     [num_blocks, ...] as vLLM binds it: each page one contiguous run from tensor 0's block

@@ -44,7 +44,7 @@ class SpecWindows:
     ):
         """Commit counts of a speculative step's rows. meta: [S, META_LEN] cursor words;
         window_start: [S] int64, the pages' window starts (any slot stride: a view into the
-        pages, the caches' `window_start`); slots, q (tokens this step), seq_lens
+        pages, `layers/pages.window_start_view`); slots, q (tokens this step), seq_lens
         (request lengths after it): [R]. Returns (start, accepted, pending, committed), [R]
         int64 each; store `start` with `window_start[slots] = start` after the step. A page
         whose words are not valid (fresh, or garbage) has nothing pending, so whatever its
