@@ -109,15 +109,45 @@ GPU_STATE_FIELDS = (
 )
 
 
+def _triton_cache_root() -> Path:
+    return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
 def triton_cache_entries() -> int | None:
     """Kernels in Triton's on-disk cache (one directory per compiled specialisation; the
     cache is TRITON_CACHE_DIR or ~/.triton/cache), or None without one. Its growth over a
     timed phase counts the compilations inside it."""
-    root = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     try:
-        return sum(1 for entry in root.iterdir() if entry.is_dir())
+        return sum(1 for entry in _triton_cache_root().iterdir() if entry.is_dir())
     except OSError:
         return None
+
+
+def triton_cache_kernels() -> dict[str, str] | None:
+    """Triton's on-disk cache as {entry directory: kernel name} (the name of the entry's
+    metadata file `<kernel>.json`; "?" while it has none), or None without a cache. The
+    entries one snapshot has and an earlier one lacks name the kernels compiled between
+    them (`new_triton_kernels`)."""
+    try:
+        entries = [e for e in _triton_cache_root().iterdir() if e.is_dir()]
+    except OSError:
+        return None
+    out = {}
+    for entry in entries:
+        try:
+            names = sorted(f.stem for f in entry.glob("*.json") if not f.name.startswith("__grp__"))
+        except OSError:
+            names = []
+        out[entry.name] = names[0] if names else "?"
+    return out
+
+
+def new_triton_kernels(before: dict[str, str] | None, after: dict[str, str] | None) -> list:
+    """The kernel names of the cache entries in `after` and not in `before` (sorted, one per
+    compiled specialisation), or None where either snapshot is None."""
+    if before is None or after is None:
+        return None
+    return sorted(name for entry, name in after.items() if entry not in before)
 
 
 def host_state() -> dict:

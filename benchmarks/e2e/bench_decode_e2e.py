@@ -366,6 +366,7 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         min(n_out, spec["warmup_tokens"]),
     )
     state = common.host_state()  # after the warm-up, before the timed generates
+    kernels = common.triton_cache_kernels()
     t_pre, t_full, tokens = [], [], None
     counted = {name: 0.0 for name in SPEC_COUNTERS}
     cached_first = []
@@ -398,8 +399,10 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         "distinct_tokens": len({t for seq in tokens for t in seq}),
         "token_ids": tokens,
         "host_state": state,
-        # After the timed generates: Triton compiles inside them show as new cache entries.
+        # After the timed generates: Triton compiles inside them show as new cache entries,
+        # named (one kernel name per compiled specialisation) in triton_compiled_timed.
         "host_state_after": common.host_state(),
+        "triton_compiled_timed": common.new_triton_kernels(kernels, common.triton_cache_kernels()),
     }
     if spec["mode"] != "off":
         row["route"] = route_ran(spec, bs)

@@ -70,3 +70,21 @@ def test_triton_cache_entries_count_kernel_directories(monkeypatch, tmp_path):
         (tmp_path / name).mkdir()
     (tmp_path / "stray.lock").write_text("")
     assert common.triton_cache_entries() == 2
+
+
+def test_new_triton_kernels_name_the_entries_compiled_between_snapshots(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "none"))
+    assert common.triton_cache_kernels() is None
+    assert common.new_triton_kernels(None, {}) is None
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    (tmp_path / "AB12").mkdir()
+    (tmp_path / "AB12" / "_plan_kernel.json").write_text("{}")
+    (tmp_path / "AB12" / "__grp___plan_kernel.json").write_text("{}")
+    before = common.triton_cache_kernels()
+    assert before == {"AB12": "_plan_kernel"}
+    for entry, name in (("CD34", "_readout_kernel"), ("EF56", "_plan_kernel"), ("GH78", None)):
+        (tmp_path / entry).mkdir()
+        if name:
+            (tmp_path / entry / f"{name}.json").write_text("{}")
+    after = common.triton_cache_kernels()
+    assert common.new_triton_kernels(before, after) == ["?", "_plan_kernel", "_readout_kernel"]
