@@ -256,6 +256,7 @@ def greedy_outputs(
     layers: list | None = None,
     waves: list[int] | None = None,
     follow_ups: list[tuple[int, list[int]]] | None = None,
+    prefix_counts: bool = False,
     **llm_kwargs: Any,
 ) -> list[list[int]] | list[tuple[list[int], list[dict[int, float]]]]:
     """Greedy token ids from `vllm.LLM` on `model_dir` for token-id `prompts`, `max_tokens`
@@ -267,7 +268,10 @@ def greedy_outputs(
     their outputs follow the prompts' in the result. Defaults are design §7.1's CPU settings;
     `llm_kwargs` overrides them. With a `metrics` dict, stats logging is on and the engine's
     counters and gauges (`LLM.get_metrics()`, e.g. "vllm:num_preemptions") are put into it,
-    and under CACHED_TOKENS the sum of the requests' `num_cached_tokens`;
+    and under CACHED_TOKENS the sum of the requests' `num_cached_tokens`, and, with
+    `prefix_counts`, under PREFIX_COUNTS + name what `vllm_replayssm.prefix_cache.COUNTS`
+    counted during the run in the engine's workers (read through `LLM.apply_model`, so a
+    multi-process engine needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 as for `layers`);
     with a `layers` list, the model's SSM layers (`ssm_layers`) are put into it (a
     multi-process engine needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 to ship that function).
 
@@ -317,6 +321,10 @@ def greedy_outputs(
     try:
         if in_process:
             os.environ[MULTIPROCESSING_ENV] = "0"
+            if prefix_counts:  # the workers' counts are this process's: count from zero
+                from vllm_replayssm import prefix_cache
+
+                prefix_cache.COUNTS.update(dict.fromkeys(prefix_cache.COUNTS, 0))
         with _stdout_with_fd():
             llm = LLM(model=str(model_dir), **kwargs)
         params = SamplingParams(
@@ -354,6 +362,11 @@ def greedy_outputs(
             # per-step scheduler stats, of which a GPU engine with CUDA graphs lost some here
             # (prefix_cache_hits 2,048 of the 2,560 hit tokens its requests report).
             metrics[CACHED_TOKENS] = float(sum(o.num_cached_tokens or 0 for o in outs))
+            if prefix_counts:
+                for counts in llm.apply_model(worker_prefix_counts):
+                    for name, value in counts.items():
+                        key = PREFIX_COUNTS + name
+                        metrics[key] = metrics.get(key, 0.0) + value
     finally:  # stop the engine now rather than at garbage collection
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
@@ -381,6 +394,17 @@ def greedy_outputs(
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # The `metrics` key of the prompt tokens that requests report as served from the prefix cache.
 CACHED_TOKENS = "requests:num_cached_tokens"
+# The `metrics` keys' prefix of the workers' `prefix_cache.COUNTS` (greedy_outputs'
+# prefix_counts).
+PREFIX_COUNTS = "replayssm:prefix_cache_"
+
+
+def worker_prefix_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Runs in a worker (`LLM.apply_model`): its `prefix_cache.COUNTS` (an engine process
+    counts from its own start; greedy_outputs zeroes an in-process engine's first)."""
+    from vllm_replayssm import prefix_cache
+
+    return dict(prefix_cache.COUNTS)
 
 
 def _stdout_with_fd() -> contextlib.AbstractContextManager:

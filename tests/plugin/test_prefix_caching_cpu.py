@@ -26,7 +26,7 @@ import pytest
 
 from ..models.compare import check_greedy, distinct_tokens
 from ..models.runs import BUFFER_LEN, PEAKED, QWEN3_NEXT_SPEC
-from ..models.tiny import CACHED_TOKENS
+from ..models.tiny import CACHED_TOKENS, PREFIX_COUNTS
 
 pytestmark = pytest.mark.engine
 
@@ -198,7 +198,8 @@ def spec_runs(runs, kind: str, extra_config: dict | None = None, **kw) -> Simple
     decoding without either (`extra_config` into additional_config, `kw` into the engines:
     the GPU test's graph settings). Returns the three runs' outputs, the spec runs' metrics,
     the workload (prompts, follow_ups, offered hits) and what `prefix_cache.COUNTS` counted
-    during the run with caching."""
+    in the engine's workers during the run with caching (a GPU engine's process: the test
+    sets VLLM_ALLOW_INSECURE_SERIALIZATION=1 for `LLM.apply_model`)."""
     from vllm_replayssm import prefix_cache
 
     block = CASES[kind][0]
@@ -228,9 +229,14 @@ def spec_runs(runs, kind: str, extra_config: dict | None = None, **kw) -> Simple
     r = SimpleNamespace(prompts=prompts, follow_ups=follow_ups, hits=hits)
     r.m_off, r.m_on = {}, {}
     r.off = run(spec_replay, r.m_off, speculative_config=SPEC[kind])
-    before = dict(prefix_cache.COUNTS)
-    r.on = run(spec_replay, r.m_on, speculative_config=SPEC[kind], enable_prefix_caching=True)
-    r.counts = {k: v - before[k] for k, v in prefix_cache.COUNTS.items()}
+    r.on = run(
+        spec_replay,
+        r.m_on,
+        speculative_config=SPEC[kind],
+        enable_prefix_caching=True,
+        prefix_counts=True,
+    )
+    r.counts = {k: int(r.m_on[PREFIX_COUNTS + k]) for k in prefix_cache.COUNTS}
     r.plain = run(REPLAY, {})
     return r
 
