@@ -142,9 +142,14 @@ def _on_cpu() -> bool:
 # Drafters run lossless with ReplaySSM in the engine tests (vLLM names every model-specific
 # MTP method "mtp" after parsing; tested: Qwen3NextMTP and NemotronHMTP). "eagle" (vLLM's
 # EagleLlamaForCausalLM) has run on CPU only so far; it feeds the target's verify steps as
-# MTP does, which ran lossless on the H200. Others propose tokens the same way as far as the
-# target's state is concerned, but none has run here: refused until a test covers it.
-TESTED_DRAFTERS = ("ngram", "mtp", "eagle")
+# MTP does, which ran lossless on the H200. "ngram_gpu" (vLLM's GPU ngram drafter, compiled)
+# ran lossless on the H200 for both families (test_spec_gpu_engine.py, 2026-12-03, f9dd7f8).
+# Others propose tokens the same way as far as the target's state is concerned, but none has
+# run here: refused until a test covers it.
+TESTED_DRAFTERS = ("ngram", "ngram_gpu", "mtp", "eagle")
+# Drafters that vLLM 0.26 runs on CUDA only (ngram_gpu pins host buffers and proposes on the
+# device): refused on the CPU platform with a message rather than failing in the engine.
+GPU_ONLY_DRAFTERS = ("ngram_gpu",)
 
 
 def _spec_problems(arch: str, spec: Any) -> list[str]:
@@ -162,6 +167,8 @@ def _spec_problems(arch: str, spec: Any) -> list[str]:
             f"the {method!r} drafter (not yet tested with ReplaySSM; tested: "
             f"{', '.join(TESTED_DRAFTERS)}): use one of those"
         )
+    elif method in GPU_ONLY_DRAFTERS and _on_cpu():
+        problems.append(f"the {method!r} drafter on the CPU platform (CUDA only): use 'ngram'")
     return problems
 
 

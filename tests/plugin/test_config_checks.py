@@ -194,16 +194,19 @@ def test_failed_registration_fails_closed(qwen3_next, monkeypatch):
         ("mtp", None),
         ("eagle", None),
         ("eagle3", "drafter"),
-        ("ngram_gpu", "drafter"),  # until its GPU engine test has passed
+        ("ngram_gpu", None),  # passed its GPU engine test; refused on CPUs (below)
         ("draft_model", "drafter"),
     ],
 )
-def test_untested_drafters_are_refused(method, refused):
-    """Only drafters that ran lossless in the engine tests pass; a hybrid draft model is
-    refused for its own reason."""
+def test_untested_drafters_are_refused(method, refused, monkeypatch):
+    """Only drafters that ran lossless in the engine tests pass (here on a GPU platform); a
+    hybrid draft model is refused for its own reason."""
     from types import SimpleNamespace
 
+    from vllm_replayssm import config_checks
     from vllm_replayssm.config_checks import _spec_problems
+
+    monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
 
     spec = SimpleNamespace(method=method, draft_model_config=SimpleNamespace(is_hybrid=False))
     problems = _spec_problems("NemotronHForCausalLM", spec)
@@ -217,6 +220,19 @@ def test_untested_drafters_are_refused(method, refused):
         draft_model_config=SimpleNamespace(is_hybrid=True, architecture="NemotronHForCausalLM"),
     )
     assert any("hybrid draft model" in p for p in _spec_problems("NemotronHForCausalLM", hybrid))
+
+
+def test_gpu_only_drafter_is_refused_on_the_cpu_platform(monkeypatch):
+    from types import SimpleNamespace
+
+    from vllm_replayssm import config_checks
+
+    spec = SimpleNamespace(method="ngram_gpu", draft_model_config=None)
+    monkeypatch.setattr(config_checks, "_on_cpu", lambda: True)
+    (problem,) = config_checks._spec_problems("Qwen3NextForCausalLM", spec)
+    assert "'ngram_gpu'" in problem and "CPU platform" in problem and "'ngram'" in problem
+    monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
+    assert config_checks._spec_problems("Qwen3NextForCausalLM", spec) == []
 
 
 @pytest.mark.parametrize("on_cpu", [True, False], ids=["cpu_platform", "gpu_platform"])
