@@ -24,3 +24,85 @@ def test_fresh_reset_refuses_strided_slots(device):
     with pytest.raises(ValueError, match="slots: stride 4"):
         reset_fresh_rows([hp], meta, slots, None, seq_lens, buffer_len=4, window=1, stagger=False)
     assert bool((hp == 1).all()), "nothing may be written before the refusal"
+
+
+def _kernels():
+    """Every Triton kernel of the package: (qualified name, kernel object)."""
+    import importlib
+    import pkgutil
+
+    import vllm_replayssm.kernels as pkg
+
+    found = []
+    for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (
+                name.endswith("_kernel")
+                and getattr(getattr(obj, "fn", None), "__module__", None) == info.name
+            ):
+                found.append((f"{info.name}.{name}", obj))
+    return found
+
+
+def _options(kernel) -> dict:
+    """The kernel's triton.jit options (a JITFunction keeps them as attributes, the
+    interpreter's InterpretedFunction in `kwargs`)."""
+    names = ("do_not_specialize", "do_not_specialize_on_alignment")
+    if hasattr(kernel, "kwargs"):
+        return {n: kernel.kwargs.get(n) or () for n in names}
+    return {n: getattr(kernel, n) or () for n in names}
+
+
+def test_row_index_pointers_are_not_specialised_on_alignment():
+    """A kernel parameter named like a per-row index pointer (ROW_INDEX_ARGS) must be kept off
+    Triton's alignment specialisation: its slices start where the batch's composition puts
+    them, and each new alignment compiled a new kernel while serving."""
+    import inspect
+
+    from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
+
+    kernels = _kernels()
+    assert len(kernels) >= 15, [n for n, _ in kernels]
+    checked = 0
+    for name, kernel in kernels:
+        params = set(inspect.signature(kernel.fn).parameters)
+        rows = params & set(ROW_INDEX_ARGS)
+        off = set(_options(kernel)["do_not_specialize_on_alignment"])
+        assert rows <= off, f"{name}: {sorted(rows - off)} specialised on alignment"
+        checked += bool(rows)
+    assert checked >= 12
+
+
+def test_acceptance_launch_compiles_once_for_any_batch():
+    """The commit-count launch's Triton specialisation key (what picks the compiled kernel) is
+    the same for 256 rows whose index tensors start 16-byte aligned, for 17 rows sliced at an
+    odd offset and for one row: one compile serves every batch composition."""
+    from triton.backends import BaseBackend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    from vllm_replayssm.kernels.common import triton_acceptance
+
+    kernel = triton_acceptance._acceptance_kernel
+    jit = JITFunction(kernel.fn, **_options(kernel))
+    bind = create_function_from_signature(jit.signature, jit.params, BaseBackend)
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append(bind(*args, **kw)[1])
+
+    meta = torch.zeros(64, 16, dtype=torch.int32)
+    window_start = torch.zeros(64, 2, dtype=torch.int64)[:, 0]
+    keys = []
+    for rows, offset in ((256, 0), (17, 1), (1, 3)):
+        ints = torch.zeros(rows + offset, dtype=torch.int32)[offset:]
+        launches.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(triton_acceptance, "_acceptance_kernel", Recorder())
+            triton_acceptance.spec_acceptance(
+                meta, window_start, ints, ints, ints, num_ring_rows=24, window=4
+            )
+        (key,) = launches
+        keys.append(key)
+    assert keys[0] == keys[1] == keys[2], keys

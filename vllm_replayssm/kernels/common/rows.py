@@ -8,6 +8,25 @@ from __future__ import annotations
 
 import torch
 
+# The kernels' per-row index pointers (parameter names). They are slices of the step's
+# metadata whose start moves with the batch's composition (a spec row's slots after a
+# number of other rows, an [R] count taken from a [4, R] result, ...), and Triton
+# specialises a pointer on its 16-byte alignment: every new alignment is a new compile, in
+# the middle of serving and outside any warm-up. The kernels load them one entry per program
+# or one masked vector per block of rows, where alignment buys nothing, so the launchers
+# keep them off that specialisation (`triton.jit(do_not_specialize_on_alignment=...)`;
+# names a kernel does not have are ignored). Counts and strides that only depend on the
+# model stay specialised.
+ROW_INDEX_ARGS = (
+    "state_indices_ptr",
+    "slots_ptr",
+    "qsl_ptr",
+    "acc_ptr",
+    "pending_ptr",
+    "committed_ptr",
+    "seq_lens_ptr",
+)
+
 
 def require_row_contiguous(**tensors: torch.Tensor | None) -> None:
     """Raise ValueError for a 1-D tensor of more than one entry whose stride is not 1."""

@@ -12,13 +12,15 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.rows import require_row_contiguous
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import load_words
 
 BLOCK_ROWS = 64
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=("num_rows",), do_not_specialize_on_alignment=(*ROW_INDEX_ARGS, "q_ptr")
+)
 def _acceptance_kernel(
     meta_ptr,
     window_start_ptr,

@@ -26,10 +26,10 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
-from vllm_replayssm.kernels.common.rows import require_row_contiguous
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _spec_conv_kernel(
     x_ptr,
     state_ptr,

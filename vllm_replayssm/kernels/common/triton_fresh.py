@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
-from vllm_replayssm.kernels.common.rows import require_row_contiguous
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import store_reset_words
 from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
 
@@ -38,7 +38,7 @@ def _zero_share(base, n, split_id, SPLIT_: tl.constexpr, BLOCK_: tl.constexpr):
         tl.store(base + idx, zero, mask=idx < n)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=(*ROW_INDEX_ARGS, "q_ptr"))
 def _fresh_reset_kernel(
     a_ptr,
     b_ptr,

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
-from vllm_replayssm.kernels.common.rows import require_row_contiguous
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import store_reset_words
 from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
@@ -27,7 +27,7 @@ SPLIT = 16
 BLOCK = 2048
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _prefill_hook_kernel(
     hp_ptr,
     lp_ptr,

@@ -38,6 +38,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_SLOT,
     store_plan_row,
 )
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
 from vllm_replayssm.kernels.common.triton_cursor import (
     plan_row,
 )
@@ -114,7 +115,7 @@ class GDNScratch:
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _gdn_plan_kernel(
     meta_ptr,
     ring_g_ptr,

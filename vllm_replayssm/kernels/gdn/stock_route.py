@@ -15,12 +15,13 @@ import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, stock_route_row
 from vllm_replayssm.kernels.gdn.tiles import advance_tile, beta_gate, l2norm, log_decay
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _gdn_stock_route_kernel(
     hp_ptr,
     ring_g_ptr,

@@ -40,7 +40,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     store_cursor_words,
     store_plan_words,
 )
-from vllm_replayssm.kernels.common.rows import require_row_contiguous
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
 from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
@@ -176,7 +176,7 @@ def window_coef_len(block_w: int, block_h: int) -> int:
     return 3 * block_w + 2 * block_w * block_h + 2 * block_w * block_w
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _gdn_window_plan_kernel(
     ring_g_ptr,
     ring_beta_ptr,
@@ -388,7 +388,7 @@ def _gdn_window_plan_kernel(
     tl.store(p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k, k_w_raw, mask=m_tk)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _gdn_window_readout_kernel(
     hp_ptr,
     lp_ptr,
@@ -722,7 +722,7 @@ def _finish_window(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _gdn_window_kernel(
     hp_ptr,
     lp_ptr,

@@ -34,6 +34,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_SLOT,
     T_PLAN_WRITE_ROW,
 )
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import row_tokens
 from vllm_replayssm.kernels.mamba2.plan import (
@@ -254,7 +255,7 @@ def _mamba2_flush_kernel(
         tl.store(p_rx + write_row * stride_rx_row + o_p * stride_rx_dim, x, mask=m_p)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _mamba2_flush_window_kernel(
     hp_ptr,
     lp_ptr,

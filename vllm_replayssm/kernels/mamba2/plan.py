@@ -35,6 +35,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_SLOT,
     store_plan_row,
 )
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
 from vllm_replayssm.kernels.common.triton_cursor import (
     plan_row,
     row_tokens,
@@ -120,7 +121,7 @@ class Mamba2Scratch:
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _mamba2_plan_kernel(
     meta_ptr,
     ring_dt_ptr,
@@ -295,7 +296,7 @@ def _mamba2_plan_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _mamba2_plan_window_kernel(
     meta_ptr,
     ring_dt_ptr,

@@ -34,6 +34,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_WRITE_ROW,
     store_cursor_words,
 )
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
 from vllm_replayssm.kernels.common.triton_cursor import row_tokens
 from vllm_replayssm.kernels.mamba2.plan import (
     Mamba2Scratch,
@@ -193,7 +194,7 @@ def read_window(
         tl.store(p_out + i * stride_out_tok, y, mask=m_p & (i < q))
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _mamba2_readout_window_kernel(
     ckpt_ptr,
     ring_x_ptr,

@@ -14,13 +14,13 @@ import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
-from vllm_replayssm.kernels.common.rows import require_row_contiguous
+from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, softplus, stock_route_row
 from vllm_replayssm.kernels.mamba2.tiles import fold_tile
 from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _mamba2_stock_route_kernel(
     hp_ptr,
     ring_dt_ptr,
