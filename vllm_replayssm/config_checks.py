@@ -61,7 +61,7 @@ def verify_replay_config(vllm_config: Any) -> None:
     problems = []
     cache = vllm_config.cache_config
     if cache.enable_prefix_caching:
-        problems += _prefix_caching_problems(cache, spec)
+        problems += _prefix_caching_problems(cache)
     kv = vllm_config.kv_transfer_config
     if kv is not None and kv.kv_connector is not None:
         problems.append(
@@ -99,21 +99,15 @@ def verify_replay_config(vllm_config: Any) -> None:
         raise ReplayConfigError("replayssm cannot run with " + "; ".join(problems))
 
 
-# Speculative decoding with prefix caching ran on the CPU platform
-# (tests/plugin/test_prefix_caching_cpu.py); on GPUs it stays refused until its GPU engine
-# test (test_prefix_caching_gpu.py::test_prefix_caching_with_speculative_decoding_on_gpu,
-# which skips while this is False) has passed on the GPU host.
-SPEC_PREFIX_CACHING_ON_GPUS = False
-
-
-def _prefix_caching_problems(cache: Any, spec: Any) -> list[str]:
+def _prefix_caching_problems(cache: Any) -> list[str]:
     """Prefix caching runs in vLLM's "align" mamba cache mode (docs/prefix-caching.md): the
     running state stays in one block per request, vLLM copies it into the next block when a
     step crosses a block boundary (through the model's `get_mamba_state_copy_func`, ours
     copying the whole ReplaySSM page), and the block left behind is cached; under
     speculative decoding `prefix_cache.py` copies the page into a boundary's block when a
-    window's accepted tokens reach it. Set here, before vLLM derives the mode (it would pick
-    "all" for NemotronH)."""
+    window's accepted tokens reach it (engine-tested on the CPU platform and on the H200,
+    tests/plugin/test_prefix_caching_{cpu,gpu}.py). Set here, before vLLM derives the mode
+    (it would pick "all" for NemotronH)."""
     problems = []
     if cache.mamba_cache_mode == "none":
         cache.mamba_cache_mode = "align"
@@ -123,12 +117,6 @@ def _prefix_caching_problems(cache: Any, spec: Any) -> list[str]:
             f"mamba_cache_mode '{cache.mamba_cache_mode}' (ReplaySSM keeps its page in "
             "one block and runs prefix caching in 'align' mode only): pass "
             "--mamba-cache-mode align or leave it unset"
-        )
-    if spec is not None and not _on_cpu() and not SPEC_PREFIX_CACHING_ON_GPUS:
-        problems.append(
-            "prefix caching with speculative decoding on GPUs (runs on the CPU platform; "
-            "its GPU engine test, tests/plugin/test_prefix_caching_gpu.py, has not passed "
-            "yet): pass --no-enable-prefix-caching or drop --speculative-config"
         )
     return problems
 

@@ -123,16 +123,17 @@ def test_speculative_decoding_passes_on_gpus(family, request, monkeypatch):
     assert cfg.speculative_config.num_speculative_tokens == 3
 
 
-def test_prefix_caching_on_gpus_runs_align(qwen3_next, monkeypatch):
-    """Plain decode with prefix caching passes on GPUs too (tests/plugin/
-    test_prefix_caching_gpu.py), in "align" mode; with speculative decoding it is refused."""
+@pytest.mark.parametrize("spec", [None, NGRAM])
+def test_prefix_caching_on_gpus_runs_align(qwen3_next, spec, monkeypatch):
+    """Prefix caching passes on GPUs too, with plain and speculative decoding (their GPU
+    engine tests, tests/plugin/test_prefix_caching_gpu.py, passed on the H200 at 45cdec9),
+    in "align" mode."""
     from vllm_replayssm import config_checks
 
     monkeypatch.setattr(config_checks, "_on_cpu", lambda: False)
-    cfg = _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True)
+    extra = {} if spec is None else {"speculative_config": spec}
+    cfg = _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True, **extra)
     assert cfg.cache_config.mamba_cache_mode == "align"
-    with pytest.raises(Exception, match="prefix caching with speculative decoding on GPUs"):
-        _config(qwen3_next, {"enabled": True}, enable_prefix_caching=True, speculative_config=NGRAM)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_next", "nemotron_h"])

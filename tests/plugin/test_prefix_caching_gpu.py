@@ -103,13 +103,9 @@ def _turn_prompts(block: int, reference) -> list[list[int]]:
 def test_prefix_caching_with_speculative_decoding_on_gpu(runs, kind, capsys, monkeypatch):
     """The CPU test's speculative workload (test_prefix_caching_cpu.py) with FULL CUDA
     graphs for uniform verify batches (1 + k tokens per row, one or two rows), vLLM's GPU
-    prefill kernels, and `prefix_cache.postprocess_pages` on the device. `config_checks`
-    refuses speculative decoding with prefix caching on GPUs until this has passed on the
-    GPU host: to run it, set `config_checks.SPEC_PREFIX_CACHING_ON_GPUS` to True."""
-    from vllm_replayssm import config_checks
-
-    if not config_checks.SPEC_PREFIX_CACHING_ON_GPUS:
-        pytest.skip("refused on GPUs at start-up until this test passes (see above)")
+    prefill kernels, and `prefix_cache.postprocess_pages` on the device. Passed on the H200
+    for both families at 45cdec9 (pytest-gpu-h200-20261203-45cdec9-spec-prefix-caching-*.log);
+    until then config_checks refused the combination on GPUs."""
     # The engine process's prefix_cache.COUNTS come back through LLM.apply_model (pickled);
     # at f9dd7f8 this test read the test process's, which a GPU engine never touches.
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
