@@ -117,10 +117,8 @@ def triton_cache_entries() -> int | None:
     """Kernels in Triton's on-disk cache (one directory per compiled specialisation; the
     cache is TRITON_CACHE_DIR or ~/.triton/cache), or None without one. Its growth over a
     timed phase counts the compilations inside it."""
-    try:
-        return sum(1 for entry in _triton_cache_root().iterdir() if entry.is_dir())
-    except OSError:
-        return None
+    kernels = triton_cache_kernels()
+    return None if kernels is None else len(kernels)
 
 
 def triton_cache_kernels() -> dict[str, str] | None:

@@ -20,7 +20,11 @@ Per engine step it records:
 - scheduled tokens, rows and the draft-length histogram;
 
 plus every Triton compile (kernel name and phase). With --cprofile, one more generate of
---cprofile-tokens tokens runs under cProfile (written next to the JSON).
+--cprofile-tokens tokens runs under cProfile (written next to the JSON). With
+--shared-prefix-len N every prompt (the warm-up's too) starts with the same N ids, as in the
+e2e benchmark's prefix-caching runs (modes off_pc / on_pc); the host time of vLLM's
+align-mode state copies (`mamba_utils.preprocess_mamba`, which runs before the forward of
+every step in that mode) is then recorded too.
 
     source .gpu/activate.sh && python benchmarks/e2e/steps_decode.py --model qwen3_next \
         --layers 48 --batch-size 64 --modes off_spec,on_spec
@@ -57,6 +61,9 @@ RUNNER_PHASES = (
     "_calc_spec_decode_metadata",
     "_model_forward",
 )
+# Host-timed functions of vllm.v1.worker.mamba_utils (module attributes the runner calls
+# through the module): "align" mode's per-step state copies.
+MAMBA_UTILS_PHASES = ("preprocess_mamba",)
 
 
 class StepRecorder:
@@ -116,6 +123,11 @@ class StepRecorder:
         for name in RUNNER_PHASES:
             if hasattr(GPUModelRunner, name) and name != "_model_forward":
                 timed(GPUModelRunner, name, name)
+        from vllm.v1.worker import mamba_utils
+
+        for name in MAMBA_UTILS_PHASES:
+            fn = getattr(mamba_utils, name)
+            setattr(mamba_utils, name, rec.host_timed(fn, name))
         # On GPUs only (the e2e engines run without torch.compile there; on the CPU platform
         # vLLM compiles the model, and a hook inside it changes what is compiled).
         if torch.cuda.is_available():
@@ -162,6 +174,18 @@ class StepRecorder:
                 rec.record(scheduled[0] if scheduled else None, wall)
 
         EngineCore.step = step_hook
+
+    def host_timed(self, fn: Any, key: str) -> Any:
+        """`fn` with its wall time added to the current step's host_ms[key]."""
+
+        def hook(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._host[key] = self._host.get(key, 0.0) + time.perf_counter() - t0
+
+        return hook
 
     def record(self, so: Any, wall_s: float) -> None:
         if so is None or not so.total_num_scheduled_tokens:
@@ -222,7 +246,7 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
         args.model,
         mode,
         model_dir,
-        args.input_len + args.output_len + 16,
+        max_model_len(args),
         on_gpu,
         compilation_config=args.compilation_config if on_gpu else None,
     )
@@ -235,13 +259,18 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
     result: dict[str, Any] = {"mode": mode, "kwargs": kwargs}
     result["startup_s"] = time.perf_counter() - t0
     bs = args.batch_size
+    shared = e2e.shared_prefix(
+        {"shared_prefix_len": args.shared_prefix_len, "vocab_size": vocab, "seed": args.seed}
+    )
     rec.phase = "warmup"
-    warm = e2e.make_prompts(bs, args.input_len, vocab, args.seed + 1)
+    warm = e2e.make_prompts(bs, args.input_len, vocab, args.seed + 1, shared)
     result["warmup_s"] = e2e.timed_generate(llm, warm, args.warmup_tokens)[0]
-    prompts = e2e.make_prompts(bs, args.input_len, vocab, args.seed)
+    prompts = e2e.make_prompts(bs, args.input_len, vocab, args.seed, shared)
     for r in range(args.repeats):
         rec.phase = f"first{r}"
-        result[f"first{r}_s"] = e2e.timed_generate(llm, prompts, 1)[0]
+        result[f"first{r}_s"], _, result[f"first{r}_cached_tokens"] = e2e.timed_generate(
+            llm, prompts, 1
+        )
         rec.phase = f"full{r}"
         result[f"full{r}_s"] = e2e.timed_generate(llm, prompts, args.output_len)[0]
         e2e.log(f"repeat {r}: full generate {result[f'full{r}_s']:.3f} s", tag)
@@ -266,6 +295,10 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
     return result
 
 
+def max_model_len(args: argparse.Namespace) -> int:
+    return args.shared_prefix_len + args.input_len + args.output_len + 16
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=e2e.MODELS, default="qwen3_next")
@@ -274,6 +307,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=256)
+    p.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=0,
+        help="ids every prompt starts with (prefix caching: modes off_pc / on_pc)",
+    )
     p.add_argument("--warmup-tokens", type=int, default=20)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--modes", default="off_spec,on_spec", help=f"comma list of {e2e.MODES}")
@@ -290,8 +329,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.modes = [m for m in args.modes.split(",") if m]
     if not args.modes or any(m not in e2e.MODES for m in args.modes):
         p.error(f"--modes must name some of {list(e2e.MODES)}")
-    if args.output_len < 2 or args.warmup_tokens < 1 or args.repeats < 1:
-        p.error("--output-len >= 2, --warmup-tokens >= 1 and --repeats >= 1")
+    if (
+        args.output_len < 2
+        or args.warmup_tokens < 1
+        or args.repeats < 1
+        or args.shared_prefix_len < 0
+    ):
+        p.error(
+            "--output-len >= 2, --warmup-tokens >= 1, --repeats >= 1 and --shared-prefix-len >= 0"
+        )
     return args
 
 
@@ -314,6 +360,7 @@ def table(modes: list[dict]) -> str:
                         f"{host.get('ssm_layers', 0.0):.1f}",
                         f"{host.get('_prepare_inputs', 0.0):.1f}",
                         f"{host.get('_bookkeeping_sync', 0.0):.1f}",
+                        f"{host.get('preprocess_mamba', 0.0):.1f}",
                         f"{g['wall_ms_sum']:.0f}",
                     ]
                 )
@@ -327,6 +374,7 @@ def table(modes: list[dict]) -> str:
         "SSM layers host ms",
         "prepare_inputs ms",
         "bookkeeping ms",
+        "align copies ms",
         "sum ms",
     ]
     return common.format_table(head, rows)
@@ -340,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(tmp),
             tiny=args.tiny,
             layers=args.layers,
-            max_model_len=args.input_len + args.output_len + 16,
+            max_model_len=max_model_len(args),
         )
         if args.mode_json:  # child: one mode, this process
             result = run_mode(args, args.modes[0], model_dir, config["vocab_size"])

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.e2e.steps_decode import StepRecorder, parse_args
+from benchmarks.e2e.steps_decode import StepRecorder, max_model_len, parse_args
 
 
 def _scheduled(tokens_per_row: list[int], drafts: list[int]):
@@ -51,3 +51,26 @@ def test_arguments_are_checked():
         parse_args(["--modes", "sideways"])
     with pytest.raises(SystemExit):
         parse_args(["--output-len", "1"])
+
+
+def test_host_timed_functions_add_to_the_current_step():
+    rec = StepRecorder()
+    rec.phase = "full0"
+    calls = []
+    hooked = rec.host_timed(lambda *a, **k: calls.append((a, k)) or "done", "preprocess_mamba")
+    assert hooked(1, copy=True) == "done" and calls == [((1,), {"copy": True})]
+    hooked()
+    rec._cg = ("FULL", 4)
+    rec.record(_scheduled([1, 1], [0, 0]), 0.01)
+    host = rec.steps[0]["host_ms"]
+    assert set(host) == {"preprocess_mamba"} and host["preprocess_mamba"] >= 0.0
+    rec._host = {}  # a new step starts empty (EngineCore.step's hook resets it)
+    rec.record(_scheduled([1], [0]), 0.01)
+    assert rec.steps[1]["host_ms"] == {}
+
+
+def test_shared_prefix_lengthens_the_model():
+    args = parse_args(["--shared-prefix-len", "2048", "--input-len", "64", "--output-len", "256"])
+    assert max_model_len(args) == 2048 + 64 + 256 + 16
+    with pytest.raises(SystemExit):
+        parse_args(["--shared-prefix-len", "-1"])
