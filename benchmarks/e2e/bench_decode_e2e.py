@@ -28,8 +28,10 @@ off outside the *_pc modes, vLLM's default compilation (torch.compile + CUDA gra
 unless --enforce-eager, max_num_seqs = the largest batch size. On CUDA, Qwen3-Next also
 gets `gdn_prefill_backend: "triton"` (the GPU-host bundle has no FlashInfer).
 
-Measured per batch size bs, on one engine: one warm-up generate (bs other prompts,
---warmup-tokens new tokens, by default as many as the timed generate); then
+Measured per batch size bs, on one engine: one warm-up generate (--warmup-tokens new
+tokens, by default as many as the timed generate; of the timed prompts themselves, so that
+JIT compiles of the step shapes they meet land outside the timing, except in the *_pc
+modes: there bs other prompts after the shared prefix); then
 `llm.generate` of bs prompts of --input-len random token ids (seeded, ids in
 [100, vocab - 100)) with greedy `SamplingParams(temperature=0,
 ignore_eos=True)`, timed with `time.perf_counter` around the call: once with max_tokens=1
@@ -355,16 +357,31 @@ def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple
     return elapsed, [list(o.outputs[0].token_ids) for o in outs], cached
 
 
+def warmup_prompts(
+    spec: dict, bs: int, prompts: list[list[int]], shared: list[int] | None
+) -> list[list[int]]:
+    """The warm-up generate's prompts: the timed prompts themselves, so that the warm-up
+    meets the timed run's step shapes (which rows carry how many ngram drafts, hence the
+    token counts of vLLM's MoE and conv kernels, and our kernels' launches) and their JIT
+    compiles land outside the timing (a fresh H200 compiled vLLM's fused_moe_kernel inside
+    on_spec's timed generates at 45cdec9, and three vLLM kernels inside off_spec's at
+    a0475cd, after a warm-up on other prompts); with prefix caching (*_pc) other prompts
+    after the same shared prefix, so that the timed first-token generate finds only the
+    prefix cached and stays a time to first token."""
+    if not is_pc(spec["mode"]):
+        return prompts
+    return make_prompts(
+        bs, spec["input_len"], spec["vocab_size"], spec["seed"] + 7919 * bs + 1, shared
+    )
+
+
 def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
     """Warm-up, then `repeats` x (prefill-only, full) generates of the same bs prompts."""
     vocab, n_in, n_out = spec["vocab_size"], spec["input_len"], spec["output_len"]
     shared = shared_prefix(spec)
     prompts = make_prompts(bs, n_in, vocab, spec["seed"] + bs, shared)
-    t_warm, _, _ = timed_generate(
-        llm,
-        make_prompts(bs, n_in, vocab, spec["seed"] + 7919 * bs + 1, shared),
-        min(n_out, spec["warmup_tokens"]),
-    )
+    warm_prompts = warmup_prompts(spec, bs, prompts, shared)
+    t_warm, _, _ = timed_generate(llm, warm_prompts, min(n_out, spec["warmup_tokens"]))
     state = common.host_state()  # after the warm-up, before the timed generates
     kernels = common.triton_cache_kernels()
     t_pre, t_full, tokens = [], [], None
@@ -398,6 +415,7 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         "tokens_sha256": tokens_sha256(tokens),
         "distinct_tokens": len({t for seq in tokens for t in seq}),
         "token_ids": tokens,
+        "warmup_prompts": "timed" if warm_prompts is prompts else "other",
         "host_state": state,
         # After the timed generates: Triton compiles inside them show as new cache entries,
         # named (one kernel name per compiled specialisation) in triton_compiled_timed.

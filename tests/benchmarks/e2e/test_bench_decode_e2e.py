@@ -1,13 +1,17 @@
 """benchmarks/e2e/bench_decode_e2e.py: a worker process and everything it started end with
 it, on a time-out too (a vLLM engine core left behind keeps the GPU's memory, and the next
-mode's engine fails to start)."""
+mode's engine fails to start); which prompts the warm-up generates."""
 
 from __future__ import annotations
 
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+
+from benchmarks.e2e import bench_decode_e2e as bench
 from benchmarks.e2e.bench_decode_e2e import run_worker_process
 
 
@@ -45,3 +49,51 @@ def test_a_worker_that_exits_leaves_no_process(tmp_path):
     rc = run_worker_process(_worker(pidfile, "sys.exit(3)"), 60, lines.append)
     assert rc == 3 and lines == ["engine up\n"]
     assert not _alive(int(pidfile.read_text()))
+
+
+class _RecordingLLM:
+    """`llm.generate` as measure_batch calls it: records each call's prompts and max_tokens
+    and answers max_tokens copies of each prompt's last id."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[list[int]], int]] = []
+
+    def generate(self, batch, params, use_tqdm=False):
+        prompts = [b["prompt_token_ids"] for b in batch]
+        self.calls.append((prompts, params.max_tokens))
+        return [
+            SimpleNamespace(
+                num_cached_tokens=0,
+                outputs=[SimpleNamespace(token_ids=[p[-1]] * params.max_tokens)],
+            )
+            for p in prompts
+        ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "shared", "same"), [("off", 0, True), ("on", 0, True), ("on_pc", 32, False)]
+)
+def test_the_warm_up_runs_the_timed_prompts_outside_prefix_caching(mode, shared, same):
+    """Outside the *_pc modes the warm-up generates the timed prompts (their step shapes,
+    and so their JIT compiles, come before the timing); with prefix caching it takes other
+    prompts after the same shared prefix (the timed first token stays a TTFT)."""
+    spec = {
+        "model": "nemotron_h",
+        "mode": mode,
+        "vocab_size": 1000,
+        "input_len": 8,
+        "output_len": 4,
+        "warmup_tokens": 4,
+        "seed": 0,
+        "repeats": 1,
+        "shared_prefix_len": shared,
+        "replay": {"route": "replay"},
+    }
+    llm = _RecordingLLM()
+    row = bench.measure_batch(llm, 3, spec, "test")
+    (warm, n_warm), (first, n_first), (full, n_full) = llm.calls
+    assert (n_warm, n_first, n_full) == (4, 1, 4) and first == full
+    assert (warm == full) is same
+    assert row["warmup_prompts"] == ("timed" if same else "other")
+    if shared:
+        assert all(w[:shared] == f[:shared] for w, f in zip(warm, full, strict=True))
