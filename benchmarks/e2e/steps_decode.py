@@ -21,8 +21,9 @@ Per engine step it records:
 
 plus every Triton compile (kernel name and phase). With --cprofile, one more generate of
 --cprofile-tokens tokens runs under cProfile (written next to the JSON). With
---shared-prefix-len N every prompt (the warm-up's too) starts with the same N ids, as in the
-e2e benchmark's prefix-caching runs (modes off_pc / on_pc); the host time of vLLM's
+--shared-prefix-len N every prompt starts with the same N ids, as in the e2e benchmark's
+prefix-caching runs (modes off_pc / on_pc; the warm-up's prompts are the e2e benchmark's:
+the timed ones outside these modes, other ones after the prefix in them); the host time of vLLM's
 align-mode state copies (`mamba_utils.preprocess_mamba`, which runs before the forward of
 every step in that mode) is then recorded too.
 
@@ -259,13 +260,18 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
     result: dict[str, Any] = {"mode": mode, "kwargs": kwargs}
     result["startup_s"] = time.perf_counter() - t0
     bs = args.batch_size
-    shared = e2e.shared_prefix(
-        {"shared_prefix_len": args.shared_prefix_len, "vocab_size": vocab, "seed": args.seed}
-    )
-    rec.phase = "warmup"
-    warm = e2e.make_prompts(bs, args.input_len, vocab, args.seed + 1, shared)
-    result["warmup_s"] = e2e.timed_generate(llm, warm, args.warmup_tokens)[0]
+    spec = {
+        "mode": mode,
+        "shared_prefix_len": args.shared_prefix_len,
+        "vocab_size": vocab,
+        "input_len": args.input_len,
+        "seed": args.seed,
+    }
+    shared = e2e.shared_prefix(spec)
     prompts = e2e.make_prompts(bs, args.input_len, vocab, args.seed, shared)
+    rec.phase = "warmup"
+    warm = e2e.warmup_prompts(spec, bs, prompts, shared)  # as the e2e benchmark warms up
+    result["warmup_s"] = e2e.timed_generate(llm, warm, args.warmup_tokens)[0]
     for r in range(args.repeats):
         rec.phase = f"first{r}"
         result[f"first{r}_s"], _, result[f"first{r}_cached_tokens"] = e2e.timed_generate(
