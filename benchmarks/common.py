@@ -148,13 +148,16 @@ def new_triton_kernels(before: dict[str, str] | None, after: dict[str, str] | No
     return sorted(name for entry, name in after.items() if entry not in before)
 
 
-def host_state() -> dict:
+def host_state(triton_kernels: dict[str, str] | None = None) -> dict:
     """What else the machine is doing now, for reading a slow run: the 1 / 5 / 15-minute load
     averages, seconds since boot, per GPU nvidia-smi's GPU_STATE_FIELDS plus the compute
     processes on it (None where nvidia-smi is missing or fails), and the kernels in Triton's
-    cache (`triton_cache_entries`)."""
+    cache (`triton_cache_entries`; counted from `triton_kernels`, a `triton_cache_kernels`
+    snapshot the caller took now, when given, so that the cache is read once)."""
     state: dict = {"loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
-    state["triton_cache_entries"] = triton_cache_entries()
+    state["triton_cache_entries"] = (
+        triton_cache_entries() if triton_kernels is None else len(triton_kernels)
+    )
     try:
         state["uptime_s"] = float(Path("/proc/uptime").read_text().split()[0])
     except OSError:

@@ -382,8 +382,8 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
     prompts = make_prompts(bs, n_in, vocab, spec["seed"] + bs, shared)
     warm_prompts = warmup_prompts(spec, bs, prompts, shared)
     t_warm, _, _ = timed_generate(llm, warm_prompts, min(n_out, spec["warmup_tokens"]))
-    state = common.host_state()  # after the warm-up, before the timed generates
-    kernels = common.triton_cache_kernels()
+    kernels = common.triton_cache_kernels()  # after the warm-up, before the timed generates
+    state = common.host_state(kernels)
     t_pre, t_full, tokens = [], [], None
     counted = {name: 0.0 for name in SPEC_COUNTERS}
     cached_first = []
@@ -398,6 +398,7 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
             after = spec_counters(llm)
             for name in SPEC_COUNTERS:
                 counted[name] += after[name] - before[name]
+    kernels_after = common.triton_cache_kernels()  # Triton compiles inside the timed generates
     pre, full = statistics.median(t_pre), statistics.median(t_full)
     decode = full - pre
     lengths = sorted({len(t) for t in tokens})
@@ -419,8 +420,8 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         "host_state": state,
         # After the timed generates: Triton compiles inside them show as new cache entries,
         # named (one kernel name per compiled specialisation) in triton_compiled_timed.
-        "host_state_after": common.host_state(),
-        "triton_compiled_timed": common.new_triton_kernels(kernels, common.triton_cache_kernels()),
+        "host_state_after": common.host_state(kernels_after),
+        "triton_compiled_timed": common.new_triton_kernels(kernels, kernels_after),
     }
     if spec["mode"] != "off":
         row["route"] = route_ran(spec, bs)

@@ -109,17 +109,8 @@ class StepRecorder:
 
         CudagraphDispatcher.dispatch = dispatch_hook
 
-        def timed(cls, name, key):
-            fn = getattr(cls, name)
-
-            def hook(self, *args, **kwargs):
-                t0 = time.perf_counter()
-                try:
-                    return fn(self, *args, **kwargs)
-                finally:
-                    rec._host[key] = rec._host.get(key, 0.0) + time.perf_counter() - t0
-
-            setattr(cls, name, hook)
+        def timed(owner, name, key):  # a class's method or a module's function
+            setattr(owner, name, rec.host_timed(getattr(owner, name), key))
 
         for name in RUNNER_PHASES:
             if hasattr(GPUModelRunner, name) and name != "_model_forward":
@@ -127,8 +118,7 @@ class StepRecorder:
         from vllm.v1.worker import mamba_utils
 
         for name in MAMBA_UTILS_PHASES:
-            fn = getattr(mamba_utils, name)
-            setattr(mamba_utils, name, rec.host_timed(fn, name))
+            timed(mamba_utils, name, name)
         # On GPUs only (the e2e engines run without torch.compile there; on the CPU platform
         # vLLM compiles the model, and a hook inside it changes what is compiled).
         if torch.cuda.is_available():
