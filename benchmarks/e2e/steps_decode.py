@@ -11,7 +11,9 @@ one child process per mode, and generates as the benchmark does: a warm-up of
 --warmup-tokens, then --repeats x (first token, --output-len tokens) of --batch-size prompts.
 Per engine step it records:
 
-- wall time of `EngineCore.step` (schedule, forward, sampling, drafting, bookkeeping);
+- wall time of `EngineCore.step` (schedule, forward, sampling, drafting, bookkeeping), or
+  of `step_with_batch_queue` under asynchronous scheduling, and the period since the previous
+  step's start (the step time that sets the throughput when steps overlap);
 - the CUDA-graph runtime mode vLLM's dispatcher chose (FULL, PIECEWISE or NONE);
 - GPU time of the model forward (CUDA events around `GPUModelRunner._model_forward`);
 - host time of the model runner's phases (`_prepare_inputs`, `_build_attention_metadata`,
@@ -78,6 +80,7 @@ class StepRecorder:
         self._cg: tuple | None = None
         self._host: dict[str, float] = {}
         self._events: list = []
+        self._pending: list[tuple[int, list]] = []  # (step index, CUDA events) to resolve
         self._layer_s = 0.0
 
     def install(self) -> None:
@@ -144,27 +147,33 @@ class StepRecorder:
 
         GPUModelRunner._model_forward = forward_hook
 
-        step = EngineCore.step
+        def step_hooked(step):
+            def step_hook(self):
+                scheduled: list = []
+                schedule = self.scheduler.schedule
 
-        def step_hook(self):
-            scheduled: list = []
-            schedule = self.scheduler.schedule
+                def schedule_hook(*args, **kwargs):
+                    scheduled.append(schedule(*args, **kwargs))
+                    return scheduled[-1]
 
-            def schedule_hook(*args, **kwargs):
-                scheduled.append(schedule(*args, **kwargs))
-                return scheduled[-1]
+                self.scheduler.schedule = schedule_hook
+                rec._cg, rec._host, rec._events = None, {}, []
+                t0 = time.perf_counter()
+                try:
+                    return step(self)
+                finally:
+                    wall = time.perf_counter() - t0
+                    self.scheduler.schedule = schedule
+                    rec.record(scheduled[0] if scheduled else None, wall, start_s=t0)
 
-            self.scheduler.schedule = schedule_hook
-            rec._cg, rec._host, rec._events = None, {}, []
-            t0 = time.perf_counter()
-            try:
-                return step(self)
-            finally:
-                wall = time.perf_counter() - t0
-                self.scheduler.schedule = schedule
-                rec.record(scheduled[0] if scheduled else None, wall)
+            return step_hook
 
-        EngineCore.step = step_hook
+        # With asynchronous scheduling (vLLM's default for plain decoding on GPUs) the engine
+        # core steps through step_with_batch_queue: each call schedules and launches a batch
+        # and then waits for the previous one's output, so a call's wall time is not a step's
+        # time; the period between consecutive launches is.
+        EngineCore.step = step_hooked(EngineCore.step)
+        EngineCore.step_with_batch_queue = step_hooked(EngineCore.step_with_batch_queue)
 
     def host_timed(self, fn: Any, key: str) -> Any:
         """`fn` with its wall time added to the current step's host_ms[key]."""
@@ -178,23 +187,44 @@ class StepRecorder:
 
         return hook
 
-    def record(self, so: Any, wall_s: float) -> None:
+    def record(self, so: Any, wall_s: float, start_s: float | None = None) -> None:
+        """One step: `so` is the scheduler output, `wall_s` the step call's wall time and
+        `start_s` its start (perf_counter), from which the period since the previous step of
+        the same phase follows."""
         if so is None or not so.total_num_scheduled_tokens:
             return
         drafts = [len(v) for v in so.scheduled_spec_decode_tokens.values()]
-        gpu = sum(a.elapsed_time(b) for a, b in self._events) if self._events else None
+        prev = self.steps[-1] if self.steps else None
+        period = None
+        if start_s is not None and prev and prev["phase"] == self.phase and prev["start_s"]:
+            period = (start_s - prev["start_s"]) * 1e3
+        if self._events:  # resolved after the generate (the GPU may still be running them)
+            self._pending.append((len(self.steps), self._events))
         self.steps.append(
             {
                 "phase": self.phase,
+                "start_s": start_s,
+                "period_ms": period,
                 "wall_ms": wall_s * 1e3,
                 "tokens": so.total_num_scheduled_tokens,
                 "rows": len(so.num_scheduled_tokens),
                 "drafts": {str(k): drafts.count(k) for k in sorted(set(drafts))},
                 "cudagraph": self._cg[0] if self._cg else None,
-                "forward_gpu_ms": gpu,
+                "forward_gpu_ms": None,
                 "host_ms": {k: v * 1e3 for k, v in self._host.items()},
             }
         )
+
+    def resolve_gpu_times(self) -> None:
+        """Fill forward_gpu_ms of the steps recorded so far (waits for the GPU)."""
+        if not self._pending:
+            return
+        import torch
+
+        torch.cuda.synchronize()
+        for i, events in self._pending:
+            self.steps[i]["forward_gpu_ms"] = sum(a.elapsed_time(b) for a, b in events)
+        self._pending = []
 
     def summary(self) -> dict:
         out: dict[str, Any] = {}
@@ -208,6 +238,7 @@ class StepRecorder:
                     "steps": len(group),
                     "wall_ms_sum": sum(s["wall_ms"] for s in group),
                     "wall_ms_median": statistics.median(s["wall_ms"] for s in group),
+                    "period_ms_median": _median(s["period_ms"] for s in group),
                     "forward_gpu_ms_median": statistics.median(
                         s["forward_gpu_ms"] or 0.0 for s in group
                     ),
@@ -222,6 +253,11 @@ class StepRecorder:
                 "by_cudagraph_mode": by_mode,
             }
         return out
+
+
+def _median(values: Any) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -> dict:
@@ -262,6 +298,7 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
     rec.phase = "warmup"
     warm = e2e.warmup_prompts(spec, bs, prompts, shared)  # as the e2e benchmark warms up
     result["warmup_s"] = e2e.timed_generate(llm, warm, args.warmup_tokens)[0]
+    rec.resolve_gpu_times()
     for r in range(args.repeats):
         rec.phase = f"first{r}"
         result[f"first{r}_s"], _, result[f"first{r}_cached_tokens"] = e2e.timed_generate(
@@ -269,6 +306,7 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
         )
         rec.phase = f"full{r}"
         result[f"full{r}_s"] = e2e.timed_generate(llm, prompts, args.output_len)[0]
+        rec.resolve_gpu_times()
         e2e.log(f"repeat {r}: full generate {result[f'full{r}_s']:.3f} s", tag)
     if args.cprofile:
         import cProfile
@@ -279,6 +317,7 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
         prof.enable()
         e2e.timed_generate(llm, prompts, args.cprofile_tokens)
         prof.disable()
+        rec.resolve_gpu_times()
         buf = io.StringIO()
         stats = pstats.Stats(prof, stream=buf)
         stats.sort_stats("tottime").print_stats(60)
@@ -352,6 +391,7 @@ def table(modes: list[dict]) -> str:
                         cg,
                         g["steps"],
                         f"{g['wall_ms_median']:.1f}",
+                        "-" if g["period_ms_median"] is None else f"{g['period_ms_median']:.1f}",
                         f"{g['forward_gpu_ms_median']:.1f}",
                         f"{host.get('ssm_layers', 0.0):.1f}",
                         f"{host.get('_prepare_inputs', 0.0):.1f}",
@@ -366,6 +406,7 @@ def table(modes: list[dict]) -> str:
         "cudagraph",
         "steps",
         "step ms (median)",
+        "period ms",
         "forward GPU ms",
         "SSM layers host ms",
         "prepare_inputs ms",

@@ -45,6 +45,49 @@ def test_steps_are_grouped_by_phase_and_cudagraph_mode():
     assert summary["first0"]["by_cudagraph_mode"]["None"]["steps"] == 1
 
 
+def test_the_period_runs_from_the_previous_step_of_the_same_phase():
+    # Under asynchronous scheduling a step call returns before its batch has run: the time
+    # between launches is the step time, not the call's wall time.
+    rec = StepRecorder()
+    rec.phase = "first0"
+    rec.record(_scheduled([8, 8], [0, 0]), 0.5, start_s=10.0)
+    rec.phase = "full0"
+    rec._cg = ("FULL", 2)
+    for start in (11.0, 11.007, 11.016, 11.023):
+        rec.record(_scheduled([1, 1], [0, 0]), 0.002, start_s=start)
+    periods = [s["period_ms"] for s in rec.steps]
+    assert periods[:2] == [None, None]  # a phase's first step has no predecessor in it
+    assert periods[2:] == [pytest.approx(7.0), pytest.approx(9.0), pytest.approx(7.0)]
+    full = rec.summary()["full0"]["by_cudagraph_mode"]["FULL"]
+    assert full["period_ms_median"] == pytest.approx(7.0)
+    assert full["wall_ms_median"] == pytest.approx(2.0)
+    assert rec.summary()["first0"]["by_cudagraph_mode"]["None"]["period_ms_median"] is None
+
+
+def test_gpu_times_are_filled_in_after_the_generate(monkeypatch):
+    class Event:  # a CUDA event pair's stand-in: elapsed_time in ms
+        def __init__(self, t):
+            self.t = t
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    rec = StepRecorder()
+    rec.phase = "full0"
+    rec._events = [(Event(0.0), Event(3.0)), (Event(5.0), Event(6.5))]
+    rec.record(_scheduled([1], [0]), 0.01, start_s=1.0)
+    rec._events = []
+    rec.record(_scheduled([1], [0]), 0.01, start_s=1.01)
+    assert [s["forward_gpu_ms"] for s in rec.steps] == [None, None]
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # nothing runs here
+    rec.resolve_gpu_times()
+    assert [s["forward_gpu_ms"] for s in rec.steps] == [pytest.approx(4.5), None]
+    rec.resolve_gpu_times()  # nothing pending: a no-op
+    assert rec.steps[0]["forward_gpu_ms"] == pytest.approx(4.5)
+
+
 def test_arguments_are_checked():
     assert parse_args(["--modes", "on_spec"]).modes == ["on_spec"]
     with pytest.raises(SystemExit):
