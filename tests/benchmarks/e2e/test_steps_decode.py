@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks.e2e.bench_decode_e2e import TINY_MIN_MODEL_LEN
 from benchmarks.e2e.steps_decode import StepRecorder, max_model_len, parse_args
 
 
@@ -115,5 +116,8 @@ def test_host_timed_functions_add_to_the_current_step():
 def test_shared_prefix_lengthens_the_model():
     args = parse_args(["--shared-prefix-len", "2048", "--input-len", "64", "--output-len", "256"])
     assert max_model_len(args) == 2048 + 64 + 256 + 16
+    # the e2e benchmark's floor for the tiny CPU geometry applies here too
+    tiny = parse_args(["--tiny", "--input-len", "16", "--output-len", "8"])
+    assert max_model_len(tiny) == TINY_MIN_MODEL_LEN
     with pytest.raises(SystemExit):
         parse_args(["--shared-prefix-len", "-1"])
