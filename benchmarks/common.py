@@ -26,6 +26,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,7 @@ def machine_info() -> dict:
         "cuda": torch.version.cuda,
         "commit": sha,
         "dirty": dirty,
+        "cpu": cpu_info(),
         "gpu": None,
     }
     if torch.cuda.is_available():
@@ -96,6 +98,47 @@ def machine_info() -> dict:
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
     return info
+
+
+def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
+    """The host CPU: model name and mean current MHz from `cpuinfo` (None where unreadable),
+    logical CPUs, and `python_probe_ms`, the best of three runs of a fixed pure-Python loop:
+    end-to-end decode steps are often bound by vLLM's host loop, and H200 hosts differ (the
+    same step's host phases took twice as long on one machine as on another at fefe33a), so
+    a run says how fast its host runs Python."""
+    model, mhz = None, []
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and model is None:
+                model = value.strip()
+            elif key == "cpu MHz":
+                mhz.append(float(value))
+    except (OSError, ValueError):
+        pass
+    return {
+        "model": model,
+        "mhz_mean": round(statistics.fmean(mhz), 1) if mhz else None,
+        "logical_cpus": os.cpu_count(),
+        "python_probe_ms": round(python_probe_ms(), 3),
+    }
+
+
+def python_probe_ms(n: int = 200_000, runs: int = 3) -> float:
+    """Best of `runs` timings (ms) of a fixed loop of dict and list work, like the scheduler's
+    per-request bookkeeping: a relative measure of the host's single-thread speed."""
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        d: dict[int, int] = {}
+        acc = []
+        for i in range(n):
+            d[i & 1023] = d.get(i & 1023, 0) + i
+            if i % 7 == 0:
+                acc.append(i)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
 
 
 GPU_STATE_FIELDS = (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -88,3 +90,17 @@ def test_new_triton_kernels_name_the_entries_compiled_between_snapshots(monkeypa
             (tmp_path / entry / f"{name}.json").write_text("{}")
     after = common.triton_cache_kernels()
     assert common.new_triton_kernels(before, after) == ["?", "_plan_kernel", "_readout_kernel"]
+
+
+def test_cpu_info_reads_the_model_and_clock_and_times_the_probe(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Some CPU 9000\ncpu MHz\t\t: 2000.0\n\n"
+        "processor\t: 1\nmodel name\t: Some CPU 9000\ncpu MHz\t\t: 3000.0\n"
+    )
+    info = common.cpu_info(cpuinfo)
+    assert info["model"] == "Some CPU 9000" and info["mhz_mean"] == 2500.0
+    assert info["logical_cpus"] == os.cpu_count() and info["python_probe_ms"] > 0.0
+    missing = common.cpu_info(tmp_path / "absent")
+    assert missing["model"] is None and missing["mhz_mean"] is None
+    assert common.machine_info()["cpu"]["python_probe_ms"] > 0.0
