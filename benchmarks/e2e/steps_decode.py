@@ -196,7 +196,12 @@ class StepRecorder:
         drafts = [len(v) for v in so.scheduled_spec_decode_tokens.values()]
         prev = self.steps[-1] if self.steps else None
         period = None
-        if start_s is not None and prev and prev["phase"] == self.phase and prev["start_s"]:
+        if (
+            start_s is not None
+            and prev
+            and prev["phase"] == self.phase
+            and prev["start_s"] is not None
+        ):
             period = (start_s - prev["start_s"]) * 1e3
         if self._events:  # resolved after the generate (the GPU may still be running them)
             self._pending.append((len(self.steps), self._events))
