@@ -155,8 +155,9 @@ def _gdn_readout_kernel(
     slot = slot32.to(tl.int64)
     rows = o + o_j
     rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    fo = tl.load(p_plan + T_PLAN_FOLD_ORIGIN)
-    fn = tl.load(p_plan + T_PLAN_FOLD_COUNT)
+    if FOLD:
+        fo = tl.load(p_plan + T_PLAN_FOLD_ORIGIN)
+        fn = tl.load(p_plan + T_PLAN_FOLD_COUNT)
     for i in tl.range(TILES, num_stages=NUM_STAGES):
         h = (t0 + i) // TILES_PER_HEAD
         o_v = ((t0 + i) % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
