@@ -97,6 +97,19 @@ def test_readout_folds_only_the_cached_d_sum(lp, knobs, device):
     fam = GDNFamily(GEOMS["tiny"], decode_op=_op(readout_folds=1, **knobs), device=device, seed=5)
     with pytest.raises(ValueError, match="readout_folds"):
         check_scenario(fam, L=4, T=1, lp=lp, spec=False, requests=2, cycles=1)
+    # refused before any launch: the plan rows of a refused step are never written
+    g = GEOMS["tiny"]
+    scratch = GDNScratch.allocate(3, g.num_v_heads, g.num_k_heads, g.head_k_dim, 4, device)
+    scratch.plan.fill_(-7)
+    fam = GDNFamily(
+        g, device=device, seed=1, decode_op=_op(scratch=scratch, readout_folds=1, **knobs)
+    )
+    cache = fam.cache(fam.specs(4, 1, lp), 4)
+    tok = fam.tokens(3, torch.Generator().manual_seed(0))
+    out = torch.empty(fam.out_shape(3), device=device)
+    with pytest.raises(ValueError, match="readout_folds"):
+        fam.decode(cache, tok, torch.tensor([1, 2, 3], device=device), out, L=4, T=1)
+    assert (scratch.plan == -7).all()
 
 
 def test_plain_readout_defaults():

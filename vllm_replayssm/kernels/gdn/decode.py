@@ -165,6 +165,11 @@ def gdn_replay_decode(
     cfg.update(knobs)
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
     recompute = recomputes_d(cache, cfg["flush_recompute"])
+    folds = bool(cfg["readout_folds"])  # checked before any launch changes the cache
+    if folds and (cache.lp is not None or recompute):
+        raise ValueError(
+            "readout_folds needs HP only with the cached-d fold (no LP copy, no flush_recompute)"
+        )
     if scratch is None:
         scratch = GDNScratch.allocate(R, Hv, Hk, K, buffer_len, v.device)
     elif not scratch.fits(R, Hv, Hk, K, buffer_len):
@@ -187,11 +192,6 @@ def gdn_replay_decode(
         num_warps=cfg["plan_warps"],
         **common,
     )
-    folds = bool(cfg["readout_folds"])
-    if folds and (cache.lp is not None or recompute):
-        raise ValueError(
-            "readout_folds needs HP only with the cached-d fold (no LP copy, no flush_recompute)"
-        )
     # the flush and the readout touch different rows: run both at once
     with beside(v.device, cfg["overlap"] and not folds) as on_side:
         with on_side:
