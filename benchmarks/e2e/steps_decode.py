@@ -81,7 +81,6 @@ class StepRecorder:
         self._host: dict[str, float] = {}
         self._events: list = []
         self._pending: list[tuple[int, list]] = []  # (step index, CUDA events) to resolve
-        self._layer_s = 0.0
 
     def install(self) -> None:
         import torch

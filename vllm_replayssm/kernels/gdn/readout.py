@@ -38,7 +38,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_WRITE_ROW,
     store_cursor_words,
 )
-from vllm_replayssm.kernels.gdn.flush import fold_precision, fold_tile, recomputes_d
+from vllm_replayssm.kernels.gdn.flush import fold_precision, fold_tile
 from vllm_replayssm.kernels.gdn.plan import (
     T_COEF_ALPHA,
     T_COEF_BETA,
@@ -269,8 +269,9 @@ def gdn_readout(
     readout_tiles: value tiles per program (0: `blocks.auto_readout_tiles`, at most
     MAX_TILES); it must divide a key head's V_PER_K * cdiv(V, block_v) tiles. num_stages: Triton's
     pipelining of the tile loop (1: none). fold: the readout also folds and reads out the
-    flush rows (then no `gdn_flush` runs); only without an LP copy, where the flush sums the
-    cached d (`flush.recomputes_d` false). dot_precision: the fold's (`flush.fold_precision`).
+    flush rows (then no `gdn_flush` runs); only without an LP copy, where the fold sums the
+    cached d (a forced recompute is refused by `decode.gdn_replay_decode`). dot_precision:
+    the fold's (`flush.fold_precision`).
     max_registers: a register cap for the compile (Triton's maxnreg; 0: none; GPUs only),
     so that a folding readout keeps its warps per SM (offline sm_90 at 122B, 4 tiles of
     16 x 128 HP: 85 registers without the fold; with it 255 (bf16x3) or 168 (serial), and
@@ -282,7 +283,7 @@ def gdn_readout(
     """
     R, Hv, V = v.shape
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
-    if fold and (cache.lp is not None or recomputes_d(cache, None)):
+    if fold and cache.lp is not None:
         raise ValueError("the readout folds flush rows only without an LP copy")
     precision = fold_precision(cache, v.is_cuda, dot_precision) if fold else "serial"
     ckpt = cache.lp if cache.lp is not None else cache.hp
