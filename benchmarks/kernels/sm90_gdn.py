@@ -185,26 +185,21 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
             1,
         )
     ]
-    # the readout's tile loop: one tile per program, 4 (the bs 256 default), 8 pipelined;
-    # HP only, the readout folding the flush rows itself (decode.launch_config's
-    # readout_folds) in WY form or record by record
-    for lp, rows, tiles, stages, fold in (
-        (None, 16, 1, 1, None),
-        (torch.bfloat16, 32, 1, 1, None),
-        (torch.float16, 32, 1, 1, None),
-        (None, 16, 4, 1, None),
-        (torch.bfloat16, 32, 4, 1, None),
-        (None, 16, 8, 2, None),
-        (torch.bfloat16, 32, 8, 2, None),
-        (None, 16, 4, 1, "bf16x3"),
-        (None, 16, 4, 1, "serial"),
+    # the readout's tile loop: one tile per program, 4 (the bs 256 default), 8 pipelined
+    for lp, rows, tiles, stages in (
+        (None, 16, 1, 1),
+        (torch.bfloat16, 32, 1, 1),
+        (torch.float16, 32, 1, 1),
+        (None, 16, 4, 1),
+        (torch.bfloat16, 32, 4, 1),
+        (None, 16, 8, 2),
+        (torch.bfloat16, 32, 8, 2),
     ):
         name = "fp32" if lp is None else str(lp).split(".")[1]
         loop = f" tiles {tiles} stages {stages}" if tiles > 1 else ""
-        folds = f", folds ({fold})" if fold else ""
         out.append(
             (
-                f"readout {rows} x {K} {name}{loop}{folds}",
+                f"readout {rows} x {K} {name}{loop}",
                 readout._gdn_readout_kernel,
                 kernel_args(readout._gdn_readout_kernel, lp),
                 dict(
@@ -218,8 +213,6 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     EXACT_FLUSH=True,
                     TILES=tiles,
                     NUM_STAGES=stages,
-                    FOLD=fold is not None,
-                    FOLD_PRECISION=fold or "serial",
                 ),
                 1,
             )

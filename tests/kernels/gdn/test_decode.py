@@ -73,43 +73,7 @@ SCENARIOS = {
     ),
     "readout_tile_loop_churn": dict(churn=True, knobs=dict(readout_tiles=2, readout_stages=2)),
     "uneven_readout_tiles": dict(geom="uneven", knobs=dict(readout_tiles=3)),
-    # HP only: the readout folds the flush rows itself (no flush launch), in WY form, record
-    # by record, in fold mode, over a tile loop with rows that join and leave
-    "readout_folds": dict(knobs=dict(readout_folds=1)),
-    "readout_folds_serial": dict(knobs=dict(readout_folds=1, dot_precision="serial")),
-    "readout_folds_fold_mode": dict(exact=False, knobs=dict(readout_folds=1)),
-    "readout_folds_tile_loop_churn": dict(
-        geom="qwen35_122b",
-        churn=True,
-        knobs=dict(readout_folds=1, readout_block_v=8, readout_tiles=4, readout_maxnreg=128),
-    ),
 }
-
-
-@pytest.mark.parametrize(
-    "lp, knobs",
-    [(torch.bfloat16, {}), (None, dict(flush_recompute=1))],
-    ids=["lp_copy", "recompute"],
-)
-def test_readout_folds_only_the_cached_d_sum(lp, knobs, device):
-    """The readout's fold is the cached-d sum: with an LP copy (or a forced recompute) the
-    flush must recompute d from HP, which stays the flush launch's work."""
-    fam = GDNFamily(GEOMS["tiny"], decode_op=_op(readout_folds=1, **knobs), device=device, seed=5)
-    with pytest.raises(ValueError, match="readout_folds"):
-        check_scenario(fam, L=4, T=1, lp=lp, spec=False, requests=2, cycles=1)
-    # refused before any launch: the plan rows of a refused step are never written
-    g = GEOMS["tiny"]
-    scratch = GDNScratch.allocate(3, g.num_v_heads, g.num_k_heads, g.head_k_dim, 4, device)
-    scratch.plan.fill_(-7)
-    fam = GDNFamily(
-        g, device=device, seed=1, decode_op=_op(scratch=scratch, readout_folds=1, **knobs)
-    )
-    cache = fam.cache(fam.specs(4, 1, lp), 4)
-    tok = fam.tokens(3, torch.Generator().manual_seed(0))
-    out = torch.empty(fam.out_shape(3), device=device)
-    with pytest.raises(ValueError, match="readout_folds"):
-        fam.decode(cache, tok, torch.tensor([1, 2, 3], device=device), out, L=4, T=1)
-    assert (scratch.plan == -7).all()
 
 
 def test_plain_readout_defaults():
@@ -153,8 +117,8 @@ def test_kernel_matches_naive(case, device):
 
 @pytest.mark.parametrize(
     "exact, knobs",
-    [(True, {}), (False, {}), (True, dict(flush_recompute=1)), (True, dict(readout_folds=1))],
-    ids=["exact", "fold", "exact_recompute", "readout_folds"],
+    [(True, {}), (False, {}), (True, dict(flush_recompute=1))],
+    ids=["exact", "fold", "exact_recompute"],
 )
 def test_hp_only_replay_is_fp32_accurate(exact, knobs, device):
     """The point of fp32 corrected values: HP-only replay with bf16 activations stays within
@@ -315,25 +279,6 @@ def test_real_geometry_readout_tile_loop_on_gpu(geom, lp, tiles):
 @pytest.mark.parametrize("geom", list(REAL))
 def test_real_geometry_hp_only_fp32_accurate_on_gpu(geom):
     fam = GDNFamily(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=8, decode_op=_op())
-    check_scenario(fam, L=16, T=1, lp=None, spec=False, requests=8, cycles=2, out_tol=1e-5)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("geom", list(REAL))
-@pytest.mark.parametrize(
-    "knobs",
-    [
-        dict(readout_folds=1),
-        dict(readout_folds=1, dot_precision="serial"),
-        dict(readout_folds=1, dot_precision="serial", readout_maxnreg=128),
-    ],
-    ids=["wy", "serial", "serial_maxnreg128"],
-)
-def test_real_geometry_readout_folds_on_gpu(geom, knobs):
-    """HP only with the readout folding the flush rows (no flush launch): fp32-accurate."""
-    fam = GDNFamily(
-        REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=8, decode_op=_op(**knobs)
-    )
     check_scenario(fam, L=16, T=1, lp=None, spec=False, requests=8, cycles=2, out_tol=1e-5)
 
 

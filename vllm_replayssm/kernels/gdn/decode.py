@@ -63,14 +63,7 @@ def launch_config(
     row, value head), they moved the work onto the critical path (122B bf16 LP, eager:
     flush 129.5 -> 118.7 µs, plan 12.3 -> 28.3; step in a graph 259.8 -> 274.5 µs,
     `kernels-h200-20261202-a8e3f00-gdn-fold-inverse.json`); formed by the flush once per
-    head, 259.8 against 240.3 µs (`kernels-h200-20261203-c93eed3-gdn-plain-head-inverse.json`).
-    readout_folds (HP only, where the flush sums the cached d): no flush launch; the
-    readout folds the flush rows' tiles itself (`readout.gdn_readout`'s fold), so that no
-    second grid shares the SMs with the readout (HP only, 122B bs 256 at 5343f5a: the
-    readout took 311 µs beside the flush against 270 alone); not yet measured. Folding
-    raises the readout's registers (offline sm_90, 4 tiles of 16 x 128 HP: 85 -> 255 in WY
-    form, 168 record by record), hence readout_maxnreg (Triton's maxnreg for the readout;
-    0: none): a cap keeps its warps per SM, spilling in the fold (serial at 128: 56 B)."""
+    head, 259.8 against 240.3 µs (`kernels-h200-20261203-c93eed3-gdn-plain-head-inverse.json`)."""
     block_v = TILE_BYTES // (pow2_block(head_k_dim) * ckpt_itemsize)
     block_v = max(8, min(block_v, triton.next_power_of_2(head_v_dim)))
     flush_v = 16  # the dot products' smallest tile
@@ -90,8 +83,6 @@ def launch_config(
         plan_warps=1,
         overlap=device.type == "cuda",
         flush_recompute=None,
-        readout_folds=False,
-        readout_maxnreg=0,
     )
 
 
@@ -121,8 +112,7 @@ def gdn_replay_decode(
     scratch: `GDNScratch` for at least R rows (plain decode); None allocates one per call
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
     readout_block_v, readout_warps, readout_tiles, readout_stages, flush_block_v,
-    flush_warps, flush_programs, plan_warps, overlap, flush_recompute, readout_folds,
-    readout_maxnreg, dot_precision) or set
+    flush_warps, flush_programs, plan_warps, overlap, flush_recompute, dot_precision) or set
     the window step's (speculative: route, block_v, num_warps, heads_per_program,
     num_stages).
     """
@@ -165,11 +155,6 @@ def gdn_replay_decode(
     cfg.update(knobs)
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
     recompute = recomputes_d(cache, cfg["flush_recompute"])
-    folds = bool(cfg["readout_folds"])  # checked before any launch changes the cache
-    if folds and (cache.lp is not None or recompute):
-        raise ValueError(
-            "readout_folds needs HP only with the cached-d fold (no LP copy, no flush_recompute)"
-        )
     if scratch is None:
         scratch = GDNScratch.allocate(R, Hv, Hk, K, buffer_len, v.device)
     elif not scratch.fits(R, Hv, Hk, K, buffer_len):
@@ -193,21 +178,20 @@ def gdn_replay_decode(
         **common,
     )
     # the flush and the readout touch different rows: run both at once
-    with beside(v.device, cfg["overlap"] and not folds) as on_side:
+    with beside(v.device, cfg["overlap"]) as on_side:
         with on_side:
-            if not folds:
-                gdn_flush(
-                    cache,
-                    v,
-                    out,
-                    scratch,
-                    block_v=cfg["flush_block_v"],
-                    num_warps=cfg["flush_warps"],
-                    num_programs=cfg["flush_programs"],
-                    dot_precision=cfg.get("dot_precision"),
-                    recompute=recompute,
-                    **common,
-                )
+            gdn_flush(
+                cache,
+                v,
+                out,
+                scratch,
+                block_v=cfg["flush_block_v"],
+                num_warps=cfg["flush_warps"],
+                num_programs=cfg["flush_programs"],
+                dot_precision=cfg.get("dot_precision"),
+                recompute=recompute,
+                **common,
+            )
         gdn_readout(
             cache,
             v,
@@ -218,8 +202,5 @@ def gdn_replay_decode(
             num_warps=cfg["readout_warps"],
             readout_tiles=cfg["readout_tiles"],
             num_stages=cfg["readout_stages"],
-            fold=folds,
-            dot_precision=cfg.get("dot_precision"),
-            max_registers=cfg["readout_maxnreg"],
             **common,
         )

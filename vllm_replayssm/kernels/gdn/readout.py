@@ -13,11 +13,8 @@ pipelines at NUM_STAGES > 1 (cp.async loads of the next tiles into shared memory
 slower on the H200, so the launcher's default is 1). Each tile stores d_t (and, for the
 exact flush, v_t) at the row's write row and o_t. Rows that read HP (flush rows, stale LP)
 are left to the flush launch, which may run at the same time (the two touch different
-rows); or, without an LP copy and with `fold` set (`decode.launch_config`'s
-readout_folds), the readout folds a flush row's tiles itself (the flush launch's fold of
-cached d: `flush.fold_tile`), writes them to HP and reads out from them, and no flush
-launch runs. The row's first program stores the row's new cursor words from the plan row.
-No atomics, no barriers across warps.
+rows). The row's first program stores the row's new cursor words from the plan row. No
+atomics, no barriers across warps.
 """
 
 from __future__ import annotations
@@ -29,8 +26,6 @@ import triton.language as tl
 from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
-    T_PLAN_FOLD_COUNT,
-    T_PLAN_FOLD_ORIGIN,
     T_PLAN_LEN,
     T_PLAN_ORIGIN,
     T_PLAN_READ_HP,
@@ -38,7 +33,6 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_WRITE_ROW,
     store_cursor_words,
 )
-from vllm_replayssm.kernels.gdn.flush import fold_precision, fold_tile
 from vllm_replayssm.kernels.gdn.plan import (
     T_COEF_ALPHA,
     T_COEF_BETA,
@@ -58,9 +52,6 @@ MAX_TILES = 4
 @triton.jit
 def _gdn_readout_kernel(
     ckpt_ptr,
-    ring_g_ptr,
-    ring_beta_ptr,
-    ring_k_ptr,
     ring_d_ptr,
     ring_v_ptr,
     meta_ptr,
@@ -75,16 +66,6 @@ def _gdn_readout_kernel(
     stride_ck_head,
     stride_ck_v,
     stride_ck_k,
-    stride_rg_slot,
-    stride_rg_head,
-    stride_rg_row,
-    stride_rbeta_slot,
-    stride_rbeta_head,
-    stride_rbeta_row,
-    stride_rk_slot,
-    stride_rk_head,
-    stride_rk_row,
-    stride_rk_k,
     stride_rd_slot,
     stride_rd_head,
     stride_rd_row,
@@ -116,8 +97,6 @@ def _gdn_readout_kernel(
     EXACT_FLUSH: tl.constexpr,
     TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    FOLD: tl.constexpr,
-    FOLD_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     r = tl.program_id(1)
@@ -149,15 +128,11 @@ def _gdn_readout_kernel(
             p_out = out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v
             tl.store(p_out, tl.zeros([BLOCK_V], dtype=tl.float32), mask=o_v < head_v_dim)
         return
-    if not FOLD:  # noqa: SIM102 (constexpr, then runtime)
-        if read_hp != 0:  # the flush launch's row
-            return
+    if read_hp != 0:
+        return
     slot = slot32.to(tl.int64)
     rows = o + o_j
     rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    if FOLD:
-        fo = tl.load(p_plan + T_PLAN_FOLD_ORIGIN)
-        fn = tl.load(p_plan + T_PLAN_FOLD_COUNT)
     for i in tl.range(TILES, num_stages=NUM_STAGES):
         h = (t0 + i) // TILES_PER_HEAD
         o_v = ((t0 + i) % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -174,44 +149,15 @@ def _gdn_readout_kernel(
             mask=m_v,
             other=0.0,
         )
-        p_ck = (
+        S0 = tl.load(
             ckpt_ptr
             + slot * stride_ck_slot
             + h * stride_ck_head
-            + (o_v[:, None] * stride_ck_v + o_k[None, :] * stride_ck_k)
-        )
-        S0 = tl.load(p_ck, mask=m_v[:, None] & m_k[None, :], other=0.0)  # [BLOCK_V, BLOCK_K]
+            + (o_v[:, None] * stride_ck_v + o_k[None, :] * stride_ck_k),
+            mask=m_v[:, None] & m_k[None, :],
+            other=0.0,
+        )  # [BLOCK_V, BLOCK_K]
         p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
-        # HP only: a flush row's tile folds its cached d (its plan: n = 0 after the fold)
-        if FOLD:  # noqa: SIM102 (constexpr, then runtime)
-            if read_hp != 0:
-                S0 = fold_tile(
-                    S0,
-                    ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-                    ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-                    ring_k_ptr + slot * stride_rk_slot + hk * stride_rk_head,
-                    p_rd,
-                    p_rd,
-                    fo,
-                    fn,
-                    num_ring_rows,
-                    o_v,
-                    o_k,
-                    m_v,
-                    m_k,
-                    stride_rg_row,
-                    stride_rbeta_row,
-                    stride_rk_row,
-                    stride_rk_k,
-                    stride_rd_row,
-                    stride_rd_v,
-                    stride_rd_row,
-                    stride_rd_v,
-                    False,
-                    BLOCK_L,
-                    FOLD_PRECISION,
-                )
-                tl.store(p_ck, S0, mask=m_v[:, None] & m_k[None, :])
         d_h = tl.load(
             p_rd + (rows[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v),
             mask=(o_j < n)[:, None] & m_v[None, :],
@@ -260,22 +206,12 @@ def gdn_readout(
     num_warps: int,
     readout_tiles: int = 1,
     num_stages: int = 1,
-    fold: bool = False,
-    dot_precision: str | None = None,
-    max_registers: int = 0,
 ) -> None:
     """Launch the readout for R rows after `gdn_plan` (alongside `gdn_flush`).
 
     readout_tiles: value tiles per program (0: `blocks.auto_readout_tiles`, at most
     MAX_TILES); it must divide a key head's V_PER_K * cdiv(V, block_v) tiles. num_stages: Triton's
-    pipelining of the tile loop (1: none). fold: the readout also folds and reads out the
-    flush rows (then no `gdn_flush` runs); only without an LP copy, where the fold sums the
-    cached d (a forced recompute is refused by `decode.gdn_replay_decode`). dot_precision:
-    the fold's (`flush.fold_precision`).
-    max_registers: a register cap for the compile (Triton's maxnreg; 0: none; GPUs only),
-    so that a folding readout keeps its warps per SM (offline sm_90 at 122B, 4 tiles of
-    16 x 128 HP: 85 registers without the fold; with it 255 (bf16x3) or 168 (serial), and
-    at a cap of 128 the serial fold spills 56 B of stack).
+    pipelining of the tile loop (1: none).
 
     Reads LP (HP when LP is off), the ring_d history and the plan; writes out [R, Hv, V]
     for rows that read neither HP nor a NULL slot (zeros for NULL rows), their d (and v)
@@ -283,11 +219,7 @@ def gdn_readout(
     """
     R, Hv, V = v.shape
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
-    if fold and cache.lp is not None:
-        raise ValueError("the readout folds flush rows only without an LP copy")
-    precision = fold_precision(cache, v.is_cuda, dot_precision) if fold else "serial"
     ckpt = cache.lp if cache.lp is not None else cache.hp
-    beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
     tiles = triton.cdiv(V, block_v)
     key_head_tiles = Hv // Hk * tiles
@@ -300,9 +232,6 @@ def gdn_readout(
         )
     _gdn_readout_kernel[(Hv * tiles // readout_tiles, R)](
         ckpt,
-        cache.ring_g,
-        beta,
-        cache.ring_k,
         cache.ring_d,
         ring_v,
         cache.meta,
@@ -314,9 +243,6 @@ def gdn_readout(
         null_block_id,
         num_ring_rows,
         *ckpt.stride(),
-        *cache.ring_g.stride(),
-        *beta.stride(),
-        *cache.ring_k.stride(),
         *cache.ring_d.stride(),
         *ring_v.stride(),
         *cache.meta.stride(),
@@ -335,8 +261,5 @@ def gdn_readout(
         EXACT_FLUSH=cache.exact_flush,
         TILES=readout_tiles,
         NUM_STAGES=num_stages,
-        FOLD=fold,
-        FOLD_PRECISION=precision,
         num_warps=num_warps,
-        **({"maxnreg": max_registers} if max_registers and v.is_cuda else {}),
     )
