@@ -21,8 +21,10 @@ Per engine step it records:
   layers' forward (eager steps only: a graph replay runs no Python);
 - scheduled tokens, rows and the draft-length histogram;
 
-plus every Triton compile (kernel name and phase). With --cprofile, one more generate of
---cprofile-tokens tokens runs under cProfile (written next to the JSON). With
+plus every Triton compile (kernel name and phase). The JSON keeps the settings, each
+phase's summary and the compiles; the per-step records go to a gzipped JSON next to it
+(`write_outputs`). With --cprofile, one more generate of --cprofile-tokens tokens runs
+under cProfile (written next to the JSON). With
 --shared-prefix-len N every prompt starts with the same N ids, as in the e2e benchmark's
 prefix-caching runs (modes off_pc / on_pc; the warm-up's prompts are the e2e benchmark's:
 the timed ones outside these modes, other ones after the prefix in them); the host time of vLLM's
@@ -36,6 +38,7 @@ every step in that mode) is then recorded too.
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
 import os
@@ -463,15 +466,30 @@ def main(argv: list[str] | None = None) -> int:
             f"steps-{args.model}-{args.layers}layers-bs{args.batch_size}", payload["machine"]
         )
     )
+    write_outputs(path, payload)
+    print(f"# wrote {path}")
+    return 0
+
+
+def write_outputs(path: Path, payload: dict) -> None:
+    """The JSON at `path` (settings, summaries, compiles), each mode's cProfile text beside
+    it (`<stem>-<mode>-cprofile.txt`) and every mode's per-step records in one gzipped JSON
+    beside it (`<stem>-steps.json.gz`, {mode: [step, ...]}): about 0.5 MB of records per run
+    would otherwise travel to the GPU host with the repository on every call."""
+    steps: dict[str, list] = {}
     for m in payload["modes"]:
         text = m.pop("cprofile", None)
         if text:
             side = path.with_name(f"{path.stem}-{m['mode']}-cprofile.txt")
             side.write_text(text)
             m["cprofile_file"] = side.name
+        if "steps" in m:
+            steps[m["mode"]] = m.pop("steps")
+    if steps:
+        side = path.with_name(f"{path.stem}-steps.json.gz")
+        side.write_bytes(gzip.compress(json.dumps(steps, default=str).encode(), mtime=0))
+        payload["steps_file"] = side.name
     common.write_json(path, payload)
-    print(f"# wrote {path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ own CPU run, `--tiny`)."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from types import SimpleNamespace
 
 import pytest
 
 from benchmarks.e2e.bench_decode_e2e import TINY_MIN_MODEL_LEN
-from benchmarks.e2e.steps_decode import StepRecorder, max_model_len, parse_args
+from benchmarks.e2e.steps_decode import StepRecorder, max_model_len, parse_args, write_outputs
 
 
 def _scheduled(tokens_per_row: list[int], drafts: list[int]):
@@ -121,3 +123,25 @@ def test_shared_prefix_lengthens_the_model():
     assert max_model_len(tiny) == TINY_MIN_MODEL_LEN
     with pytest.raises(SystemExit):
         parse_args(["--shared-prefix-len", "-1"])
+
+
+def test_per_step_records_go_to_a_gzipped_side_file(tmp_path):
+    """The JSON keeps the summaries; the per-step records and cProfile texts sit beside it."""
+    steps = [{"phase": "full0", "wall_ms": 30.5, "host_ms": {"_sample": 0.1}}]
+    payload = {
+        "settings": {"batch_size": 2},
+        "modes": [
+            {"mode": "on", "summary": {"full0": {"steps": 1}}, "steps": steps, "cprofile": "p"},
+            {"mode": "off", "summary": {"full0": {"steps": 0}}, "steps": []},
+        ],
+    }
+    path = tmp_path / "steps-x.json"
+    write_outputs(path, payload)
+    data = json.loads(path.read_text())
+    assert data["steps_file"] == "steps-x-steps.json.gz"
+    assert all("steps" not in m for m in data["modes"])
+    assert data["modes"][0]["summary"] == {"full0": {"steps": 1}}
+    assert data["modes"][0]["cprofile_file"] == "steps-x-on-cprofile.txt"
+    assert (tmp_path / "steps-x-on-cprofile.txt").read_text() == "p"
+    with gzip.open(tmp_path / data["steps_file"]) as f:
+        assert json.load(f) == {"on": steps, "off": []}
