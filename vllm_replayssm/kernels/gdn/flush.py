@@ -310,19 +310,6 @@ def recomputes_d(cache, recompute: bool | int | None) -> bool:
     return cache.exact_flush and bool(recompute)
 
 
-def fold_precision(cache, on_gpu: bool, dot_precision: str | None) -> str:
-    """The fold's dot precision (`gdn_flush`'s dot_precision, checked; None: "bf16x3" for
-    bf16 k records on a GPU, else "tf32x3")."""
-    if dot_precision is None:
-        bf16_records = cache.ring_k.dtype == torch.bfloat16
-        dot_precision = "bf16x3" if bf16_records and on_gpu else "tf32x3"
-    if dot_precision not in ("bf16x3", "tf32x3", "ieee", "serial"):
-        raise ValueError(f"unknown dot_precision {dot_precision!r}")
-    if dot_precision == "bf16x3" and cache.ring_k.dtype != torch.bfloat16:
-        raise ValueError("dot_precision bf16x3 needs bf16 k records")
-    return dot_precision
-
-
 def gdn_flush(
     cache,
     v: torch.Tensor,
@@ -351,7 +338,13 @@ def gdn_flush(
     so the sum is the delta rule from HP up to fp32 reassociation, with one tensor-core
     product instead of three and a substitution. With an LP copy the cached d follow the
     LP read and only the recomputation keeps LP out of HP."""
-    dot_precision = fold_precision(cache, v.is_cuda, dot_precision)
+    if dot_precision is None:
+        bf16_records = cache.ring_k.dtype == torch.bfloat16
+        dot_precision = "bf16x3" if bf16_records and v.is_cuda else "tf32x3"
+    if dot_precision not in ("bf16x3", "tf32x3", "ieee", "serial"):
+        raise ValueError(f"unknown dot_precision {dot_precision!r}")
+    if dot_precision == "bf16x3" and cache.ring_k.dtype != torch.bfloat16:
+        raise ValueError("dot_precision bf16x3 needs bf16 k records")
     recompute = recomputes_d(cache, recompute)
     Hv, V = v.shape[1], v.shape[2]
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
