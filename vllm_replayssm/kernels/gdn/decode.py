@@ -67,8 +67,15 @@ def launch_config(
     block_v = TILE_BYTES // (pow2_block(head_k_dim) * ckpt_itemsize)
     block_v = max(8, min(block_v, triton.next_power_of_2(head_v_dim)))
     flush_v = 16  # the dot products' smallest tile
+    # HP only (an fp32 checkpoint is the HP itself): the flush sums the cached d, which on
+    # two warps takes 129 registers instead of 203 on one, leaving the readout beside it
+    # more of each SM (122B bs 256 HP only: 319.4 against 325.5 µs at 2 x 2 warps per SM
+    # against 4 x 1, `kernels-h200-20261204-9fefdb1-gdn-plain-flush-warps.json`); the
+    # recomputing flush (LP copy) takes 255 registers on any warp count and stays on one.
+    hp_only = ckpt_itemsize == 4
+    flush_warps = 2 if hp_only else 1
     if device.type == "cuda":
-        programs = 4 * num_sms(device)
+        programs = (2 if hp_only else 4) * num_sms(device)
     else:
         programs = 8
     flush_items = num_rows * num_v_heads * triton.cdiv(head_v_dim, flush_v)
@@ -78,7 +85,7 @@ def launch_config(
         readout_tiles=0,
         readout_stages=1,
         flush_block_v=flush_v,
-        flush_warps=1,
+        flush_warps=flush_warps,
         flush_programs=min(programs, flush_items),
         plan_warps=1,
         overlap=device.type == "cuda",
