@@ -84,6 +84,16 @@ def test_plain_readout_defaults():
     assert readout.MAX_TILES == 4
 
 
+def test_plain_flush_defaults():
+    """HP only, the flush (summing the cached d) runs on two warps; with an LP copy (the
+    recomputing flush, 255 registers on any warp count) on one (the H200 sweeps in
+    `decode.launch_config`)."""
+    hp = decode.launch_config(256, 64, 128, 128, 4, torch.device("cpu"))
+    lp = decode.launch_config(256, 64, 128, 128, 2, torch.device("cpu"))
+    assert (hp["flush_warps"], lp["flush_warps"]) == (2, 1)
+    assert hp["flush_block_v"] == lp["flush_block_v"] == 16
+
+
 SLOW = {"L16"}  # a minute in the interpreter
 
 

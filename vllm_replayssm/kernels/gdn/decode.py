@@ -51,7 +51,8 @@ def launch_config(
     140.3 -> 135.3 (1.98x of 267.8), 181.6 -> 177.4 (1.51x); pipelining the loop (2 stages)
     costs 15-25% (`kernels-h200-20261203-fa40548-gdn-plain-readout-loop{,-bs32-64}.json`;
     at bs 32 / 64 two to four tiles gain 1-4%). flush: 16-row value tiles,
-    one warp per program, a persistent grid of four programs per SM (8 in the interpreter),
+    one warp per program, a persistent grid of four programs per SM (8 in the interpreter;
+    HP only two two-warp programs per SM, below),
     on a side stream beside the readout (GPU): the flush is a chain of dependent steps per
     tile (HP load, three products, a substitution, stores), so many small programs hide its
     latency better than 64-row tiles on four warps, two per SM (bf16 LP 260 vs 281 µs per
@@ -69,8 +70,10 @@ def launch_config(
     flush_v = 16  # the dot products' smallest tile
     # HP only (an fp32 checkpoint is the HP itself): the flush sums the cached d, which on
     # two warps takes 129 registers instead of 203 on one, leaving the readout beside it
-    # more of each SM (122B bs 256 HP only: 319.4 against 325.5 µs at 2 x 2 warps per SM
-    # against 4 x 1, `kernels-h200-20261204-9fefdb1-gdn-plain-flush-warps.json`); the
+    # more of each SM (HP only, two two-warp programs per SM against four one-warp ones:
+    # 122B bs 256 322.6 against 329.3 µs, 4B 173.7 against 178.1, 122B bs 64 92.8 against
+    # 94.3, 4B bs 64 53.3 against 53.1; `kernels-h200-20261204-00d51e1-gdn-hp-only-flush-
+    # warps-bs{256,64}.json`, 1 / 2 / 4 warps x 132 / 264 / 528 programs); the
     # recomputing flush (LP copy) takes 255 registers on any warp count and stays on one.
     hp_only = ckpt_itemsize == 4
     flush_warps = 2 if hp_only else 1
