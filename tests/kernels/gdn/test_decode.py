@@ -79,19 +79,38 @@ SCENARIOS = {
 def test_plain_readout_defaults():
     """Plain decode's readout takes auto_readout_tiles' choice of at most four tiles per
     program, unpipelined (the H200 sweep in `decode.launch_config`)."""
-    cfg = decode.launch_config(256, 64, 128, 128, 2, torch.device("cpu"))
+    cfg = decode.launch_config(256, 64, 128, 128, 2, torch.device("cpu"), recompute_d=True)
     assert (cfg["readout_block_v"], cfg["readout_tiles"], cfg["readout_stages"]) == (32, 0, 1)
     assert readout.MAX_TILES == 4
 
 
-def test_plain_flush_defaults():
-    """HP only, the flush (summing the cached d) runs on two warps; with an LP copy (the
-    recomputing flush, 255 registers on any warp count) on one (the H200 sweeps in
-    `decode.launch_config`)."""
-    hp = decode.launch_config(256, 64, 128, 128, 4, torch.device("cpu"))
-    lp = decode.launch_config(256, 64, 128, 128, 2, torch.device("cpu"))
-    assert (hp["flush_warps"], lp["flush_warps"]) == (2, 1)
-    assert hp["flush_block_v"] == lp["flush_block_v"] == 16
+@pytest.mark.parametrize(
+    "lp, exact, knobs, warps",
+    [
+        (None, True, {}, 2),  # HP only: the exact flush sums the cached d
+        (torch.bfloat16, True, {}, 1),  # LP copy: it recomputes d from HP
+        (None, True, dict(flush_recompute=1), 1),  # recompute forced without LP
+        (torch.bfloat16, True, dict(flush_recompute=0), 2),  # sum forced with LP
+        (torch.bfloat16, False, {}, 2),  # fold mode sums d in any case
+    ],
+    ids=["hp_only", "lp_bf16", "hp_only_recompute", "lp_bf16_sum", "fold_lp_bf16"],
+)
+def test_plain_flush_warps_follow_recompute(lp, exact, knobs, warps, monkeypatch):
+    """The flush's warps follow what it does, not the checkpoint's width: the flush summing
+    the cached d runs on two warps, the recomputing one (255 registers on any warp count) on
+    one (the H200 sweeps in `decode.launch_config`). The launches are recorded, not run."""
+    launched = {}
+    monkeypatch.setattr(decode, "gdn_plan", lambda *a, **k: None)
+    monkeypatch.setattr(decode, "gdn_readout", lambda *a, **k: None)
+    monkeypatch.setattr(decode, "gdn_flush", lambda *a, **k: launched.update(k))
+    fam = GDNFamily(GEOMS["tiny"], exact_flush=exact, decode_op=_op(**knobs), seed=1)
+    cache = fam.cache(fam.specs(4, 1, lp), 4)
+    tok = fam.tokens(2, torch.Generator().manual_seed(0))
+    fam.decode(
+        cache, tok, torch.tensor([1, 2], dtype=torch.int32), torch.empty(fam.out_shape(2)), 4, 1
+    )
+    assert launched["num_warps"] == warps
+    assert launched["block_v"] == 16
 
 
 SLOW = {"L16"}  # a minute in the interpreter

@@ -39,9 +39,12 @@ def launch_config(
     head_k_dim: int,
     ckpt_itemsize: int,
     device: torch.device,
+    recompute_d: bool,
 ) -> dict:
     """Launch knobs of the plain-decode launches (measured on the H200, Qwen3.5-122B bs 256:
-    `benchmarks/results/kernels-h200-20261201-5721ade-gdn-*.json`).
+    `benchmarks/results/kernels-h200-20261201-5721ade-gdn-*.json`). recompute_d: whether
+    the flush recomputes the corrected values from HP (`flush.recomputes_d` of the cache and
+    the flush_recompute knob); it picks the flush's warps and grid.
 
     readout: block_v rows of the checkpoint per tile (TILE_BYTES of them: 16 x 128 fp32,
     32 x 128 bf16/fp16), one warp (no cross-warp reductions), readout_tiles tiles of one key
@@ -52,7 +55,7 @@ def launch_config(
     costs 15-25% (`kernels-h200-20261203-fa40548-gdn-plain-readout-loop{,-bs32-64}.json`;
     at bs 32 / 64 two to four tiles gain 1-4%). flush: 16-row value tiles,
     one warp per program, a persistent grid of four programs per SM (8 in the interpreter;
-    HP only two two-warp programs per SM, below),
+    a flush that sums the cached d: two two-warp programs per SM, below),
     on a side stream beside the readout (GPU): the flush is a chain of dependent steps per
     tile (HP load, three products, a substitution, stores), so many small programs hide its
     latency better than 64-row tiles on four warps, two per SM (bf16 LP 260 vs 281 µs per
@@ -68,17 +71,18 @@ def launch_config(
     block_v = TILE_BYTES // (pow2_block(head_k_dim) * ckpt_itemsize)
     block_v = max(8, min(block_v, triton.next_power_of_2(head_v_dim)))
     flush_v = 16  # the dot products' smallest tile
-    # HP only (an fp32 checkpoint is the HP itself): the flush sums the cached d, which on
-    # two warps takes 129 registers instead of 203 on one, leaving the readout beside it
-    # more of each SM (HP only, two two-warp programs per SM against four one-warp ones:
-    # 122B bs 256 322.6 against 329.3 µs, 4B 173.7 against 178.1, 122B bs 64 92.8 against
-    # 94.3, 4B bs 64 53.3 against 53.1; `kernels-h200-20261204-00d51e1-gdn-hp-only-flush-
-    # warps-bs{256,64}.json`, 1 / 2 / 4 warps x 132 / 264 / 528 programs); the
-    # recomputing flush (LP copy) takes 255 registers on any warp count and stays on one.
-    hp_only = ckpt_itemsize == 4
-    flush_warps = 2 if hp_only else 1
+    # The flush that sums the cached d (HP only by default) takes 129 registers on two
+    # warps instead of 203 on one, leaving the readout beside it more of each SM (HP only,
+    # two two-warp programs per SM against four one-warp ones: 122B bs 256 322.6 against
+    # 329.3 µs, 4B 173.7 against 178.1, 122B bs 64 92.8 against 94.3, 4B bs 64 53.3
+    # against 53.1; `kernels-h200-20261204-00d51e1-gdn-hp-only-flush-warps-bs{256,64}.json`,
+    # 1 / 2 / 4 warps x 132 / 264 / 528 programs); the flush that recomputes d from HP
+    # (with an LP copy by default) takes 255 registers on any warp count and stays on one.
+    # recompute_d (`flush.recomputes_d`) keys the choice, not the checkpoint's width, so a
+    # forced flush_recompute gets the grid measured for its flush.
+    flush_warps = 1 if recompute_d else 2
     if device.type == "cuda":
-        programs = (2 if hp_only else 4) * num_sms(device)
+        programs = (4 if recompute_d else 2) * num_sms(device)
     else:
         programs = 8
     flush_items = num_rows * num_v_heads * triton.cdiv(head_v_dim, flush_v)
@@ -158,13 +162,13 @@ def gdn_replay_decode(
     if R == 0:
         return
     ckpt = cache.lp if cache.lp is not None else cache.hp
-    cfg = launch_config(R, Hv, V, K, ckpt.element_size(), v.device)
+    recompute = recomputes_d(cache, knobs.get("flush_recompute"))
+    cfg = launch_config(R, Hv, V, K, ckpt.element_size(), v.device, recompute_d=recompute)
     unknown = set(knobs) - set(cfg) - {"dot_precision"}
     if unknown:
         raise ValueError(f"unknown plain-decode knobs {sorted(unknown)}")
     cfg.update(knobs)
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
-    recompute = recomputes_d(cache, cfg["flush_recompute"])
     if scratch is None:
         scratch = GDNScratch.allocate(R, Hv, Hk, K, buffer_len, v.device)
     elif not scratch.fits(R, Hv, Hk, K, buffer_len):
