@@ -186,17 +186,24 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
         )
     ]
     # the readout's tile loop: one tile per program, 4 (the bs 256 default), 8 pipelined
-    for lp, rows, tiles, stages in (
-        (None, 16, 1, 1),
-        (torch.bfloat16, 32, 1, 1),
-        (torch.float16, 32, 1, 1),
-        (None, 16, 4, 1),
-        (torch.bfloat16, 32, 4, 1),
-        (None, 16, 8, 2),
-        (torch.bfloat16, 32, 8, 2),
+    # s0_dot: S0·k̂ and S0·q̂ as one tensor-core product with hi / lo split k̂, q̂ (LP only)
+    for lp, rows, tiles, stages, s0_dot in (
+        (None, 16, 1, 1, False),
+        (torch.bfloat16, 32, 1, 1, False),
+        (torch.float16, 32, 1, 1, False),
+        (None, 16, 4, 1, False),
+        (torch.bfloat16, 32, 4, 1, False),
+        (None, 16, 8, 2, False),
+        (torch.bfloat16, 32, 8, 2, False),
+        (torch.bfloat16, 32, 1, 1, True),
+        (torch.bfloat16, 32, 4, 1, True),
+        (torch.bfloat16, 64, 4, 1, True),
+        (torch.bfloat16, 32, 4, 2, True),
+        (torch.bfloat16, 32, 8, 2, True),
     ):
         name = "fp32" if lp is None else str(lp).split(".")[1]
         loop = f" tiles {tiles} stages {stages}" if tiles > 1 else ""
+        loop += " s0 dot" if s0_dot else ""
         out.append(
             (
                 f"readout {rows} x {K} {name}{loop}",
@@ -213,6 +220,7 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     EXACT_FLUSH=True,
                     TILES=tiles,
                     NUM_STAGES=stages,
+                    S0_DOT=s0_dot,
                 ),
                 1,
             )

@@ -73,6 +73,22 @@ SCENARIOS = {
     ),
     "readout_tile_loop_churn": dict(churn=True, knobs=dict(readout_tiles=2, readout_stages=2)),
     "uneven_readout_tiles": dict(geom="uneven", knobs=dict(readout_tiles=3)),
+    # S0·k̂ and S0·q̂ as one product of the LP tile with hi / lo parts of k̂, q̂ (16 x 16
+    # tiles of the 122B geometry's one key head; uneven K = 12 and V = 20 masked)
+    "readout_s0_dot_bf16": dict(
+        geom="qwen35_122b", lp=torch.bfloat16, knobs=dict(readout_s0_dot=True)
+    ),
+    "readout_s0_dot_fp16_uneven": dict(
+        geom="uneven", lp=torch.float16, knobs=dict(readout_s0_dot=True)
+    ),
+    # the candidate configuration: the tile loop pipelined (cp.async of S0 into shared
+    # memory on GPUs), with rows that join and leave
+    "readout_s0_dot_pipelined_churn": dict(
+        geom="qwen35_122b",
+        lp=torch.bfloat16,
+        churn=True,
+        knobs=dict(readout_s0_dot=True, readout_tiles=2, readout_stages=2),
+    ),
 }
 
 
@@ -111,6 +127,19 @@ def test_plain_flush_warps_follow_recompute(lp, exact, knobs, warps, monkeypatch
     )
     assert launched["num_warps"] == warps
     assert launched["block_v"] == 16
+
+
+def test_readout_s0_dot_needs_an_lp_copy(monkeypatch):
+    """readout_s0_dot multiplies a bf16 / fp16 tile on the tensor cores: an HP-only cache
+    is refused with a message, not read as fp32 through a lossy product."""
+    monkeypatch.setattr(decode, "gdn_plan", lambda *a, **k: None)
+    monkeypatch.setattr(decode, "gdn_flush", lambda *a, **k: None)
+    fam = GDNFamily(GEOMS["tiny"], decode_op=_op(readout_s0_dot=True), seed=1)
+    cache = fam.cache(fam.specs(4, 1, None), 4)
+    tok = fam.tokens(2, torch.Generator().manual_seed(0))
+    rows = torch.tensor([1, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match="s0_dot reads an LP copy"):
+        fam.decode(cache, tok, rows, torch.empty(fam.out_shape(2)), 4, 1)
 
 
 SLOW = {"L16"}  # a minute in the interpreter
@@ -174,6 +203,7 @@ LOCKSTEP = {
     "lp_bf16": dict(lp=torch.bfloat16),
     "fold": dict(exact=False),
     "stock_route_steps_lp_bf16": dict(lp=torch.bfloat16, stock_share=0.4),  # stale LP rows
+    "readout_s0_dot_lp_bf16": dict(lp=torch.bfloat16, knobs=dict(readout_s0_dot=True)),
 }
 
 
@@ -313,14 +343,22 @@ def test_real_geometry_hp_only_fp32_accurate_on_gpu(geom):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "lp", [None, torch.bfloat16, torch.float16], ids=["hp", "lp_bf16", "lp_fp16"]
+    "lp, s0_dot",
+    [
+        (None, False),
+        (torch.bfloat16, False),
+        (torch.float16, False),
+        (torch.bfloat16, True),
+        (torch.float16, True),
+    ],
+    ids=["hp", "lp_bf16", "lp_fp16", "lp_bf16_s0_dot", "lp_fp16_s0_dot"],
 )
-def test_real_geometry_lockstep_on_gpu(lp):
+def test_real_geometry_lockstep_on_gpu(lp, s0_dot):
     check_kernel_matches_reference(
         lambda op: GDNFamily(
             REAL["qwen35_122b"], act_dtype=torch.bfloat16, device="cuda", decode_op=op, seed=4
         ),
-        _op(),
+        _op(readout_s0_dot=True, readout_stages=2) if s0_dot else _op(),
         L=16,
         T=1,
         lp=lp,

@@ -53,7 +53,11 @@ def launch_config(
     bf16 LP 255.4 -> 240.6 µs (2.19x vLLM's 527.8), HP only 340.6 -> 330.3 (1.60x); 4B
     140.3 -> 135.3 (1.98x of 267.8), 181.6 -> 177.4 (1.51x); pipelining the loop (2 stages)
     costs 15-25% (`kernels-h200-20261203-fa40548-gdn-plain-readout-loop{,-bs32-64}.json`;
-    at bs 32 / 64 two to four tiles gain 1-4%). flush: 16-row value tiles,
+    at bs 32 / 64 two to four tiles gain 1-4%). readout_s0_dot (an LP copy only): S0·k̂ and
+    S0·q̂ as one tensor-core product with hi / lo parts of k̂, q̂ (offline sm_90, 122B bf16
+    LP, four tiles: 128 registers against 120, 1,088 SASS instructions against 1,304, 32
+    shuffles against 160, 12 KiB of shared memory); off until measured on the H200.
+    flush: 16-row value tiles,
     one warp per program, a persistent grid of four programs per SM (8 in the interpreter;
     a flush that sums the cached d: two two-warp programs per SM, below),
     on a side stream beside the readout (GPU): the flush is a chain of dependent steps per
@@ -91,6 +95,7 @@ def launch_config(
         readout_warps=1,
         readout_tiles=0,
         readout_stages=1,
+        readout_s0_dot=False,
         flush_block_v=flush_v,
         flush_warps=flush_warps,
         flush_programs=min(programs, flush_items),
@@ -125,7 +130,7 @@ def gdn_replay_decode(
 
     scratch: `GDNScratch` for at least R rows (plain decode); None allocates one per call
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
-    readout_block_v, readout_warps, readout_tiles, readout_stages, flush_block_v,
+    readout_block_v, readout_warps, readout_tiles, readout_stages, readout_s0_dot, flush_block_v,
     flush_warps, flush_programs, plan_warps, overlap, flush_recompute, dot_precision) or set
     the window step's (speculative: route, block_v, num_warps, heads_per_program,
     num_stages).
@@ -216,5 +221,6 @@ def gdn_replay_decode(
             num_warps=cfg["readout_warps"],
             readout_tiles=cfg["readout_tiles"],
             num_stages=cfg["readout_stages"],
+            s0_dot=cfg["readout_s0_dot"],
             **common,
         )

@@ -41,7 +41,12 @@ from vllm_replayssm.kernels.gdn.plan import (
     GDNScratch,
     history_block,
 )
-from vllm_replayssm.kernels.gdn.tiles import readout_tile
+from vllm_replayssm.kernels.gdn.tiles import (
+    pair_products,
+    readout_from_products,
+    readout_tile,
+    split_pair,
+)
 
 # readout_tiles=0 takes at most this many tiles per program: at bs 256 four beat eight
 # (`kernels-h200-20261203-fa40548-gdn-plain-readout-loop.json`; 122B bf16 LP 240.6 against
@@ -97,6 +102,7 @@ def _gdn_readout_kernel(
     EXACT_FLUSH: tl.constexpr,
     TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    S0_DOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     r = tl.program_id(1)
@@ -130,6 +136,8 @@ def _gdn_readout_kernel(
         return
     if read_hp != 0:
         return
+    if S0_DOT:
+        kq_b = split_pair(kn, qn, ckpt_ptr.dtype.element_ty)
     slot = slot32.to(tl.int64)
     rows = o + o_j
     rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
@@ -163,19 +171,25 @@ def _gdn_readout_kernel(
             mask=(o_j < n)[:, None] & m_v[None, :],
             other=0.0,
         )  # [BLOCK_L, BLOCK_V] fp32
-        d_t, o_t = readout_tile(
-            S0.to(tl.float32),
-            kn,
-            qn,
-            coef_k,
-            coef_q,
-            d_h,
-            exp_gam,
-            alpha,
-            beta,
-            kq,
-            v_raw.to(tl.float32),
-        )
+        if S0_DOT:
+            s0k, s0q = pair_products(S0, kq_b)
+            d_t, o_t = readout_from_products(
+                s0k, s0q, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v_raw.to(tl.float32)
+            )
+        else:
+            d_t, o_t = readout_tile(
+                S0.to(tl.float32),
+                kn,
+                qn,
+                coef_k,
+                coef_q,
+                d_h,
+                exp_gam,
+                alpha,
+                beta,
+                kq,
+                v_raw.to(tl.float32),
+            )
         tl.store(
             out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v,
             o_t,
@@ -206,12 +220,15 @@ def gdn_readout(
     num_warps: int,
     readout_tiles: int = 1,
     num_stages: int = 1,
+    s0_dot: bool = False,
 ) -> None:
     """Launch the readout for R rows after `gdn_plan` (alongside `gdn_flush`).
 
     readout_tiles: value tiles per program (0: `blocks.auto_readout_tiles`, at most
     MAX_TILES); it must divide a key head's V_PER_K * cdiv(V, block_v) tiles. num_stages: Triton's
-    pipelining of the tile loop (1: none).
+    pipelining of the tile loop (1: none). s0_dot: S0·k̂ and S0·q̂ as one tensor-core product
+    of the LP tile with hi / lo parts of k̂ and q̂ in LP's dtype (`tiles.pair_products`; an LP
+    copy only) instead of per-element products and warp reductions.
 
     Reads LP (HP when LP is off), the ring_d history and the plan; writes out [R, Hv, V]
     for rows that read neither HP nor a NULL slot (zeros for NULL rows), their d (and v)
@@ -220,6 +237,8 @@ def gdn_readout(
     R, Hv, V = v.shape
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
     ckpt = cache.lp if cache.lp is not None else cache.hp
+    if s0_dot and ckpt.element_size() != 2:
+        raise ValueError("s0_dot reads an LP copy (bf16 / fp16); this cache has none")
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
     tiles = triton.cdiv(V, block_v)
     key_head_tiles = Hv // Hk * tiles
@@ -261,5 +280,6 @@ def gdn_readout(
         EXACT_FLUSH=cache.exact_flush,
         TILES=readout_tiles,
         NUM_STAGES=num_stages,
+        S0_DOT=s0_dot,
         num_warps=num_warps,
     )
