@@ -193,6 +193,7 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
         (torch.float16, 32, 1, 1, False),
         (None, 16, 4, 1, False),
         (torch.bfloat16, 32, 4, 1, False),
+        (None, 16, 4, 2, False),
         (None, 16, 8, 2, False),
         (torch.bfloat16, 32, 8, 2, False),
         (torch.bfloat16, 32, 1, 1, True),

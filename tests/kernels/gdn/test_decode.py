@@ -323,7 +323,7 @@ def test_real_geometry_on_gpu(geom, lp, exact):
 @pytest.mark.parametrize("tiles", [4, 8])
 def test_real_geometry_readout_tile_loop_on_gpu(geom, lp, tiles):
     """Several value tiles per readout program, pipelined (at 8 rows `auto_readout_tiles`
-    picks 1; bs 256 takes 8)."""
+    picks 1; bs 256 takes 8); HP only, the products-first order of the pipelined loop."""
     fam = GDNFamily(
         REAL[geom],
         act_dtype=torch.bfloat16,
