@@ -56,7 +56,8 @@ def launch_config(
     at bs 32 / 64 two to four tiles gain 1-4%). readout_s0_dot (an LP copy only): S0·k̂ and
     S0·q̂ as one tensor-core product with hi / lo parts of k̂, q̂ (offline sm_90, 122B bf16
     LP, four tiles: 128 registers against 120, 1,088 SASS instructions against 1,304, 32
-    shuffles against 160, 12 KiB of shared memory); off until measured on the H200.
+    shuffles against 160, 12 KiB of shared memory; pipelined at readout_stages 2, S0 copied
+    to shared memory by cp.async: 94 registers); off until measured on the H200.
     flush: 16-row value tiles,
     one warp per program, a persistent grid of four programs per SM (8 in the interpreter;
     a flush that sums the cached d: two two-warp programs per SM, below),
