@@ -129,16 +129,25 @@ def test_plain_flush_warps_follow_recompute(lp, exact, knobs, warps, monkeypatch
     assert launched["block_v"] == 16
 
 
-def test_readout_s0_dot_needs_an_lp_copy(monkeypatch):
+@pytest.mark.parametrize(
+    "geom, lp, message",
+    [
+        ("qwen35_122b", None, "s0_dot reads an LP copy"),
+        ("tiny", torch.bfloat16, "at least 16, got block_v 8, K 8"),
+    ],
+    ids=["hp_only", "tiles_below_16"],
+)
+def test_readout_s0_dot_refusals(geom, lp, message, monkeypatch):
     """readout_s0_dot multiplies a bf16 / fp16 tile on the tensor cores: an HP-only cache
-    is refused with a message, not read as fp32 through a lossy product."""
+    is refused with a message, not read as fp32 through a lossy product, and so are tiles
+    below the tensor cores' 16 (a compile error on GPUs otherwise)."""
     monkeypatch.setattr(decode, "gdn_plan", lambda *a, **k: None)
     monkeypatch.setattr(decode, "gdn_flush", lambda *a, **k: None)
-    fam = GDNFamily(GEOMS["tiny"], decode_op=_op(readout_s0_dot=True), seed=1)
-    cache = fam.cache(fam.specs(4, 1, None), 4)
+    fam = GDNFamily(GEOMS[geom], decode_op=_op(readout_s0_dot=True), seed=1)
+    cache = fam.cache(fam.specs(4, 1, lp), 4)
     tok = fam.tokens(2, torch.Generator().manual_seed(0))
     rows = torch.tensor([1, 2], dtype=torch.int32)
-    with pytest.raises(ValueError, match="s0_dot reads an LP copy"):
+    with pytest.raises(ValueError, match=message):
         fam.decode(cache, tok, rows, torch.empty(fam.out_shape(2)), 4, 1)
 
 

@@ -256,6 +256,11 @@ def gdn_readout(
     ckpt = cache.lp if cache.lp is not None else cache.hp
     if s0_dot and ckpt.element_size() != 2:
         raise ValueError("s0_dot reads an LP copy (bf16 / fp16); this cache has none")
+    if s0_dot and min(block_v, pow2_block(K)) < 16:
+        # the tensor cores' smallest operand tile
+        raise ValueError(
+            f"s0_dot needs value tiles and a key dim of at least 16, got block_v {block_v}, K {K}"
+        )
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
     tiles = triton.cdiv(V, block_v)
     key_head_tiles = Hv // Hk * tiles
