@@ -171,27 +171,18 @@ def _gdn_readout_kernel(
             mask=(o_j < n)[:, None] & m_v[None, :],
             other=0.0,
         )  # [BLOCK_L, BLOCK_V] fp32
-        if S0_DOT:
-            s0k, s0q = pair_products(S0, kq_b)
+        if S0_DOT or NUM_STAGES > 1:
+            if S0_DOT:
+                s0k, s0q = pair_products(S0, kq_b)
+            else:
+                # pipelined, both products before the history sums: offline sm_90 (122B HP
+                # 16 x 128, 4 or 8 tiles) 80 registers against 128 in readout_tile's order,
+                # which the unpipelined loop keeps (85 against 88 there)
+                Sf = S0.to(tl.float32)
+                s0k = tl.sum(Sf * kn[None, :], axis=1)
+                s0q = tl.sum(Sf * qn[None, :], axis=1)
             d_t, o_t = readout_from_products(
                 s0k, s0q, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v_raw.to(tl.float32)
-            )
-        elif NUM_STAGES > 1:
-            # pipelined, both products before the history sums: offline sm_90 (122B HP 16 x
-            # 128, 4 or 8 tiles) 80 registers against 128 in readout_tile's order, which the
-            # unpipelined loop keeps (85 against 88 there)
-            Sf = S0.to(tl.float32)
-            d_t, o_t = readout_from_products(
-                tl.sum(Sf * kn[None, :], axis=1),
-                tl.sum(Sf * qn[None, :], axis=1),
-                coef_k,
-                coef_q,
-                d_h,
-                exp_gam,
-                alpha,
-                beta,
-                kq,
-                v_raw.to(tl.float32),
             )
         else:
             d_t, o_t = readout_tile(
