@@ -100,6 +100,23 @@ def test_plain_readout_defaults():
     assert readout.MAX_TILES == 4
 
 
+def _step_launches(monkeypatch, geom, lp, knobs, exact=True, readout_runs=False) -> dict:
+    """One plain step of two rows through `gdn_replay_decode` with the plan and flush
+    launches (and the readout's, unless readout_runs: its launcher's checks) replaced by
+    recorders; returns the flush launcher's keyword arguments."""
+    launched = {}
+    monkeypatch.setattr(decode, "gdn_plan", lambda *a, **k: None)
+    monkeypatch.setattr(decode, "gdn_flush", lambda *a, **k: launched.update(k))
+    if not readout_runs:
+        monkeypatch.setattr(decode, "gdn_readout", lambda *a, **k: None)
+    fam = GDNFamily(GEOMS[geom], exact_flush=exact, decode_op=_op(**knobs), seed=1)
+    cache = fam.cache(fam.specs(4, 1, lp), 4)
+    tok = fam.tokens(2, torch.Generator().manual_seed(0))
+    rows = torch.tensor([1, 2], dtype=torch.int32)
+    fam.decode(cache, tok, rows, torch.empty(fam.out_shape(2)), 4, 1)
+    return launched
+
+
 @pytest.mark.parametrize(
     "lp, exact, knobs, warps",
     [
@@ -115,16 +132,7 @@ def test_plain_flush_warps_follow_recompute(lp, exact, knobs, warps, monkeypatch
     """The flush's warps follow what it does, not the checkpoint's width: the flush summing
     the cached d runs on two warps, the recomputing one (255 registers on any warp count) on
     one (the H200 sweeps in `decode.launch_config`). The launches are recorded, not run."""
-    launched = {}
-    monkeypatch.setattr(decode, "gdn_plan", lambda *a, **k: None)
-    monkeypatch.setattr(decode, "gdn_readout", lambda *a, **k: None)
-    monkeypatch.setattr(decode, "gdn_flush", lambda *a, **k: launched.update(k))
-    fam = GDNFamily(GEOMS["tiny"], exact_flush=exact, decode_op=_op(**knobs), seed=1)
-    cache = fam.cache(fam.specs(4, 1, lp), 4)
-    tok = fam.tokens(2, torch.Generator().manual_seed(0))
-    fam.decode(
-        cache, tok, torch.tensor([1, 2], dtype=torch.int32), torch.empty(fam.out_shape(2)), 4, 1
-    )
+    launched = _step_launches(monkeypatch, "tiny", lp, knobs, exact=exact)
     assert launched["num_warps"] == warps
     assert launched["block_v"] == 16
 
@@ -141,14 +149,8 @@ def test_readout_s0_dot_refusals(geom, lp, message, monkeypatch):
     """readout_s0_dot multiplies a bf16 / fp16 tile on the tensor cores: an HP-only cache
     is refused with a message, not read as fp32 through a lossy product, and so are tiles
     below the tensor cores' 16 (a compile error on GPUs otherwise)."""
-    monkeypatch.setattr(decode, "gdn_plan", lambda *a, **k: None)
-    monkeypatch.setattr(decode, "gdn_flush", lambda *a, **k: None)
-    fam = GDNFamily(GEOMS[geom], decode_op=_op(readout_s0_dot=True), seed=1)
-    cache = fam.cache(fam.specs(4, 1, lp), 4)
-    tok = fam.tokens(2, torch.Generator().manual_seed(0))
-    rows = torch.tensor([1, 2], dtype=torch.int32)
     with pytest.raises(ValueError, match=message):
-        fam.decode(cache, tok, rows, torch.empty(fam.out_shape(2)), 4, 1)
+        _step_launches(monkeypatch, geom, lp, dict(readout_s0_dot=True), readout_runs=True)
 
 
 SLOW = {"L16"}  # a minute in the interpreter
