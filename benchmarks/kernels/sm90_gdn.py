@@ -185,26 +185,16 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
             1,
         )
     ]
-    # the readout's tile loop: one tile per program, 4 (the bs 256 default), 8 pipelined
-    # s0_dot: S0·k̂ and S0·q̂ as one tensor-core product with hi / lo split k̂, q̂ (LP only)
-    for lp, rows, tiles, stages, s0_dot in (
-        (None, 16, 1, 1, False),
-        (torch.bfloat16, 32, 1, 1, False),
-        (torch.float16, 32, 1, 1, False),
-        (None, 16, 4, 1, False),
-        (torch.bfloat16, 32, 4, 1, False),
-        (None, 16, 4, 2, False),
-        (None, 16, 8, 2, False),
-        (torch.bfloat16, 32, 8, 2, False),
-        (torch.bfloat16, 32, 1, 1, True),
-        (torch.bfloat16, 32, 4, 1, True),
-        (torch.bfloat16, 64, 4, 1, True),
-        (torch.bfloat16, 32, 4, 2, True),
-        (torch.bfloat16, 32, 8, 2, True),
+    # the readout's tile loop: one tile per program, 4 (the bs 256 default)
+    for lp, rows, tiles in (
+        (None, 16, 1),
+        (torch.bfloat16, 32, 1),
+        (torch.float16, 32, 1),
+        (None, 16, 4),
+        (torch.bfloat16, 32, 4),
     ):
         name = "fp32" if lp is None else str(lp).split(".")[1]
-        loop = f" tiles {tiles} stages {stages}" if tiles > 1 else ""
-        loop += " s0 dot" if s0_dot else ""
+        loop = f" tiles {tiles}" if tiles > 1 else ""
         out.append(
             (
                 f"readout {rows} x {K} {name}{loop}",
@@ -220,8 +210,6 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     BLOCK_L=BL,
                     EXACT_FLUSH=True,
                     TILES=tiles,
-                    NUM_STAGES=stages,
-                    S0_DOT=s0_dot,
                 ),
                 1,
             )

@@ -65,50 +65,31 @@ SCENARIOS = {
     "one_flush_program": dict(knobs=dict(flush_programs=1)),  # the persistent loop
     # several value tiles per head in both launches (V = 16)
     "tiles_of_8": dict(geom="qwen3_next", knobs=dict(readout_block_v=8, flush_block_v=8)),
-    # the readout's tile loop: 4 of a key head's 8 tiles per program (two value heads), and
-    # pipelined; with rows that join and leave (NULL rows store zeros from the loop); 3
-    # value heads of V = 20 on one program
-    "readout_tile_loop": dict(
-        geom="qwen35_122b", knobs=dict(readout_block_v=8, readout_tiles=4, readout_stages=2)
-    ),
-    "readout_tile_loop_churn": dict(churn=True, knobs=dict(readout_tiles=2, readout_stages=2)),
+    # the readout's tile loop: 4 of a key head's 8 tiles per program (two value heads); with
+    # rows that join and leave (NULL rows store zeros from the loop); 3 value heads of
+    # V = 20 on one program
+    "readout_tile_loop": dict(geom="qwen35_122b", knobs=dict(readout_block_v=8, readout_tiles=4)),
+    "readout_tile_loop_churn": dict(churn=True, knobs=dict(readout_tiles=2)),
     "uneven_readout_tiles": dict(geom="uneven", knobs=dict(readout_tiles=3)),
-    # S0·k̂ and S0·q̂ as one product of the LP tile with hi / lo parts of k̂, q̂ (16 x 16
-    # tiles of the 122B geometry's one key head; uneven K = 12 and V = 20 masked)
-    "readout_s0_dot_bf16": dict(
-        geom="qwen35_122b", lp=torch.bfloat16, knobs=dict(readout_s0_dot=True)
-    ),
-    "readout_s0_dot_fp16_uneven": dict(
-        geom="uneven", lp=torch.float16, knobs=dict(readout_s0_dot=True)
-    ),
-    # the candidate configuration: the tile loop pipelined (cp.async of S0 into shared
-    # memory on GPUs), with rows that join and leave
-    "readout_s0_dot_pipelined_churn": dict(
-        geom="qwen35_122b",
-        lp=torch.bfloat16,
-        churn=True,
-        knobs=dict(readout_s0_dot=True, readout_tiles=2, readout_stages=2),
-    ),
 }
 
 
 def test_plain_readout_defaults():
     """Plain decode's readout takes auto_readout_tiles' choice of at most four tiles per
-    program, unpipelined (the H200 sweep in `decode.launch_config`)."""
+    program (the H200 sweep in `decode.launch_config`)."""
     cfg = decode.launch_config(256, 64, 128, 128, 2, torch.device("cpu"), recompute_d=True)
-    assert (cfg["readout_block_v"], cfg["readout_tiles"], cfg["readout_stages"]) == (32, 0, 1)
+    assert (cfg["readout_block_v"], cfg["readout_tiles"]) == (32, 0)
     assert readout.MAX_TILES == 4
 
 
-def _step_launches(monkeypatch, geom, lp, knobs, exact=True, readout_runs=False) -> dict:
-    """One plain step of two rows through `gdn_replay_decode` with the plan and flush
-    launches (and the readout's, unless readout_runs: its launcher's checks) replaced by
-    recorders; returns the flush launcher's keyword arguments."""
+def _step_launches(monkeypatch, geom, lp, knobs, exact=True) -> dict:
+    """One plain step of two rows through `gdn_replay_decode` with the plan, flush and
+    readout launches replaced by recorders; returns the flush launcher's keyword
+    arguments."""
     launched = {}
     monkeypatch.setattr(decode, "gdn_plan", lambda *a, **k: None)
     monkeypatch.setattr(decode, "gdn_flush", lambda *a, **k: launched.update(k))
-    if not readout_runs:
-        monkeypatch.setattr(decode, "gdn_readout", lambda *a, **k: None)
+    monkeypatch.setattr(decode, "gdn_readout", lambda *a, **k: None)
     fam = GDNFamily(GEOMS[geom], exact_flush=exact, decode_op=_op(**knobs), seed=1)
     cache = fam.cache(fam.specs(4, 1, lp), 4)
     tok = fam.tokens(2, torch.Generator().manual_seed(0))
@@ -135,22 +116,6 @@ def test_plain_flush_warps_follow_recompute(lp, exact, knobs, warps, monkeypatch
     launched = _step_launches(monkeypatch, "tiny", lp, knobs, exact=exact)
     assert launched["num_warps"] == warps
     assert launched["block_v"] == 16
-
-
-@pytest.mark.parametrize(
-    "geom, lp, message",
-    [
-        ("qwen35_122b", None, "s0_dot reads an LP copy"),
-        ("tiny", torch.bfloat16, "at least 16, got block_v 8, K 8"),
-    ],
-    ids=["hp_only", "tiles_below_16"],
-)
-def test_readout_s0_dot_refusals(geom, lp, message, monkeypatch):
-    """readout_s0_dot multiplies a bf16 / fp16 tile on the tensor cores: an HP-only cache
-    is refused with a message, not read as fp32 through a lossy product, and so are tiles
-    below the tensor cores' 16 (a compile error on GPUs otherwise)."""
-    with pytest.raises(ValueError, match=message):
-        _step_launches(monkeypatch, geom, lp, dict(readout_s0_dot=True), readout_runs=True)
 
 
 SLOW = {"L16"}  # a minute in the interpreter
@@ -214,7 +179,6 @@ LOCKSTEP = {
     "lp_bf16": dict(lp=torch.bfloat16),
     "fold": dict(exact=False),
     "stock_route_steps_lp_bf16": dict(lp=torch.bfloat16, stock_share=0.4),  # stale LP rows
-    "readout_s0_dot_lp_bf16": dict(lp=torch.bfloat16, knobs=dict(readout_s0_dot=True)),
 }
 
 
@@ -333,14 +297,14 @@ def test_real_geometry_on_gpu(geom, lp, exact):
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 @pytest.mark.parametrize("tiles", [4, 8])
 def test_real_geometry_readout_tile_loop_on_gpu(geom, lp, tiles):
-    """Several value tiles per readout program, pipelined (at 8 rows `auto_readout_tiles`
-    picks 1; bs 256 takes 8); HP only, the products-first order of the pipelined loop."""
+    """Several value tiles per readout program (at 8 rows `auto_readout_tiles` picks 1;
+    bs 256 takes 4)."""
     fam = GDNFamily(
         REAL[geom],
         act_dtype=torch.bfloat16,
         device="cuda",
         seed=13,
-        decode_op=_op(readout_tiles=tiles, readout_stages=2),
+        decode_op=_op(readout_tiles=tiles),
     )
     check_scenario(fam, L=16, T=1, lp=lp, spec=False, requests=8, cycles=2)
 
@@ -354,22 +318,14 @@ def test_real_geometry_hp_only_fp32_accurate_on_gpu(geom):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "lp, s0_dot",
-    [
-        (None, False),
-        (torch.bfloat16, False),
-        (torch.float16, False),
-        (torch.bfloat16, True),
-        (torch.float16, True),
-    ],
-    ids=["hp", "lp_bf16", "lp_fp16", "lp_bf16_s0_dot", "lp_fp16_s0_dot"],
+    "lp", [None, torch.bfloat16, torch.float16], ids=["hp", "lp_bf16", "lp_fp16"]
 )
-def test_real_geometry_lockstep_on_gpu(lp, s0_dot):
+def test_real_geometry_lockstep_on_gpu(lp):
     check_kernel_matches_reference(
         lambda op: GDNFamily(
             REAL["qwen35_122b"], act_dtype=torch.bfloat16, device="cuda", decode_op=op, seed=4
         ),
-        _op(readout_s0_dot=True, readout_stages=2) if s0_dot else _op(),
+        _op(),
         L=16,
         T=1,
         lp=lp,

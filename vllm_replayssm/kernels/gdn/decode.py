@@ -49,15 +49,14 @@ def launch_config(
     readout: block_v rows of the checkpoint per tile (TILE_BYTES of them: 16 x 128 fp32,
     32 x 128 bf16/fp16), one warp (no cross-warp reductions), readout_tiles tiles of one key
     head per program (0: `blocks.auto_readout_tiles`, at most `readout.MAX_TILES`) in a loop
-    pipelined at readout_stages > 1. At bs 256 four tiles per program against one: 122B
-    bf16 LP 255.4 -> 240.6 µs (2.19x vLLM's 527.8), HP only 340.6 -> 330.3 (1.60x); 4B
-    140.3 -> 135.3 (1.98x of 267.8), 181.6 -> 177.4 (1.51x); pipelining the loop (2 stages)
-    costs 15-25% (`kernels-h200-20261203-fa40548-gdn-plain-readout-loop{,-bs32-64}.json`;
-    at bs 32 / 64 two to four tiles gain 1-4%). readout_s0_dot (an LP copy only): S0·k̂ and
-    S0·q̂ as one tensor-core product with hi / lo parts of k̂, q̂ (offline sm_90, 122B bf16
-    LP, four tiles: 128 registers against 120, 1,088 SASS instructions against 1,304, 32
-    shuffles against 160, 12 KiB of shared memory; pipelined at readout_stages 2, S0 copied
-    to shared memory by cp.async: 94 registers); off until measured on the H200.
+    that is not pipelined. At bs 256 four tiles per program against one: 122B bf16 LP
+    255.4 -> 240.6 µs (2.19x vLLM's 527.8), HP only 340.6 -> 330.3 (1.60x); 4B 140.3 ->
+    135.3 (1.98x of 267.8), 181.6 -> 177.4 (1.51x)
+    (`kernels-h200-20261203-fa40548-gdn-plain-readout-loop{,-bs32-64}.json`; at bs 32 / 64
+    two to four tiles gain 1-4%). Measured slower and removed (8a5bb61, 122B bs 256, four
+    tiles): the loop pipelined (readout_stages 2), bf16 LP 296.6 against 240.7 µs, HP only
+    409.6 against 323.2; the LP tile's S0·k̂, S0·q̂ as one tensor-core product
+    (readout_s0_dot) 322.8; both despite fewer registers (kernels README).
     flush: 16-row value tiles,
     one warp per program, a persistent grid of four programs per SM (8 in the interpreter;
     a flush that sums the cached d: two two-warp programs per SM, below),
@@ -95,8 +94,6 @@ def launch_config(
         readout_block_v=block_v,
         readout_warps=1,
         readout_tiles=0,
-        readout_stages=1,
-        readout_s0_dot=False,
         flush_block_v=flush_v,
         flush_warps=flush_warps,
         flush_programs=min(programs, flush_items),
@@ -131,10 +128,9 @@ def gdn_replay_decode(
 
     scratch: `GDNScratch` for at least R rows (plain decode); None allocates one per call
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
-    readout_block_v, readout_warps, readout_tiles, readout_stages, readout_s0_dot, flush_block_v,
-    flush_warps, flush_programs, plan_warps, overlap, flush_recompute, dot_precision) or set
-    the window step's (speculative: route, block_v, num_warps, heads_per_program,
-    num_stages).
+    readout_block_v, readout_warps, readout_tiles, flush_block_v, flush_warps,
+    flush_programs, plan_warps, overlap, flush_recompute, dot_precision) or set the window
+    step's (speculative: route, block_v, num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -221,7 +217,5 @@ def gdn_replay_decode(
             block_v=cfg["readout_block_v"],
             num_warps=cfg["readout_warps"],
             readout_tiles=cfg["readout_tiles"],
-            num_stages=cfg["readout_stages"],
-            s0_dot=cfg["readout_s0_dot"],
             **common,
         )

@@ -8,13 +8,12 @@ elements each (about 8 KiB: 16 x 128 fp32 HP or 32 x 128 bf16/fp16 LP):
 
 with the coefficients and the normalised k_t / q_t from the plan and d_j the cached fp32
 corrected values of this head and tile (`tiles.readout_tile`). The plan row and the key
-head's k_t / q_t load once per program; the tiles run in a `tl.range` loop, which Triton
-pipelines at NUM_STAGES > 1 (cp.async loads of the next tiles into shared memory; measured
-slower on the H200, so the launcher's default is 1). Each tile stores d_t (and, for the
-exact flush, v_t) at the row's write row and o_t. Rows that read HP (flush rows, stale LP)
-are left to the flush launch, which may run at the same time (the two touch different
-rows). The row's first program stores the row's new cursor words from the plan row. No
-atomics, no barriers across warps.
+head's k_t / q_t load once per program; the tiles run in a `tl.range` loop, not pipelined
+(pipelined, with cp.async loads into shared memory, it measured 15-27% slower on the H200:
+kernels README). Each tile stores d_t (and, for the exact flush, v_t) at the row's write
+row and o_t. Rows that read HP (flush rows, stale LP) are left to the flush launch, which
+may run at the same time (the two touch different rows). The row's first program stores
+the row's new cursor words from the plan row. No atomics, no barriers across warps.
 """
 
 from __future__ import annotations
@@ -41,12 +40,7 @@ from vllm_replayssm.kernels.gdn.plan import (
     GDNScratch,
     history_block,
 )
-from vllm_replayssm.kernels.gdn.tiles import (
-    pair_products,
-    readout_from_products,
-    readout_tile,
-    split_pair,
-)
+from vllm_replayssm.kernels.gdn.tiles import readout_tile
 
 # readout_tiles=0 takes at most this many tiles per program: at bs 256 four beat eight
 # (`kernels-h200-20261203-fa40548-gdn-plain-readout-loop.json`; 122B bf16 LP 240.6 against
@@ -101,8 +95,6 @@ def _gdn_readout_kernel(
     BLOCK_L: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
     TILES: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    S0_DOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     r = tl.program_id(1)
@@ -136,12 +128,10 @@ def _gdn_readout_kernel(
         return
     if read_hp != 0:
         return
-    if S0_DOT:
-        kq_b = split_pair(kn, qn, ckpt_ptr.dtype.element_ty)
     slot = slot32.to(tl.int64)
     rows = o + o_j
     rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    for i in tl.range(TILES, num_stages=NUM_STAGES):
+    for i in tl.range(TILES, num_stages=1):
         h = (t0 + i) // TILES_PER_HEAD
         o_v = ((t0 + i) % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
         m_v = o_v < head_v_dim
@@ -171,33 +161,19 @@ def _gdn_readout_kernel(
             mask=(o_j < n)[:, None] & m_v[None, :],
             other=0.0,
         )  # [BLOCK_L, BLOCK_V] fp32
-        if S0_DOT or NUM_STAGES > 1:
-            if S0_DOT:
-                s0k, s0q = pair_products(S0, kq_b)
-            else:
-                # pipelined, both products before the history sums: offline sm_90 (122B HP
-                # 16 x 128, 4 or 8 tiles) 80 registers against 128 in readout_tile's order,
-                # which the unpipelined loop keeps (85 against 88 there)
-                Sf = S0.to(tl.float32)
-                s0k = tl.sum(Sf * kn[None, :], axis=1)
-                s0q = tl.sum(Sf * qn[None, :], axis=1)
-            d_t, o_t = readout_from_products(
-                s0k, s0q, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v_raw.to(tl.float32)
-            )
-        else:
-            d_t, o_t = readout_tile(
-                S0.to(tl.float32),
-                kn,
-                qn,
-                coef_k,
-                coef_q,
-                d_h,
-                exp_gam,
-                alpha,
-                beta,
-                kq,
-                v_raw.to(tl.float32),
-            )
+        d_t, o_t = readout_tile(
+            S0.to(tl.float32),
+            kn,
+            qn,
+            coef_k,
+            coef_q,
+            d_h,
+            exp_gam,
+            alpha,
+            beta,
+            kq,
+            v_raw.to(tl.float32),
+        )
         tl.store(
             out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v,
             o_t,
@@ -227,16 +203,11 @@ def gdn_readout(
     block_v: int,
     num_warps: int,
     readout_tiles: int = 1,
-    num_stages: int = 1,
-    s0_dot: bool = False,
 ) -> None:
     """Launch the readout for R rows after `gdn_plan` (alongside `gdn_flush`).
 
     readout_tiles: value tiles per program (0: `blocks.auto_readout_tiles`, at most
-    MAX_TILES); it must divide a key head's V_PER_K * cdiv(V, block_v) tiles. num_stages: Triton's
-    pipelining of the tile loop (1: none). s0_dot: S0·k̂ and S0·q̂ as one tensor-core product
-    of the LP tile with hi / lo parts of k̂ and q̂ in LP's dtype (`tiles.pair_products`; an LP
-    copy only) instead of per-element products and warp reductions.
+    MAX_TILES); it must divide a key head's V_PER_K * cdiv(V, block_v) tiles.
 
     Reads LP (HP when LP is off), the ring_d history and the plan; writes out [R, Hv, V]
     for rows that read neither HP nor a NULL slot (zeros for NULL rows), their d (and v)
@@ -245,13 +216,6 @@ def gdn_readout(
     R, Hv, V = v.shape
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
     ckpt = cache.lp if cache.lp is not None else cache.hp
-    if s0_dot and ckpt.element_size() != 2:
-        raise ValueError("s0_dot reads an LP copy (bf16 / fp16); this cache has none")
-    if s0_dot and min(block_v, pow2_block(K)) < 16:
-        # the tensor cores' smallest operand tile
-        raise ValueError(
-            f"s0_dot needs value tiles and a key dim of at least 16, got block_v {block_v}, K {K}"
-        )
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
     tiles = triton.cdiv(V, block_v)
     key_head_tiles = Hv // Hk * tiles
@@ -292,7 +256,5 @@ def gdn_readout(
         BLOCK_L=history_block(buffer_len),
         EXACT_FLUSH=cache.exact_flush,
         TILES=readout_tiles,
-        NUM_STAGES=num_stages,
-        S0_DOT=s0_dot,
         num_warps=num_warps,
     )

@@ -63,15 +63,6 @@ def l2norm_rows(x):
 
 
 @triton.jit
-def readout_from_products(s0k, s0q, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v):
-    """`readout_tile` given S0·k_t and S0·q_t ([BLOCK_V] fp32)."""
-    u = exp_gam * s0k + tl.sum(coef_k[:, None] * d_h, axis=0)
-    w = exp_gam * s0q + tl.sum(coef_q[:, None] * d_h, axis=0)
-    d_t = beta * (v - alpha * u)
-    return d_t, alpha * w + kq * d_t
-
-
-@triton.jit
 def readout_tile(S, kn, qn, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v):
     """The plain-decode readout of one value tile (README "Readout"), fp32.
 
@@ -81,39 +72,10 @@ def readout_tile(S, kn, qn, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v):
     e^{g_t}; beta = β_t; kq = k_t·q_t; v: [BLOCK_V] fp32. Returns (d_t, o_t), [BLOCK_V] each:
     u = S_n k_t, w = S_n q_t, d_t = β(v − α u), o_t = α w + (k_t·q_t) d_t.
     """
-    # written out rather than through readout_from_products: computing both products first
-    # reorders the code, which costs the 4-tile bf16 readout 8 registers (offline sm_90)
     u = exp_gam * tl.sum(S * kn[None, :], axis=1) + tl.sum(coef_k[:, None] * d_h, axis=0)
     w = exp_gam * tl.sum(S * qn[None, :], axis=1) + tl.sum(coef_q[:, None] * d_h, axis=0)
     d_t = beta * (v - alpha * u)
     return d_t, alpha * w + kq * d_t
-
-
-@triton.jit
-def split_pair(kn, qn, DT: tl.constexpr):
-    """[BLOCK_K, 16] operand of `pair_products` in DT (bf16 / fp16): columns 0, 1 the high and
-    low parts of kn, 2, 3 those of qn, the rest zero; kn, qn: [BLOCK_K] fp32. hi + lo carries
-    about 16 bits of each value (bf16: within ~1e-5 relative), far below the rounding of the
-    LP tile it multiplies (2^-9 for bf16)."""
-    c = tl.arange(0, 16)[None, :]
-    src = tl.where(c < 2, kn[:, None], tl.where(c < 4, qn[:, None], 0.0))
-    hi = src.to(DT)
-    lo = (src - hi.to(tl.float32)).to(DT)
-    return tl.where((c % 2) == 1, lo, hi)
-
-
-@triton.jit
-def pair_products(S, B):
-    """(S·k, S·q), [BLOCK_V] fp32 each, of a [BLOCK_V, BLOCK_K] bf16 / fp16 checkpoint tile and
-    `split_pair`'s operand, as one tensor-core product (fp32 accumulation)."""
-    if _BF16_DOT_AS_FP32:
-        P = tl.dot(S.to(tl.float32), B.to(tl.float32), input_precision="ieee")
-    else:
-        P = tl.dot(S, B)  # [BLOCK_V, 16]
-    c = tl.arange(0, 16)[None, :]
-    return tl.sum(tl.where(c < 2, P, 0.0), axis=1), tl.sum(
-        tl.where((c >= 2) & (c < 4), P, 0.0), axis=1
-    )
 
 
 @triton.jit
