@@ -407,17 +407,14 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 spec_tok = slice(0, n_spec)
             else:
                 spec_tok = md.spec_token_indx.long()
-            self._decode_rows_spec(
-                mixed_qkv,
-                b,
-                a,
-                core_attn_out,
+            spec_rows = (
                 spec_tok,
                 md.spec_state_indices_tensor[:ns, 0],
                 md.spec_query_start_loc[: ns + 1],
                 seq_lens[:ns] if split is None else split.spec_seq_lens.long(),
             )
             if split is None:
+                self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, *spec_rows)
                 return
             ns_tok = (
                 md.non_spec_token_indx.long()
@@ -425,9 +422,12 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 else torch.zeros(0, dtype=torch.long, device=dev)
             )
         else:  # no row has drafts: the step's leading tokens, read and written in place
+            spec_rows = None
             ns_tok = slice(0, int(md.num_actual_tokens))
         rows = md.num_decodes + md.num_prefills
         if rows == 0 or _num_tokens(ns_tok) == 0:
+            if spec_rows is not None:
+                self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, *spec_rows)
             return
         # Decided on the host by the builder (no device read-back): the leading rows of one
         # token that continue a request decode, the rest are prefill chunks.
@@ -449,17 +449,15 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             else md.has_initial_state[:rows].bool()
         )
         ndt = nd  # one token each
-        if nd:
-            self._decode_rows_spec(
-                mixed_qkv,
-                b,
-                a,
-                core_attn_out,
-                _sub_tokens(ns_tok, 0, ndt),
-                slots[:nd],
-                qsl[: nd + 1],
-                ns_seq[:nd],
-            )
+        decode_rows = (_sub_tokens(ns_tok, 0, ndt), slots[:nd], qsl[: nd + 1], ns_seq[:nd])
+        if spec_rows is not None and nd:
+            # One call for both kinds of decode row: these steps run eagerly (their rows'
+            # token counts differ), where each call's launches and Python cost host time.
+            decode_rows = _join_decode_rows(spec_rows, decode_rows)
+        elif spec_rows is not None:
+            decode_rows = spec_rows
+        if spec_rows is not None or nd:
+            self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, *decode_rows)
         if nd < rows:
             self._prefill_rows_spec(
                 mixed_qkv,
@@ -685,6 +683,26 @@ def _sub_tokens(tokens: torch.Tensor | slice, start: int, stop: int | None = Non
         return tokens[start:stop]
     end = tokens.stop if stop is None else min(tokens.start + stop, tokens.stop)
     return slice(tokens.start + start, end)
+
+
+def _join_decode_rows(first: tuple, second: tuple) -> tuple:
+    """Two sets of decode rows (tokens: [n] indices or a slice; slots [R] int; qsl [R + 1]
+    over their own tokens; seq_lens [R] int64) as one for `_decode_rows_spec`: rows of
+    `first`, then rows of `second`, the second's token offsets moved past the first's.
+    Device ops only (no read-back)."""
+    tok1, slots1, qsl1, seq1 = first
+    tok2, slots2, qsl2, seq2 = second
+    tok1, tok2 = (
+        torch.arange(t.start, t.stop, device=slots1.device) if isinstance(t, slice) else t
+        for t in (tok1, tok2)
+    )
+    qsl2 = (qsl2[1:] - qsl2[:1]).to(qsl1.dtype) + qsl1[-1:]
+    return (
+        torch.cat([tok1, tok2]),
+        torch.cat([slots1, slots2.to(slots1.dtype)]),
+        torch.cat([qsl1, qsl2]),
+        torch.cat([seq1, seq2]),
+    )
 
 
 def _outputs_of(core_attn_out: torch.Tensor, tokens: torch.Tensor | slice) -> torch.Tensor:

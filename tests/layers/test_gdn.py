@@ -1,0 +1,42 @@
+"""layers/gdn.py: pieces of the GDN layer's speculative step that stand alone (the engine
+tests, tests/plugin/test_spec_cpu_engine.py, run the layer itself)."""
+
+import torch
+
+from vllm_replayssm.layers.gdn import _join_decode_rows
+
+
+def test_join_decode_rows_keeps_each_rows_tokens():
+    """Spec rows (3 and 4 tokens at scattered step positions) joined with two one-token rows:
+    the joined rows name the same tokens, slots and lengths, in that order, and the joined
+    query_start_loc gives every row its own tokens."""
+    spec = (
+        torch.tensor([0, 1, 2, 5, 6, 7, 8]),
+        torch.tensor([[9, 1], [4, 2]], dtype=torch.int32)[:, 0],  # a strided column
+        torch.tensor([0, 3, 7], dtype=torch.int32),
+        torch.tensor([30, 41]),
+    )
+    one_token = (
+        torch.tensor([3, 4]),
+        torch.tensor([7, 2], dtype=torch.int32),
+        torch.tensor([0, 1, 2], dtype=torch.int64),
+        torch.tensor([12, 8]),
+    )
+    tokens, slots, qsl, seq_lens = _join_decode_rows(spec, one_token)
+    assert tokens.tolist() == [0, 1, 2, 5, 6, 7, 8, 3, 4]
+    assert slots.tolist() == [9, 4, 7, 2] and slots.dtype == torch.int32
+    assert qsl.tolist() == [0, 3, 7, 8, 9] and qsl.dtype == torch.int32
+    assert seq_lens.tolist() == [30, 41, 12, 8]
+    rows = [tokens[qsl[i] : qsl[i + 1]].tolist() for i in range(4)]
+    assert rows == [[0, 1, 2], [5, 6, 7, 8], [3], [4]]
+
+
+def test_join_decode_rows_takes_slices_and_offset_query_starts():
+    """Token slices become indices, and a second query_start_loc that does not start at 0
+    (a view into a longer one) is rebased onto the first's end."""
+    first = (slice(0, 4), torch.tensor([5, 6]), torch.tensor([0, 2, 4]), torch.tensor([3, 3]))
+    second = (slice(6, 7), torch.tensor([8]), torch.tensor([6, 7]), torch.tensor([2]))
+    tokens, slots, qsl, seq_lens = _join_decode_rows(first, second)
+    assert tokens.tolist() == [0, 1, 2, 3, 6]
+    assert qsl.tolist() == [0, 2, 4, 5]
+    assert slots.tolist() == [5, 6, 8] and seq_lens.tolist() == [3, 3, 2]
