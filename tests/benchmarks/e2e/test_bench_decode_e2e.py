@@ -97,3 +97,32 @@ def test_the_warm_up_runs_the_timed_prompts_outside_prefix_caching(mode, shared,
     assert row["warmup_prompts"] == ("timed" if same else "other")
     if shared:
         assert all(w[:shared] == f[:shared] for w, f in zip(warm, full, strict=True))
+
+
+def _saved(*bs: int, machine: bool = True, error=None, row_error: bool = False) -> dict:
+    """A worker's last save: results for `bs`, `machine` once its engine had shut down."""
+    results = [{"bs": b, "decode_tok_s": 1.0} for b in bs]
+    if row_error:
+        results[-1] = {"bs": bs[-1], "error": "RuntimeError()"}
+    return {"results": results, "error": error, **({"machine": {}} if machine else {})}
+
+
+@pytest.mark.parametrize(
+    ("saved", "rc", "error", "note"),
+    [
+        (_saved(1, 256), 0, None, False),
+        # timed out after the final save, every batch size measured: the figures stand
+        (_saved(1, 256), "timeout", None, True),
+        # timed out before the engine shut down, or with a batch size missing: an error
+        (_saved(1, 256, machine=False), "timeout", "worker exited (timeout)", False),
+        (_saved(1), "timeout", "worker exited (timeout)", False),
+        (_saved(1, 256), -9, "worker exited (-9)", False),
+        # the worker's own errors are kept as they are
+        (_saved(1, 256, error="OOM"), "timeout", "OOM", False),
+        (_saved(1, 256, row_error=True), "timeout", None, False),
+    ],
+)
+def test_mark_worker_exit(saved, rc, error, note):
+    bench.mark_worker_exit(saved, rc, [1, 256])
+    assert saved["error"] == error
+    assert ("worker_note" in saved) == note
