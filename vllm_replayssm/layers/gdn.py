@@ -449,14 +449,15 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             else md.has_initial_state[:rows].bool()
         )
         ndt = nd  # one token each
-        decode_rows = (_sub_tokens(ns_tok, 0, ndt), slots[:nd], qsl[: nd + 1], ns_seq[:nd])
-        if spec_rows is not None and nd:
+        decode_rows = spec_rows
+        if nd:
+            one_token = (_sub_tokens(ns_tok, 0, ndt), slots[:nd], qsl[: nd + 1], ns_seq[:nd])
             # One call for both kinds of decode row: these steps run eagerly (their rows'
             # token counts differ), where each call's launches and Python cost host time.
-            decode_rows = _join_decode_rows(spec_rows, decode_rows)
-        elif spec_rows is not None:
-            decode_rows = spec_rows
-        if spec_rows is not None or nd:
+            decode_rows = (
+                one_token if spec_rows is None else _join_decode_rows(spec_rows, one_token)
+            )
+        if decode_rows is not None:
             self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, *decode_rows)
         if nd < rows:
             self._prefill_rows_spec(
