@@ -11,7 +11,8 @@ tokenizer, no network, `load_format="dummy"`):
               moe_intermediate 512, shared expert 512), vocab 32000, --layers (default 12)
 
 Per (model, mode) one engine, in its own child process (this script with --worker), so that
-GPU memory is released between engines; modes: `off` = stock vLLM (no replayssm key: the
+GPU memory is released between engines (with --interleave every mode's engine stays up, on
+its share of the memory, and their timed phases take turns: `interleave.py`); modes: `off` = stock vLLM (no replayssm key: the
 plugin's classes, if loaded, defer to vLLM's), `on` =
 `additional_config={"replayssm": {"enabled": true, "buffer_len": 16, "lp_dtype": "bfloat16"}}`
 (--replay-config merges keys onto that); `off_spec` and `on_spec` = the same with
@@ -78,6 +79,7 @@ JSON only with --json):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import importlib
@@ -98,6 +100,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 from benchmarks import common
+from benchmarks.e2e import interleave
 
 MODELS = ("nemotron_h", "qwen3_next")
 # off / on: stock vLLM / ReplaySSM, plain decode; off_spec / on_spec: the same with
@@ -126,6 +129,7 @@ SPEC_COUNTERS = (
     "vllm:spec_decode_num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens",
 )
+PREEMPTIONS = "vllm:num_preemptions"
 ARCHITECTURE = {"nemotron_h": "NemotronHForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
 CONFIG_CLASS = {"nemotron_h": "NemotronHConfig", "qwen3_next": "Qwen3NextConfig"}
 DEFAULT_REPLAY: dict[str, Any] = {"enabled": True, "buffer_len": 16, "lp_dtype": "bfloat16"}
@@ -384,29 +388,36 @@ def warmup_prompts(
     )
 
 
-def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
-    """Warm-up, then `repeats` x (prefill-only, full) generates of the same bs prompts."""
+def measure_batch(
+    llm: Any, bs: int, spec: dict, tag: str, turns: interleave.Turns | None = None
+) -> dict:
+    """Warm-up, then `repeats` x (prefill-only, full) generates of the same bs prompts;
+    with `turns` (--interleave) each of those 1 + repeats phases waits for its turn."""
+    turn = turns.turn if turns is not None else contextlib.nullcontext
+    counters = counter_names(spec)
     vocab, n_in, n_out = spec["vocab_size"], spec["input_len"], spec["output_len"]
     shared = shared_prefix(spec)
     prompts = make_prompts(bs, n_in, vocab, spec["seed"] + bs, shared)
     warm_prompts = warmup_prompts(spec, bs, prompts, shared)
-    t_warm, _, _ = timed_generate(llm, warm_prompts, min(n_out, spec["warmup_tokens"]))
+    with turn():
+        t_warm, _, _ = timed_generate(llm, warm_prompts, min(n_out, spec["warmup_tokens"]))
     kernels = common.triton_cache_kernels()  # after the warm-up, before the timed generates
     state = common.host_state(kernels)
     t_pre, t_full, tokens = [], [], None
-    counted = {name: 0.0 for name in SPEC_COUNTERS}
+    counted = {name: 0.0 for name in counters}
     cached_first = []
     for _ in range(spec["repeats"]):
-        elapsed, _, cached = timed_generate(llm, prompts, 1)
-        t_pre.append(elapsed)
-        cached_first.append(cached)
-        before = spec_counters(llm) if is_spec(spec["mode"]) else None
-        elapsed, tokens, _ = timed_generate(llm, prompts, n_out)
-        t_full.append(elapsed)
-        if before is not None:
-            after = spec_counters(llm)
-            for name in SPEC_COUNTERS:
-                counted[name] += after[name] - before[name]
+        with turn():
+            elapsed, _, cached = timed_generate(llm, prompts, 1)
+            t_pre.append(elapsed)
+            cached_first.append(cached)
+            before = counter_values(llm, counters) if counters else None
+            elapsed, tokens, _ = timed_generate(llm, prompts, n_out)
+            t_full.append(elapsed)
+            if before is not None:
+                after = counter_values(llm, counters)
+                for name in counters:
+                    counted[name] += after[name] - before[name]
     kernels_after = common.triton_cache_kernels()  # Triton compiles inside the timed generates
     pre, full = statistics.median(t_pre), statistics.median(t_full)
     decode = full - pre
@@ -439,11 +450,16 @@ def measure_batch(llm: Any, bs: int, spec: dict, tag: str) -> dict:
         # prefix caching on) and each prompt's own tokens.
         row["prompt_tokens"] = bs * (len(shared) + n_in)
         row["cached_prompt_tokens"] = cached_first
+    if PREEMPTIONS in counted:
+        # Interleaved engines share the GPU's memory: a run that preempted requests timed
+        # recomputation too.
+        row["preemptions"] = counted[PREEMPTIONS]
     if is_spec(spec["mode"]):
         drafts = counted["vllm:spec_decode_num_drafts"]
         draft_tokens = counted["vllm:spec_decode_num_draft_tokens"]
         accepted = counted["vllm:spec_decode_num_accepted_tokens"]
-        row["spec_counters"] = counted  # over the timed full generates
+        # over the timed full generates
+        row["spec_counters"] = {name: counted[name] for name in SPEC_COUNTERS}
         row["acceptance_rate"] = accepted / draft_tokens if draft_tokens else None
         row["mean_accepted_length"] = 1 + accepted / drafts if drafts else None
     if lengths != [n_out]:
@@ -466,12 +482,20 @@ def is_pc(mode: str) -> bool:
     return mode.endswith("_pc")
 
 
-def spec_counters(llm: Any) -> dict[str, float]:
-    """vLLM's speculative-decoding counters (stats logging is on in the spec modes). They
-    come through per-step scheduler stats, which a GPU engine was seen to drop for prefix
-    caching (docs/prefix-caching.md): the acceptance figures are vLLM's, as logged."""
+def counter_names(spec: dict) -> tuple[str, ...]:
+    """The vLLM counters a run reads around its timed generates: the speculative-decoding
+    ones in the spec modes, the preemptions in interleaved runs (stats logging is on in
+    both, `engine_kwargs`)."""
+    names = SPEC_COUNTERS if is_spec(spec["mode"]) else ()
+    return names + ((PREEMPTIONS,) if spec.get("interleave") else ())
+
+
+def counter_values(llm: Any, names: tuple[str, ...]) -> dict[str, float]:
+    """vLLM's counters `names` as the engine reports them now. They come through per-step
+    scheduler stats, which a GPU engine was seen to drop for prefix caching
+    (docs/prefix-caching.md): the acceptance figures are vLLM's, as logged."""
     values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
-    return {name: float(values.get(name, 0.0)) for name in SPEC_COUNTERS}
+    return {name: float(values.get(name, 0.0)) for name in names}
 
 
 def route_ran(spec: dict, bs: int) -> str:
@@ -518,7 +542,8 @@ def engine_kwargs(spec: dict, on_gpu: bool) -> dict:
     }
     if is_spec(spec["mode"]):
         kwargs["speculative_config"] = spec["speculative"]
-        kwargs["disable_log_stats"] = False  # the acceptance counters
+    if counter_names(spec):
+        kwargs["disable_log_stats"] = False  # the counters measure_batch reads
     if spec.get("compilation_config") is not None:
         kwargs["compilation_config"] = spec["compilation_config"]
     if spec.get("tensor_parallel_size", 1) > 1:
@@ -609,8 +634,12 @@ def worker_machine() -> dict:
 
 def run_worker(spec_path: Path) -> int:
     """Child process: one engine for spec's (model, mode), every batch size; the result goes
-    to spec["result_path"] after every batch size (a crash keeps what was measured)."""
+    to spec["result_path"] after every batch size (a crash keeps what was measured). With
+    spec["interleave"] it says when its engine is up and times each phase in the turns
+    the driver hands out (`interleave.py`), and keeps its engine until the driver is done
+    with every mode (its shutdown would take host time from another mode's turn)."""
     spec = json.loads(spec_path.read_text())
+    turns = interleave.Turns() if spec.get("interleave") else None
     tag = f"{spec['model']}/{spec['mode']}"
     result: dict[str, Any] = {
         "model": spec["model"],
@@ -644,16 +673,24 @@ def run_worker(spec_path: Path) -> int:
             result["state_bytes"] = {"error": repr(exc)}
         log(f"engine up in {result['engine_startup_s']:.1f} s", tag)
         save()
-        for bs in spec["batch_sizes"]:
+        if turns is not None:
+            turns.say("ready")
+        for i, bs in enumerate(spec["batch_sizes"]):
             log(f"bs={bs} ...", tag)
             try:
-                result["results"].append(measure_batch(llm, bs, spec, tag))
+                result["results"].append(measure_batch(llm, bs, spec, tag, turns))
+            except interleave.DriverGoneError:
+                raise
             except Exception as exc:  # record and go on (the engine may still be usable)
                 log(f"bs={bs} ERROR {exc!r}", tag)
                 result["results"].append(
                     {"bs": bs, "error": repr(exc), "traceback": traceback.format_exc()}
                 )
             save()
+            if turns is not None:  # in step with the other modes after a failed size
+                turns.catch_up((i + 1) * (1 + spec["repeats"]))
+        if turns is not None:
+            turns.stdin.read()  # until the driver closes it: every mode's turns are over
     except Exception as exc:
         log(f"ERROR {exc!r}", tag)
         result["error"] = repr(exc)
@@ -737,6 +774,12 @@ def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
         kv_cache_capacity(line, capacity)
 
     rc = run_worker_process(cmd, timeout, on_line)
+    return worker_result(spec, result_path, rc, capacity)
+
+
+def worker_result(spec: dict, result_path: Path, rc: int | str, capacity: dict) -> dict:
+    """A finished worker's result (its last save) with how it exited and the KV-cache
+    capacity its engine logged."""
     if not result_path.is_file():
         return {
             "model": spec["model"],
@@ -749,6 +792,32 @@ def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
     result["kv_cache_capacity"] = capacity
     mark_worker_exit(result, rc, spec["batch_sizes"])
     return result
+
+
+def run_interleaved(specs: list[dict], tmp: Path, timeout: float | None) -> list[dict]:
+    """--interleave: every mode of one model up at once, timed in turns (`interleave.py`);
+    each wait (an engine start, a turn, a shutdown) bounded by `timeout`. Returns the
+    runs in mode order, each with the turn order the driver handed out."""
+    from vllm_replayssm.server_process import end_group  # here: `off` runs without the package
+
+    capacity: dict[str, dict[str, float]] = {s["mode"]: {} for s in specs}
+    paths = {s["mode"]: tmp / f"{s['model']}-{s['mode']}.result.json" for s in specs}
+    specs = [{**s, "interleave": True, "result_path": str(paths[s["mode"]])} for s in specs]
+
+    def on_line(spec: dict, line: str) -> None:
+        sys.stderr.write(line)
+        kv_cache_capacity(line, capacity[spec["mode"]])
+
+    script = Path(__file__).resolve()
+    children = interleave.start_children(specs, tmp, script, on_line, timeout, end_group, log)
+    order = interleave.run_turns(children, specs[0]["batch_sizes"], specs[0]["repeats"])
+    runs = []
+    for spec, child in zip(specs, children, strict=True):
+        rc = child.stop()
+        run = worker_result(spec, paths[spec["mode"]], rc, capacity[spec["mode"]])
+        run["interleaved"] = {"modes": [s["mode"] for s in specs], "turns": order}
+        runs.append(run)
+    return runs
 
 
 def mark_worker_exit(result: dict, rc: int | str, batch_sizes: list[int]) -> None:
@@ -773,10 +842,12 @@ def compare(
 ) -> list[dict]:
     """Per model, batch size and pair of PAIRS with both modes measured: speed-ups of the
     first over the second and greedy token agreement (`tokens`: (model, mode, bs) ->
-    per-prompt token ids)."""
+    per-prompt token ids). Modes measured in turns (--interleave) also get the speed-up of
+    each repeat's pair, timed in the same minutes."""
     ok = {
         (r["model"], r["mode"], x["bs"]): x for r in runs for x in r["results"] if "error" not in x
     }
+    paired = {(r["model"], r["mode"]) for r in runs if r.get("interleaved")}
     rows = []
     for model, mode, bs in list(ok):
         for first, second in PAIRS:
@@ -810,6 +881,19 @@ def compare(
                     "route": on.get("route"),
                 }
             )
+            if {(model, first), (model, second)} <= paired:
+                rows[-1]["decode_speedup_per_repeat"] = [
+                    (b_full - b_pre) / (a_full - a_pre)
+                    if min(a_full - a_pre, b_full - b_pre) > 0
+                    else None  # a decode shorter than the noise of its prefill's timing
+                    for a_full, a_pre, b_full, b_pre in zip(
+                        on["t_full_all_s"],
+                        on["t_prefill_all_s"],
+                        off["t_full_all_s"],
+                        off["t_prefill_all_s"],
+                        strict=True,
+                    )
+                ]
     return rows
 
 
@@ -1045,6 +1129,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="timed (prefill, full) pairs per batch size; medians reported",
     )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="every mode's engine up at once (start-up one after another), their timed "
+        "phases taking turns, the order reversed each repeat (interleave.py): ratios from "
+        "the same minutes of a host whose speed drifts; give each engine its share with "
+        "--gpu-memory-utilization (e.g. 0.42 for two modes); stats logging on in every "
+        "mode (preemptions counted per row)",
+    )
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
     p.add_argument(
         "--worker-timeout",
@@ -1136,6 +1229,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_format": "dummy",
         "warmup_tokens": args.warmup_tokens,
         "repeats": args.repeats,
+        "interleave": args.interleave,
         "prompt_seed": args.seed,
         "prompt_ids": f"[{PROMPT_ID_MARGIN}, vocab - {PROMPT_ID_MARGIN})",
         "tokens_sha256": "sha256(json.dumps(list of per-prompt token id lists))",
@@ -1192,9 +1286,17 @@ def main(argv: list[str] | None = None) -> int:
                 "repeats": args.repeats,
                 "seed": args.seed,
             }
-            for mode in args.modes:
-                log(f"{model}/{mode}: starting worker")
-                run = spawn_worker({**spec, "mode": mode}, tmp, args.worker_timeout)
+            interleaved = (
+                run_interleaved([{**spec, "mode": m} for m in args.modes], tmp, args.worker_timeout)
+                if args.interleave
+                else None
+            )
+            for i, mode in enumerate(args.modes):
+                if interleaved is None:
+                    log(f"{model}/{mode}: starting worker")
+                    run = spawn_worker({**spec, "mode": mode}, tmp, args.worker_timeout)
+                else:
+                    run = interleaved[i]
                 payload["machine"] = payload["machine"] or run.get("machine")
                 for r in run["results"]:  # token ids stay out of the JSON
                     if "token_ids" in r:
