@@ -12,8 +12,9 @@ tokenizer, no network, `load_format="dummy"`):
 
 Per (model, mode) one engine, in its own child process (this script with --worker), so that
 GPU memory is released between engines (with --interleave every mode's engine stays up, on
-its share of the memory, and their timed phases take turns: `interleave.py`); modes: `off` = stock vLLM (no replayssm key: the
-plugin's classes, if loaded, defer to vLLM's), `on` =
+its share of the memory, and their timed phases take turns: `interleave.py`); modes:
+`off` = stock vLLM (no replayssm key: the plugin's classes, if loaded, defer to vLLM's),
+`on` =
 `additional_config={"replayssm": {"enabled": true, "buffer_len": 16, "lp_dtype": "bfloat16"}}`
 (--replay-config merges keys onto that); `off_spec` and `on_spec` = the same with
 `speculative_config` = --speculative (default ngram, k = 3), stats logging on for vLLM's
@@ -800,21 +801,30 @@ def run_interleaved(specs: list[dict], tmp: Path, timeout: float | None) -> list
     runs in mode order, each with the turn order the driver handed out."""
     from vllm_replayssm.server_process import end_group  # here: `off` runs without the package
 
-    capacity: dict[str, dict[str, float]] = {s["mode"]: {} for s in specs}
-    paths = {s["mode"]: tmp / f"{s['model']}-{s['mode']}.result.json" for s in specs}
-    specs = [{**s, "interleave": True, "result_path": str(paths[s["mode"]])} for s in specs]
+    names = [f"{s['model']}/{s['mode']}" for s in specs]
+    capacity: dict[str, dict[str, float]] = {name: {} for name in names}
+    paths = [tmp / f"{s['model']}-{s['mode']}.result.json" for s in specs]
+    specs = [
+        {**s, "interleave": True, "result_path": str(path)}
+        for s, path in zip(specs, paths, strict=True)
+    ]
+    commands = []
+    for spec, name in zip(specs, names, strict=True):
+        spec_path = tmp / f"{spec['model']}-{spec['mode']}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
+        commands.append((name, cmd))
 
-    def on_line(spec: dict, line: str) -> None:
+    def on_line(name: str, line: str) -> None:
         sys.stderr.write(line)
-        kv_cache_capacity(line, capacity[spec["mode"]])
+        kv_cache_capacity(line, capacity[name])
 
-    script = Path(__file__).resolve()
-    children = interleave.start_children(specs, tmp, script, on_line, timeout, end_group, log)
+    children = interleave.start_children(commands, on_line, timeout, end_group, log)
     order = interleave.run_turns(children, specs[0]["batch_sizes"], specs[0]["repeats"])
     runs = []
-    for spec, child in zip(specs, children, strict=True):
+    for spec, name, path, child in zip(specs, names, paths, children, strict=True):
         rc = child.stop()
-        run = worker_result(spec, paths[spec["mode"]], rc, capacity[spec["mode"]])
+        run = worker_result(spec, path, rc, capacity[name])
         run["interleaved"] = {"modes": [s["mode"] for s in specs], "turns": order}
         runs.append(run)
     return runs

@@ -24,14 +24,12 @@ remaining turns at once (`Turns.catch_up`), so every child stays in step."""
 from __future__ import annotations
 
 import contextlib
-import json
 import queue
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 MARK = "@@replayssm-e2e"
 
@@ -175,30 +173,21 @@ def run_turns(children: list[Child], batch_sizes: list[int], repeats: int) -> li
 
 
 def start_children(
-    specs: list[dict[str, Any]],
-    tmp: Path,
-    script: Path,
-    on_line: Callable[[dict, str], None],
+    commands: list[tuple[str, list[str]]],
+    on_line: Callable[[str, str], None],
     timeout: float | None,
     end_group: Callable[[int], list[int]],
     log: Callable[[str], None],
 ) -> list[Child]:
-    """Start one child per spec, each after the previous one's engine is up (vLLM sizes its
-    KV cache from the memory it finds free at start-up, so two engines must not profile at
-    once). A child whose engine did not come up is stopped and stays in the list (its
-    turns are skipped; its result records what failed)."""
+    """Start one child per (name, command), each after the previous one's engine is up
+    (vLLM sizes its KV cache from the memory it finds free at start-up, so two engines must
+    not profile at once); their other output goes to on_line(name, line). A child whose
+    engine did not come up is stopped and stays in the list (its turns are skipped; its
+    result records what failed)."""
     children = []
-    for spec in specs:
-        name = f"{spec['model']}-{spec['mode']}"
-        spec_path = tmp / f"{name}.spec.json"
-        spec_path.write_text(json.dumps(spec))
-        log(f"{spec['model']}/{spec['mode']}: starting worker (interleaved)")
-        child = Child(
-            [sys.executable, str(script), "--worker", str(spec_path)],
-            lambda line, spec=spec: on_line(spec, line),
-            timeout,
-            end_group,
-        )
+    for name, cmd in commands:
+        log(f"{name}: starting worker (interleaved)")
+        child = Child(cmd, lambda line, name=name: on_line(name, line), timeout, end_group)
         if not child.wait_for("ready"):
             child.stop()
         children.append(child)
