@@ -38,6 +38,7 @@ every step in that mode) is then recorded too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import io
 import json
@@ -54,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import common
 from benchmarks.e2e import bench_decode_e2e as e2e
+from benchmarks.e2e import interleave
 
 RUNNER_PHASES = (
     "_update_states",
@@ -268,9 +270,14 @@ def _median(values: Any) -> float | None:
 
 
 def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -> dict:
-    """One engine (this process) for `mode`: warm-up, timed generates, optional cProfile."""
+    """One engine (this process) for `mode`: warm-up, timed generates, optional cProfile;
+    with --interleave (`args.turns`) each of those phases in a turn the driver hands out
+    (`interleave.py`), the engine kept until every mode's turns are over."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch
+
+    turns = interleave.Turns() if args.turns else None
+    turn = turns.turn if turns is not None else contextlib.nullcontext
 
     rec = StepRecorder()
     rec.install()
@@ -302,18 +309,22 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
     }
     shared = e2e.shared_prefix(spec)
     prompts = e2e.make_prompts(bs, args.input_len, vocab, args.seed, shared)
+    if turns is not None:
+        turns.say("ready")
     rec.phase = "warmup"
     warm = e2e.warmup_prompts(spec, bs, prompts, shared)  # as the e2e benchmark warms up
-    result["warmup_s"] = e2e.timed_generate(llm, warm, args.warmup_tokens)[0]
-    rec.resolve_gpu_times()
-    for r in range(args.repeats):
-        rec.phase = f"first{r}"
-        result[f"first{r}_s"], _, result[f"first{r}_cached_tokens"] = e2e.timed_generate(
-            llm, prompts, 1
-        )
-        rec.phase = f"full{r}"
-        result[f"full{r}_s"] = e2e.timed_generate(llm, prompts, args.output_len)[0]
+    with turn():
+        result["warmup_s"] = e2e.timed_generate(llm, warm, args.warmup_tokens)[0]
         rec.resolve_gpu_times()
+    for r in range(args.repeats):
+        with turn():
+            rec.phase = f"first{r}"
+            result[f"first{r}_s"], _, result[f"first{r}_cached_tokens"] = e2e.timed_generate(
+                llm, prompts, 1
+            )
+            rec.phase = f"full{r}"
+            result[f"full{r}_s"] = e2e.timed_generate(llm, prompts, args.output_len)[0]
+            rec.resolve_gpu_times()
         e2e.log(f"repeat {r}: full generate {result[f'full{r}_s']:.3f} s", tag)
     if args.cprofile:
         import cProfile
@@ -321,10 +332,11 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
 
         rec.phase = "cprofile"
         prof = cProfile.Profile()
-        prof.enable()
-        e2e.timed_generate(llm, prompts, args.cprofile_tokens)
-        prof.disable()
-        rec.resolve_gpu_times()
+        with turn():
+            prof.enable()
+            e2e.timed_generate(llm, prompts, args.cprofile_tokens)
+            prof.disable()
+            rec.resolve_gpu_times()
         buf = io.StringIO()
         stats = pstats.Stats(prof, stream=buf)
         stats.sort_stats("tottime").print_stats(60)
@@ -333,6 +345,8 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
     result["summary"] = rec.summary()
     result["compiles"] = rec.compiles
     result["steps"] = rec.steps
+    if turns is not None:
+        turns.stdin.read()  # until the driver closes it: every mode's turns are over
     llm.llm_engine.engine_core.shutdown()
     return result
 
@@ -369,7 +383,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cprofile", action="store_true", help="one more generate under cProfile")
     p.add_argument("--cprofile-tokens", type=int, default=12)
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="every mode's engine up at once, their phases taking turns, as "
+        "bench_decode_e2e.py --interleave does (give each its --gpu-memory-utilization share)",
+    )
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=None,
+        help="with --interleave: seconds each wait for a child may take (an engine start, a "
+        "turn, a shutdown; default none); a child past it is killed and the run fails",
+    )
     p.add_argument("--mode-json", default=None, help=argparse.SUPPRESS)  # child process
+    p.add_argument("--turns", action="store_true", help=argparse.SUPPRESS)  # interleaved child
     args = p.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     if not args.modes or any(m not in e2e.MODES for m in args.modes):
@@ -448,15 +476,22 @@ def main(argv: list[str] | None = None) -> int:
             "modes": [],
         }
         child_args = argv if argv is not None else sys.argv[1:]
-        for mode in args.modes:  # one process per mode: an engine keeps its GPU memory
-            part = Path(tmp) / f"{mode}.json"
-            cmd = [sys.executable, str(Path(__file__).resolve()), *child_args]
-            cmd += ["--modes", mode, "--mode-json", str(part)]
-            done = subprocess.run(cmd, check=False)
-            if done.returncode != 0 or not part.is_file():
-                print(f"# FAILED {args.model}/{mode}: child exited {done.returncode}")
+        parts = {mode: Path(tmp) / f"{mode}.json" for mode in args.modes}
+        cmds = {
+            mode: [sys.executable, str(Path(__file__).resolve()), *child_args]
+            + ["--modes", mode, "--mode-json", str(parts[mode])]
+            + (["--turns"] if args.interleave else [])
+            for mode in args.modes
+        }
+        if args.interleave:
+            exits = run_interleaved(args, cmds)
+        else:  # one process per mode, one after another: an engine keeps its GPU memory
+            exits = {mode: subprocess.run(cmds[mode], check=False).returncode for mode in cmds}
+        for mode in args.modes:
+            if exits[mode] != 0 or not parts[mode].is_file():
+                print(f"# FAILED {args.model}/{mode}: child exited {exits[mode]}")
                 return 1
-            payload["modes"].append(json.loads(part.read_text()))
+            payload["modes"].append(json.loads(parts[mode].read_text()))
     print(f"# {args.model} {args.layers} layers bs {args.batch_size}: steps of the full generates")
     print(table(payload["modes"]))
     path = (
@@ -469,6 +504,21 @@ def main(argv: list[str] | None = None) -> int:
     write_outputs(path, payload)
     print(f"# wrote {path}")
     return 0
+
+
+def run_interleaved(args: argparse.Namespace, cmds: dict[str, list[str]]) -> dict[str, int | str]:
+    """--interleave: the modes' children up at once, their phases in turns (`interleave.py`):
+    the warm-up, each repeat, the cProfile generate. Returns each mode's exit status."""
+    from vllm_replayssm.server_process import end_group
+
+    def on_line(name: str, line: str) -> None:
+        sys.stdout.write(line)
+
+    children = interleave.start_children(
+        list(cmds.items()), on_line, args.worker_timeout, end_group, e2e.log
+    )
+    interleave.run_turns(children, [args.batch_size], args.repeats + bool(args.cprofile))
+    return {mode: child.stop() for mode, child in zip(cmds, children, strict=True)}
 
 
 def write_outputs(path: Path, payload: dict) -> None:

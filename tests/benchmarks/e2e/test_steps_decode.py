@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -145,3 +146,49 @@ def test_per_step_records_go_to_a_gzipped_side_file(tmp_path):
     assert (tmp_path / "steps-x-on-cprofile.txt").read_text() == "p"
     with gzip.open(tmp_path / data["steps_file"]) as f:
         assert json.load(f) == {"on": steps, "off": []}
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_modes_run_one_after_another_or_interleaved(tmp_path, monkeypatch, interleave):
+    """Each mode's child gets the run's arguments and its own mode; with --interleave the
+    children run through `run_interleaved` (their phases in turns: --turns), and a mode whose
+    child failed fails the run."""
+    from benchmarks.e2e import steps_decode
+
+    monkeypatch.setattr(
+        steps_decode.e2e, "write_model_dir", lambda *a, **k: (tmp_path, {"vocab_size": 512})
+    )
+    seen: dict[str, list[str]] = {}
+
+    def run_child(cmd):
+        at = cmd.index("--mode-json")  # after the run's own arguments: --modes <mode>
+        mode, part = cmd[at - 1], Path(cmd[at + 1])
+        seen[mode] = cmd
+        part.write_text(json.dumps({"mode": mode, "summary": {}}))
+        return 0
+
+    def interleaved(args, cmds):
+        assert args.interleave and list(cmds) == ["on", "on_pc"]
+        return {mode: run_child(cmd) for mode, cmd in cmds.items()}
+
+    monkeypatch.setattr(steps_decode, "run_interleaved", interleaved)
+    real_run = steps_decode.subprocess.run
+
+    def run(cmd, **kw):  # the module's subprocess is everyone's: only the children faked
+        if "--mode-json" not in cmd:
+            return real_run(cmd, **kw)
+        return SimpleNamespace(returncode=run_child(cmd))
+
+    monkeypatch.setattr(steps_decode.subprocess, "run", run)
+    argv = ["--tiny", "--modes", "on,on_pc", "--json", str(tmp_path / "steps.json")]
+    argv += ["--interleave"] if interleave else []
+    assert steps_decode.main(argv) == 0
+    assert set(seen) == {"on", "on_pc"}
+    assert all(("--turns" in cmd) is interleave for cmd in seen.values())
+    data = json.loads((tmp_path / "steps.json").read_text())
+    assert [m["mode"] for m in data["modes"]] == ["on", "on_pc"]
+    if interleave:
+        monkeypatch.setattr(
+            steps_decode, "run_interleaved", lambda args, cmds: {"on": 0, "on_pc": "timeout"}
+        )
+        assert steps_decode.main(argv) == 1
