@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import gzip
 import io
 import json
@@ -86,6 +87,20 @@ class StepRecorder:
         self._host: dict[str, float] = {}
         self._events: list = []
         self._pending: list[tuple[int, list]] = []  # (step index, CUDA events) to resolve
+        self._gc_t0: float | None = None
+        self._gc_s = 0.0  # collections since the last recorded step: seconds, generations
+        self._gc_gens: list[int] = []
+
+    def gc_callback(self, phase: str, info: dict) -> None:
+        """gc.callbacks hook: the time of each collection in this process (the engine core
+        runs here), charged to the next recorded step; a full (generation 2) collection of
+        vLLM's many objects can pause a step for tens of milliseconds."""
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif self._gc_t0 is not None:
+            self._gc_s += time.perf_counter() - self._gc_t0
+            self._gc_gens.append(int(info.get("generation", -1)))
+            self._gc_t0 = None
 
     def install(self) -> None:
         import torch
@@ -99,6 +114,7 @@ class StepRecorder:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         rec = self
+        gc.callbacks.append(self.gc_callback)
 
         def compiled(*_args, **kwargs):
             fn = kwargs.get("fn")  # triton's JitFunctionInfo
@@ -155,12 +171,18 @@ class StepRecorder:
             def step_hook(self):
                 scheduled: list = []
                 schedule = self.scheduler.schedule
+                update = self.scheduler.update_from_output
 
                 def schedule_hook(*args, **kwargs):
+                    t = time.perf_counter()
                     scheduled.append(schedule(*args, **kwargs))
+                    rec._host["schedule"] = rec._host.get("schedule", 0.0) + time.perf_counter() - t
                     return scheduled[-1]
 
                 self.scheduler.schedule = schedule_hook
+                # The scheduler's per-request work after a step (vLLM's prefix-caching
+                # bookkeeping included): host time of the engine core, outside the runner.
+                self.scheduler.update_from_output = rec.host_timed(update, "update_from_output")
                 rec._cg, rec._host, rec._events = None, {}, []
                 t0 = time.perf_counter()
                 try:
@@ -168,6 +190,7 @@ class StepRecorder:
                 finally:
                     wall = time.perf_counter() - t0
                     self.scheduler.schedule = schedule
+                    self.scheduler.update_from_output = update
                     rec.record(scheduled[0] if scheduled else None, wall, start_s=t0)
 
             return step_hook
@@ -209,6 +232,9 @@ class StepRecorder:
             period = (start_s - prev["start_s"]) * 1e3
         if self._events:  # resolved after the generate (the GPU may still be running them)
             self._pending.append((len(self.steps), self._events))
+        if self._gc_gens:
+            self._host["gc"] = self._gc_s
+        gc_gens, self._gc_s, self._gc_gens = self._gc_gens, 0.0, []
         self.steps.append(
             {
                 "phase": self.phase,
@@ -221,6 +247,7 @@ class StepRecorder:
                 "cudagraph": self._cg[0] if self._cg else None,
                 "forward_gpu_ms": None,
                 "host_ms": {k: v * 1e3 for k, v in self._host.items()},
+                "gc_generations": gc_gens,  # the collections charged to host_ms["gc"]
             }
         )
 
@@ -254,6 +281,9 @@ class StepRecorder:
                     "host_ms_median": {
                         k: statistics.median(s["host_ms"].get(k, 0.0) for s in group) for k in keys
                     },
+                    # sums show what the medians hide: rare long pauses (a full collection)
+                    "host_ms_sum": {k: sum(s["host_ms"].get(k, 0.0) for s in group) for k in keys},
+                    "gc_full_collections": sum(s.get("gc_generations", []).count(2) for s in group),
                 }
             out[phase] = {
                 "steps": len(steps),
@@ -435,6 +465,10 @@ def table(modes: list[dict]) -> str:
                         f"{host.get('_prepare_inputs', 0.0):.1f}",
                         f"{host.get('_bookkeeping_sync', 0.0):.1f}",
                         f"{host.get('preprocess_mamba', 0.0):.1f}",
+                        f"{host.get('schedule', 0.0):.1f}",
+                        f"{host.get('update_from_output', 0.0):.1f}",
+                        f"{g.get('host_ms_sum', {}).get('gc', 0.0):.0f}",
+                        g.get("gc_full_collections", 0),
                         f"{g['wall_ms_sum']:.0f}",
                     ]
                 )
@@ -450,6 +484,10 @@ def table(modes: list[dict]) -> str:
         "prepare_inputs ms",
         "bookkeeping ms",
         "align copies ms",
+        "schedule ms",
+        "update_from_output ms",
+        "gc ms (sum)",
+        "full gcs",
         "sum ms",
     ]
     return common.format_table(head, rows)

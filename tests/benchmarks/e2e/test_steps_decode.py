@@ -192,3 +192,30 @@ def test_modes_run_one_after_another_or_interleaved(tmp_path, monkeypatch, inter
             steps_decode, "run_interleaved", lambda args, cmds: {"on": 0, "on_pc": "timeout"}
         )
         assert steps_decode.main(argv) == 1
+
+
+def test_collections_are_charged_to_the_next_recorded_step(monkeypatch):
+    """Garbage collections (gc.callbacks) add their time to the next recorded step's
+    host_ms["gc"] with their generations; the summary sums them and counts the full ones."""
+    clock = iter([10.0, 10.004, 11.0, 11.05, 12.0, 12.001])
+    monkeypatch.setattr("benchmarks.e2e.steps_decode.time.perf_counter", lambda: next(clock))
+    rec = StepRecorder()
+    rec.phase = "full0"
+    rec._cg, rec._host = ("FULL", 2), {}
+    rec.record(_scheduled([1, 1], [0, 0]), 0.02)  # no collection: no gc entry
+    for gen in (0, 2):
+        rec.gc_callback("start", {"generation": gen})
+        rec.gc_callback("stop", {"generation": gen})
+    rec._host = {}
+    rec.record(_scheduled([1, 1], [0, 0]), 0.08)
+    rec.gc_callback("start", {"generation": 1})
+    rec.gc_callback("stop", {"generation": 1})
+    rec._host = {}
+    rec.record(_scheduled([1, 1], [0, 0]), 0.02)
+    assert "gc" not in rec.steps[0]["host_ms"] and rec.steps[0]["gc_generations"] == []
+    assert rec.steps[1]["host_ms"]["gc"] == pytest.approx(54.0)
+    assert rec.steps[1]["gc_generations"] == [0, 2]
+    assert rec.steps[2]["host_ms"]["gc"] == pytest.approx(1.0)
+    full = rec.summary()["full0"]["by_cudagraph_mode"]["FULL"]
+    assert full["host_ms_sum"]["gc"] == pytest.approx(55.0)
+    assert full["gc_full_collections"] == 1
