@@ -5,9 +5,9 @@ modes' timed generates take turns, the order reversed every repeat (A B, B A, A 
 Why: the decode steps these runs time are paced by the host, and a GPU host's Python speed
 was seen to drift by 2x within minutes (the e2e JSONs' `python_probe_ms`, 27 to 56 ms on one
 machine in one call, 2026-12-04). Modes run one after another then compare different
-hosts: in two A/B runs of one build against itself (NemotronH 52 with prefix caching,
-64 and 256 requests sharing a 2k prefix, the two sides differing only in a metadata short
-path), whichever engine ran second decoded 13-35% faster, in both orders. Turns a few
+hosts: in two A/B runs of one build (NemotronH 52 with prefix caching, 64 and 256
+requests sharing a 2k prefix, the two sides differing only in a metadata short path, run in
+either order), whichever engine ran second decoded 13-35% faster. Turns a few
 seconds long see the same host, and each repeat's pair gives a ratio of its own.
 
 The protocol, over the child's stdin and stdout (vLLM's logs share the stdout; ours are
