@@ -1008,6 +1008,33 @@ def add_engine_json_args(p: argparse.ArgumentParser, compilation: dict | None = 
         p.add_argument("--compilation-config", type=json.loads, default=compilation)
 
 
+def mode_spec(spec: dict, args: argparse.Namespace, mode: str) -> dict:
+    """One mode's worker spec: the model's, with the mode and its memory share."""
+    share = args.memory_shares[args.modes.index(mode)]
+    return {**spec, "mode": mode, "gpu_memory_utilization": share}
+
+
+def memory_shares(text: str, modes: list[str]) -> list[float]:
+    """--gpu-memory-utilization: one share for every mode, or one per mode (in (0, 1],
+    summing to at most 1 when more than one is given: they are meant for engines that are up
+    at once)."""
+    try:
+        shares = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--gpu-memory-utilization: not numbers: {text!r}") from None
+    if len(shares) == 1:
+        shares = shares * len(modes)
+    elif len(shares) != len(modes):
+        raise ValueError(
+            f"--gpu-memory-utilization: {len(shares)} shares for {len(modes)} modes {modes}"
+        )
+    elif sum(shares) > 1.0:
+        raise ValueError(f"--gpu-memory-utilization: the shares {shares} sum past 1")
+    if not all(0.0 < x <= 1.0 for x in shares):
+        raise ValueError(f"--gpu-memory-utilization: shares must be in (0, 1], got {shares}")
+    return shares
+
+
 def tool_engine_kwargs(
     args: argparse.Namespace,
     model: str,
@@ -1104,7 +1131,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help=f"default input-len + output-len + 16 (with --tiny at least {TINY_MIN_MODEL_LEN})",
     )
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument(
+        "--gpu-memory-utilization",
+        default="0.85",
+        metavar="SHARE[,SHARE...]",
+        help="vLLM's gpu_memory_utilization of every mode, or one per mode in --modes order "
+        "(with --interleave the engines share the GPU: e.g. 0.3,0.55 when stock's pages "
+        "need more than ours; default 0.85)",
+    )
     p.add_argument(
         "--kv-cache-memory-bytes",
         type=int,
@@ -1145,8 +1179,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="every mode's engine up at once (start-up one after another), their timed "
         "phases taking turns, the order reversed each repeat (interleave.py): ratios from "
         "the same minutes of a host whose speed drifts; give each engine its share with "
-        "--gpu-memory-utilization (e.g. 0.42 for two modes); stats logging on in every "
-        "mode (preemptions counted per row)",
+        "--gpu-memory-utilization (e.g. 0.42 for two modes, or 0.3,0.55); stats logging on "
+        "in every mode (preemptions counted per row)",
     )
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
     p.add_argument(
@@ -1180,6 +1214,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.batch_sizes = [
         int(b) for b in _csv([args.batch_sizes or "1,64,256"], None, "--batch-sizes")
     ]
+    try:
+        args.memory_shares = memory_shares(args.gpu_memory_utilization, args.modes)
+    except ValueError as exc:
+        sys.exit(str(exc))
     args.input_len = args.input_len or 128
     args.output_len = args.output_len or 256
     if min(args.batch_sizes) < 1 or args.input_len < 1 or args.output_len < 2:
@@ -1230,7 +1268,7 @@ def main(argv: list[str] | None = None) -> int:
         "tensor_parallel_size": args.tensor_parallel_size,
         "max_model_len": args.max_model_len,
         "max_num_seqs": max(args.batch_sizes),
-        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "gpu_memory_utilization": dict(zip(args.modes, args.memory_shares, strict=True)),
         "kv_cache_memory_bytes_cpu": args.kv_cache_memory_bytes,
         "dtype": "bfloat16",
         "mamba_ssm_cache_dtype": "float32",
@@ -1288,7 +1326,6 @@ def main(argv: list[str] | None = None) -> int:
                 "max_model_len": args.max_model_len,
                 "max_num_seqs": max(args.batch_sizes),
                 "enforce_eager": args.enforce_eager,
-                "gpu_memory_utilization": args.gpu_memory_utilization,
                 "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
                 "compilation_config": args.compilation_config,
                 "tensor_parallel_size": args.tensor_parallel_size,
@@ -1296,15 +1333,14 @@ def main(argv: list[str] | None = None) -> int:
                 "repeats": args.repeats,
                 "seed": args.seed,
             }
-            interleaved = (
-                run_interleaved([{**spec, "mode": m} for m in args.modes], tmp, args.worker_timeout)
-                if args.interleave
-                else None
-            )
+            interleaved = None
+            if args.interleave:
+                specs = [mode_spec(spec, args, m) for m in args.modes]
+                interleaved = run_interleaved(specs, tmp, args.worker_timeout)
             for i, mode in enumerate(args.modes):
                 if interleaved is None:
                     log(f"{model}/{mode}: starting worker")
-                    run = spawn_worker({**spec, "mode": mode}, tmp, args.worker_timeout)
+                    run = spawn_worker(mode_spec(spec, args, mode), tmp, args.worker_timeout)
                 else:
                     run = interleaved[i]
                 payload["machine"] = payload["machine"] or run.get("machine")

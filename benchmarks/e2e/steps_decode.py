@@ -408,7 +408,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     e2e.add_engine_json_args(
         p, {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "max_cudagraph_capture_size": 1024}
     )
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument(
+        "--gpu-memory-utilization",
+        default="0.85",
+        metavar="SHARE[,SHARE...]",
+        help="one share for every mode or one per mode, as in bench_decode_e2e.py",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cprofile", action="store_true", help="one more generate under cProfile")
     p.add_argument("--cprofile-tokens", type=int, default=12)
@@ -432,6 +437,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.modes = [m for m in args.modes.split(",") if m]
     if not args.modes or any(m not in e2e.MODES for m in args.modes):
         p.error(f"--modes must name some of {list(e2e.MODES)}")
+    try:
+        args.memory_shares = e2e.memory_shares(args.gpu_memory_utilization, args.modes)
+    except ValueError as exc:
+        p.error(str(exc))
+    # A child runs one mode: its share (the driver appends it to the child's arguments).
+    args.gpu_memory_utilization = args.memory_shares[0]
     if (
         args.output_len < 2
         or args.warmup_tokens < 1
@@ -518,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         cmds = {
             mode: [sys.executable, str(Path(__file__).resolve()), *child_args]
             + ["--modes", mode, "--mode-json", str(parts[mode])]
+            + ["--gpu-memory-utilization", str(args.memory_shares[args.modes.index(mode)])]
             + (["--turns"] if args.interleave else [])
             for mode in args.modes
         }

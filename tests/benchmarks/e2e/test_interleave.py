@@ -234,3 +234,37 @@ def test_interleaved_pairs_get_a_speed_up_per_repeat():
     assert bench.compare(runs, tokens, 1)[0]["decode_speedup_per_repeat"] == [2.0, None]
     runs = [run("off", [5.0], [1.0], False), run("on", [3.0], [1.0], False)]
     assert "decode_speedup_per_repeat" not in bench.compare(runs, tokens, 1)[0]
+
+
+def test_memory_shares_per_mode():
+    """--gpu-memory-utilization: one share for every mode, or one per mode (engines up at
+    once must not ask for more than the GPU); each worker spec gets its mode's share."""
+    assert bench.memory_shares("0.85", ["off", "on"]) == [0.85, 0.85]
+    assert bench.memory_shares("0.3,0.55", ["off_pc", "on_pc"]) == [0.3, 0.55]
+    for bad in ("0.3,0.3,0.3", "0.6,0.6", "0,0.5", "x"):
+        with pytest.raises(ValueError, match="gpu-memory-utilization"):
+            bench.memory_shares(bad, ["off_pc", "on_pc"])
+    args = bench.parse_args(
+        ["--modes", "off_pc,on_pc", "--interleave", "--gpu-memory-utilization", "0.3,0.55"]
+    )
+    specs = [bench.mode_spec({"model": "m"}, args, m) for m in args.modes]
+    assert [(s["mode"], s["gpu_memory_utilization"]) for s in specs] == [
+        ("off_pc", 0.3),
+        ("on_pc", 0.55),
+    ]
+    assert (
+        bench.engine_kwargs(
+            {
+                **specs[1],
+                "model_dir": "d",
+                "max_model_len": 8,
+                "max_num_seqs": 1,
+                "enforce_eager": True,
+                "replay": {},
+            },
+            True,
+        )["gpu_memory_utilization"]
+        == 0.55
+    )
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--modes", "off,on", "--gpu-memory-utilization", "0.5,0.2,0.1"])

@@ -219,3 +219,14 @@ def test_collections_are_charged_to_the_next_recorded_step(monkeypatch):
     full = rec.summary()["full0"]["by_cudagraph_mode"]["FULL"]
     assert full["host_ms_sum"]["gc"] == pytest.approx(55.0)
     assert full["gc_full_collections"] == 1
+
+
+def test_each_child_gets_its_memory_share():
+    args = parse_args(["--modes", "off_pc,on_pc", "--gpu-memory-utilization", "0.3,0.55"])
+    assert args.memory_shares == [0.3, 0.55]
+    # a child's arguments end with its own share, which wins
+    run = ["--modes", "off_pc,on_pc", "--gpu-memory-utilization", "0.3,0.55"]
+    child = parse_args([*run, "--modes", "on_pc", "--gpu-memory-utilization", "0.55"])
+    assert child.modes == ["on_pc"] and child.gpu_memory_utilization == 0.55
+    with pytest.raises(SystemExit):
+        parse_args(["--modes", "on", "--gpu-memory-utilization", "0.3,0.55"])
