@@ -46,8 +46,9 @@ ignore_eos=True)`, timed with `time.perf_counter` around the call: once with max
                 near-ties, so this is reported, not asserted ("distinct" counts the distinct
                 token ids in all outputs, to show how collapsed they are)
 The JSON holds the command, commit, GPU name, vLLM/torch versions, model configs, engine
-settings, every timing and the comparisons (not the token ids), and per run the KV-cache
-capacity vLLM logs at start-up (tokens, maximum concurrency at max_model_len): how many
+settings, every timing and the comparisons (not the token ids), the host's Python probe
+before each repeat (`python_probe_ms_per_repeat`, `common.python_probe_ms`), and per run the
+KV-cache capacity vLLM logs at start-up (tokens, maximum concurrency at max_model_len): how many
 requests each configuration fits in the same memory; and the SSM state bytes per request
 (`state_bytes`: page per layer x pages per request, 1 + k for stock speculative decoding,
 x SSM layers).
@@ -406,9 +407,12 @@ def measure_batch(
     state = common.host_state(kernels)
     t_pre, t_full, tokens = [], [], None
     counted = {name: 0.0 for name in counters}
-    cached_first = []
+    cached_first, probes = [], []
     for _ in range(spec["repeats"]):
         with turn():
+            # The host's Python speed just before this repeat (untimed): hosts drift within
+            # minutes, and the decode steps timed here are often paced by the host.
+            probes.append(round(common.python_probe_ms(), 3))
             elapsed, _, cached = timed_generate(llm, prompts, 1)
             t_pre.append(elapsed)
             cached_first.append(cached)
@@ -431,6 +435,7 @@ def measure_batch(
         "t_decode_s": decode,
         "t_prefill_all_s": t_pre,
         "t_full_all_s": t_full,
+        "python_probe_ms_per_repeat": probes,
         "output_tok_s": bs * n_out / full,
         "decode_tok_s": bs * (n_out - 1) / decode if decode > 0 else None,
         "output_lengths": lengths,

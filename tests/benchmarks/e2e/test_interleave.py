@@ -185,6 +185,8 @@ def test_measure_batch_times_each_phase_in_its_turn():
     worker.join(timeout=10)
     assert turns.taken == 3
     assert result["row"]["preemptions"] == 2.0  # one per full generate
+    # the host's Python speed before each repeat, for the record
+    assert len(result["row"]["python_probe_ms_per_repeat"]) == 2
     driver.close()
 
 
