@@ -90,10 +90,8 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -736,34 +734,11 @@ def kv_cache_capacity(line: str, found: dict[str, float]) -> None:
 
 def run_worker_process(cmd: list[str], timeout: float | None, on_line) -> int | str:
     """Run cmd in its own process group, its stdout line by line to on_line; after it
-    exits or times out (returns "timeout"), end its group: no engine process outlives it."""
+    exits or times out (returns "timeout"), end its group: no engine process outlives it.
+    An interleaved child (`interleave.Child`) handed no turns: its stdin closed at once."""
     from vllm_replayssm.server_process import end_group  # here: `off` runs without the package
 
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
-
-    def forward() -> None:
-        for line in proc.stdout:
-            on_line(line)
-
-    reader = threading.Thread(target=forward, daemon=True)
-    reader.start()
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
-    left = end_group(proc.pid)
-    proc.wait()
-    reader.join(timeout=10)
-    if left:
-        print(f"# processes {left} of the worker's group outlived SIGKILL", file=sys.stderr)
-    return rc
+    return interleave.Child(cmd, on_line, timeout, end_group).stop()
 
 
 def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
