@@ -68,14 +68,13 @@ sys.stdin.read()
 def _start(tmp_path: Path, hows: list[str], sizes=(1, 4), repeats=3, timeout=60.0):
     lines: list[tuple[str, str]] = []
     logs = [tmp_path / f"child{i}.log" for i in range(len(hows))]
-    children = []
-    for log, how in zip(logs, hows, strict=True):
-        cmd = [sys.executable, "-c", CHILD, str(log), json.dumps(list(sizes)), str(repeats), how]
-        on_line = lambda line, h=how: lines.append((h, line))  # noqa: E731
-        child = interleave.Child(cmd, on_line, timeout, end_group)
-        if not child.wait_for("ready"):
-            child.stop()
-        children.append(child)
+    commands = [
+        (how, [sys.executable, "-c", CHILD, str(log), json.dumps(list(sizes)), str(repeats), how])
+        for log, how in zip(logs, hows, strict=True)
+    ]
+    children = interleave.start_children(
+        commands, lambda name, line: lines.append((name, line)), timeout, end_group, print
+    )
     return children, logs, lines
 
 
