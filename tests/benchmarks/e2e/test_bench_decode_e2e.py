@@ -99,6 +99,65 @@ def test_the_warm_up_runs_the_timed_prompts_outside_prefix_caching(mode, shared,
         assert all(w[:shared] == f[:shared] for w, f in zip(warm, full, strict=True))
 
 
+class _TimedLLM:
+    """`llm.generate` whose outputs carry vLLM's request metrics: request i's first token at
+    `first[i]` s and its last one `decode[i % len(decode)]` s later (engine-core clock)."""
+
+    def __init__(self, first: list[float], decode: list[float] | None) -> None:
+        self.first, self.decode = first, decode
+
+    def generate(self, batch, params, use_tqdm=False):
+        outs = []
+        for i, b in enumerate(batch):
+            metrics = None
+            if self.decode is not None:
+                f = self.first[i]
+                last = f + (self.decode[i % len(self.decode)] if params.max_tokens > 1 else 0.0)
+                metrics = SimpleNamespace(first_token_ts=f, last_token_ts=last)
+            outs.append(
+                SimpleNamespace(
+                    num_cached_tokens=0,
+                    metrics=metrics,
+                    outputs=[
+                        SimpleNamespace(token_ids=[b["prompt_token_ids"][-1]] * params.max_tokens)
+                    ],
+                )
+            )
+        return outs
+
+
+def test_decode_is_also_measured_inside_the_full_generate():
+    """decode_tok_s_in_full: bs * (out - 1) over the last minus first token time of the
+    request whose first token came last in each full generate (its decode steps all follow
+    the prefill; no prefill-only generate enters it); without request metrics (stats logging
+    off) the row says None and keeps no per-repeat figures."""
+    spec = {
+        "model": "nemotron_h",
+        "mode": "on",
+        "vocab_size": 1000,
+        "input_len": 8,
+        "output_len": 5,
+        "warmup_tokens": 5,
+        "seed": 0,
+        "repeats": 2,
+        "shared_prefix_len": 0,
+        "replay": {"route": "replay"},
+    }
+    llm = _TimedLLM(first=[100.0, 101.0, 100.5], decode=[4.0, 2.5, 3.0])
+    row = bench.measure_batch(llm, 3, spec, "test")
+    assert row["t_decode_in_full_all_s"] == [2.5, 2.5]  # the request first served last
+    assert row["first_token_spread_all_s"] == [1.0, 1.0]
+    assert row["decode_tok_s_in_full"] == pytest.approx(3 * 4 / 2.5)
+    row = bench.measure_batch(_TimedLLM(first=[0.0] * 3, decode=None), 3, spec, "test")
+    assert row["decode_tok_s_in_full"] is None and "t_decode_in_full_all_s" not in row
+    # a request without timestamps (vLLM leaves 0.0) makes the generate's spans unknown
+    gen = bench.timed_generate(_TimedLLM(first=[0.0, 5.0], decode=[1.0]), [[1], [2]], 4)
+    assert gen.spans is None and bench.decode_in_generate(gen.spans) is None
+    gen = bench.timed_generate(_TimedLLM(first=[4.0, 5.0], decode=[1.0, 3.0]), [[1], [2]], 4)
+    assert gen.spans == [(4.0, 5.0), (5.0, 8.0)] and gen.tokens == [[1] * 4, [2] * 4]
+    assert bench.decode_in_generate(gen.spans) == {"decode_s": 3.0, "first_token_spread_s": 1.0}
+
+
 def _saved(*bs: int, machine: bool = True, error=None, row_error: bool = False) -> dict:
     """A worker's last save: results for `bs`, `machine` once its engine had shut down."""
     results = [{"bs": b, "decode_tok_s": 1.0} for b in bs]

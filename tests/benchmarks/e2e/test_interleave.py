@@ -235,6 +235,13 @@ def test_interleaved_pairs_get_a_speed_up_per_repeat():
     assert bench.compare(runs, tokens, 1)[0]["decode_speedup_per_repeat"] == [2.0, None]
     runs = [run("off", [5.0], [1.0], False), run("on", [3.0], [1.0], False)]
     assert "decode_speedup_per_repeat" not in bench.compare(runs, tokens, 1)[0]
+    # the decode inside the full generates, where the rows carry it
+    runs = [run("off", [5.0, 7.0], [1.0, 1.0]), run("on", [3.0, 4.0], [1.0, 1.0])]
+    runs[0]["results"][0].update(decode_tok_s_in_full=2.0, t_decode_in_full_all_s=[4.0, 6.0])
+    runs[1]["results"][0].update(decode_tok_s_in_full=3.0, t_decode_in_full_all_s=[2.0, 4.0])
+    (c,) = bench.compare(runs, tokens, 1)
+    assert c["decode_speedup_in_full"] == 1.5
+    assert c["decode_speedup_in_full_per_repeat"] == [2.0, 1.5]
 
 
 def test_memory_shares_per_mode():
