@@ -784,13 +784,25 @@ def kv_cache_capacity(line: str, found: dict[str, float]) -> None:
             found[key] = float(m.group(1).replace(",", ""))
 
 
-def run_worker_process(cmd: list[str], timeout: float | None, on_line) -> int | str:
-    """Run cmd in its own process group, its stdout line by line to on_line; after it
-    exits or times out (returns "timeout"), end its group: no engine process outlives it.
-    An interleaved child (`interleave.Child`) handed no turns: its stdin closed at once."""
+def run_worker_process(
+    cmd: list[str], timeout: float | None, on_line, env: dict[str, str] | None = None
+) -> int | str:
+    """Run cmd in its own process group (in `env`, None: this process's environment), its
+    stdout line by line to on_line; after it exits or times out (returns "timeout"), end
+    its group: no engine process outlives it. An interleaved child (`interleave.Child`)
+    handed no turns: its stdin closed at once."""
     from vllm_replayssm.server_process import end_group  # here: `off` runs without the package
 
-    return interleave.Child(cmd, on_line, timeout, end_group).stop()
+    return interleave.Child(cmd, on_line, timeout, end_group, env).stop()
+
+
+def worker_env(spec: dict) -> dict[str, str] | None:
+    """A worker's environment: this process's, with CUDA_VISIBLE_DEVICES set to the mode's
+    --devices entry where one is given (None: inherit)."""
+    devices = spec.get("cuda_visible_devices")
+    if devices is None:
+        return None
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
 
 
 def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
@@ -806,7 +818,7 @@ def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
         sys.stderr.write(line)
         kv_cache_capacity(line, capacity)
 
-    rc = run_worker_process(cmd, timeout, on_line)
+    rc = run_worker_process(cmd, timeout, on_line, worker_env(spec))
     return worker_result(spec, result_path, rc, capacity)
 
 
@@ -851,7 +863,8 @@ def run_interleaved(specs: list[dict], tmp: Path, timeout: float | None) -> list
         sys.stderr.write(line)
         kv_cache_capacity(line, capacity[name])
 
-    children = interleave.start_children(commands, on_line, timeout, end_group, log)
+    envs = {name: worker_env(spec) for spec, name in zip(specs, names, strict=True)}
+    children = interleave.start_children(commands, on_line, timeout, end_group, log, envs)
     order = interleave.run_turns(children, specs[0]["batch_sizes"], specs[0]["repeats"])
     runs = []
     for spec, name, path, child in zip(specs, names, paths, children, strict=True):
@@ -1057,15 +1070,38 @@ def add_engine_json_args(p: argparse.ArgumentParser, compilation: dict | None = 
 
 
 def mode_spec(spec: dict, args: argparse.Namespace, mode: str) -> dict:
-    """One mode's worker spec: the model's, with the mode and its memory share."""
-    share = args.memory_shares[args.modes.index(mode)]
-    return {**spec, "mode": mode, "gpu_memory_utilization": share}
+    """One mode's worker spec: the model's, with the mode, its memory share and its CUDA
+    devices (--devices; None: the worker inherits CUDA_VISIBLE_DEVICES)."""
+    i = args.modes.index(mode)
+    devices = args.devices[i] if args.devices else None
+    return {
+        **spec,
+        "mode": mode,
+        "gpu_memory_utilization": args.memory_shares[i],
+        "cuda_visible_devices": devices,
+    }
 
 
-def memory_shares(text: str, modes: list[str]) -> list[float]:
-    """--gpu-memory-utilization: one share for every mode, or one per mode (in (0, 1],
-    summing to at most 1 when more than one is given: they are meant for engines that are up
-    at once)."""
+def device_sets(text: str | None, modes: list[str]) -> list[str] | None:
+    """--devices: one CUDA device set for every mode, or one per mode in --modes order;
+    a set is device indices joined by '+' (0+1: an engine with tensor parallelism 2).
+    Returns each mode's CUDA_VISIBLE_DEVICES value ('0,1'); None when not given."""
+    if text is None:
+        return None
+    sets = text.split(",")
+    if not all(re.fullmatch(r"\d+(\+\d+)*", x) for x in sets):
+        raise ValueError(f"--devices: device indices joined by '+', sets by ',': {text!r}")
+    if len(sets) == 1:
+        sets = sets * len(modes)
+    elif len(sets) != len(modes):
+        raise ValueError(f"--devices: {len(sets)} device sets for {len(modes)} modes {modes}")
+    return [x.replace("+", ",") for x in sets]
+
+
+def memory_shares(text: str, modes: list[str], devices: list[str] | None = None) -> list[float]:
+    """--gpu-memory-utilization: one share for every mode, or one per mode (in (0, 1]; when
+    more than one is given they are meant for engines that are up at once, so the shares of
+    the modes on one GPU, every mode without `devices` (device_sets), sum to at most 1)."""
     try:
         shares = [float(x) for x in text.split(",")]
     except ValueError:
@@ -1076,8 +1112,16 @@ def memory_shares(text: str, modes: list[str]) -> list[float]:
         raise ValueError(
             f"--gpu-memory-utilization: {len(shares)} shares for {len(modes)} modes {modes}"
         )
-    elif sum(shares) > 1.0:
-        raise ValueError(f"--gpu-memory-utilization: the shares {shares} sum past 1")
+    else:
+        on_gpu: dict[str, float] = {}
+        for i, share in enumerate(shares):
+            for gpu in devices[i].split(",") if devices else ["the GPU"]:
+                on_gpu[gpu] = on_gpu.get(gpu, 0.0) + share
+        full = sorted(gpu for gpu, total in on_gpu.items() if total > 1.0)
+        if full:
+            raise ValueError(
+                f"--gpu-memory-utilization: the shares {shares} sum past 1 on {', '.join(full)}"
+            )
     if not all(0.0 < x <= 1.0 for x in shares):
         raise ValueError(f"--gpu-memory-utilization: shares must be in (0, 1], got {shares}")
     return shares
@@ -1188,6 +1232,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "need more than ours; default 0.85)",
     )
     p.add_argument(
+        "--devices",
+        default=None,
+        metavar="SET[,SET...]",
+        help="each mode's CUDA devices, one set for every mode or one per mode in --modes "
+        "order, '+' joining the devices of one engine (0+1 with --tensor-parallel-size 2): "
+        "the worker's CUDA_VISIBLE_DEVICES. With --interleave, --devices 0,1 gives each "
+        "engine a GPU of its own on a two-GPU host (engines too large to share one, e.g. "
+        "stock speculative decoding at 256 requests); default: inherited",
+    )
+    p.add_argument(
         "--kv-cache-memory-bytes",
         type=int,
         default=1 << 30,
@@ -1263,7 +1317,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         int(b) for b in _csv([args.batch_sizes or "1,64,256"], None, "--batch-sizes")
     ]
     try:
-        args.memory_shares = memory_shares(args.gpu_memory_utilization, args.modes)
+        args.devices = device_sets(args.devices, args.modes)
+        args.memory_shares = memory_shares(args.gpu_memory_utilization, args.modes, args.devices)
     except ValueError as exc:
         sys.exit(str(exc))
     args.input_len = args.input_len or 128
@@ -1317,6 +1372,9 @@ def main(argv: list[str] | None = None) -> int:
         "max_model_len": args.max_model_len,
         "max_num_seqs": max(args.batch_sizes),
         "gpu_memory_utilization": dict(zip(args.modes, args.memory_shares, strict=True)),
+        "cuda_visible_devices": (
+            dict(zip(args.modes, args.devices, strict=True)) if args.devices else None
+        ),
         "kv_cache_memory_bytes_cpu": args.kv_cache_memory_bytes,
         "dtype": "bfloat16",
         "mamba_ssm_cache_dtype": "float32",

@@ -83,6 +83,7 @@ class Child:
         on_line: Callable[[str], None],
         timeout: float | None,
         end_group: Callable[[int], list[int]],
+        env: dict[str, str] | None = None,
     ) -> None:
         self.timeout = timeout
         self.end_group = end_group
@@ -95,6 +96,7 @@ class Child:
             text=True,
             errors="replace",
             start_new_session=True,
+            env=env,
         )
 
         def read() -> None:
@@ -178,16 +180,24 @@ def start_children(
     timeout: float | None,
     end_group: Callable[[int], list[int]],
     log: Callable[[str], None],
+    envs: dict[str, dict[str, str] | None] | None = None,
 ) -> list[Child]:
     """Start one child per (name, command), each after the previous one's engine is up
     (vLLM sizes its KV cache from the memory it finds free at start-up, so two engines must
-    not profile at once); their other output goes to on_line(name, line). A child whose
-    engine did not come up is stopped and stays in the list (its turns are skipped; its
-    result records what failed)."""
+    not profile at once); their other output goes to on_line(name, line); envs[name], where
+    given, is that child's whole environment. A child whose engine did not come up is
+    stopped and stays in the list (its turns are skipped; its result records what
+    failed)."""
     children = []
     for name, cmd in commands:
         log(f"{name}: starting worker (interleaved)")
-        child = Child(cmd, lambda line, name=name: on_line(name, line), timeout, end_group)
+        child = Child(
+            cmd,
+            lambda line, name=name: on_line(name, line),
+            timeout,
+            end_group,
+            (envs or {}).get(name),
+        )
         if not child.wait_for("ready"):
             child.stop()
         children.append(child)

@@ -413,6 +413,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="SHARE[,SHARE...]",
         help="one share for every mode or one per mode, as in bench_decode_e2e.py",
     )
+    p.add_argument(
+        "--devices",
+        default=None,
+        metavar="SET[,SET...]",
+        help="each mode's CUDA devices (its CUDA_VISIBLE_DEVICES), as in bench_decode_e2e.py",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cprofile", action="store_true", help="one more generate under cProfile")
     p.add_argument("--cprofile-tokens", type=int, default=12)
@@ -437,7 +443,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.modes or any(m not in e2e.MODES for m in args.modes):
         p.error(f"--modes must name some of {list(e2e.MODES)}")
     try:
-        args.memory_shares = e2e.memory_shares(args.gpu_memory_utilization, args.modes)
+        args.device_sets = e2e.device_sets(args.devices, args.modes)
+        args.memory_shares = e2e.memory_shares(
+            args.gpu_memory_utilization, args.modes, args.device_sets
+        )
     except ValueError as exc:
         p.error(str(exc))
     # A child runs one mode: its share (the driver appends it to the child's arguments).
@@ -529,13 +538,28 @@ def main(argv: list[str] | None = None) -> int:
             mode: [sys.executable, str(Path(__file__).resolve()), *child_args]
             + ["--modes", mode, "--mode-json", str(parts[mode])]
             + ["--gpu-memory-utilization", str(args.memory_shares[args.modes.index(mode)])]
+            # its own device set only (set through its environment, below)
+            + (
+                ["--devices", args.device_sets[args.modes.index(mode)].replace(",", "+")]
+                if args.device_sets
+                else []
+            )
             + (["--turns"] if args.interleave else [])
             for mode in args.modes
         }
+        envs = {
+            mode: e2e.worker_env(
+                {"cuda_visible_devices": args.device_sets[i] if args.device_sets else None}
+            )
+            for i, mode in enumerate(args.modes)
+        }
         if args.interleave:
-            exits = run_interleaved(args, cmds)
+            exits = run_interleaved(args, cmds, envs)
         else:  # one process per mode, one after another: an engine keeps its GPU memory
-            exits = {mode: subprocess.run(cmds[mode], check=False).returncode for mode in cmds}
+            exits = {
+                mode: subprocess.run(cmds[mode], check=False, env=envs[mode]).returncode
+                for mode in cmds
+            }
         for mode in args.modes:
             if exits[mode] != 0 or not parts[mode].is_file():
                 print(f"# FAILED {args.model}/{mode}: child exited {exits[mode]}")
@@ -555,16 +579,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_interleaved(args: argparse.Namespace, cmds: dict[str, list[str]]) -> dict[str, int | str]:
-    """--interleave: the modes' children up at once, their phases in turns (`interleave.py`):
-    the warm-up, each repeat, the cProfile generate. Returns each mode's exit status."""
+def run_interleaved(
+    args: argparse.Namespace,
+    cmds: dict[str, list[str]],
+    envs: dict[str, dict[str, str] | None] | None = None,
+) -> dict[str, int | str]:
+    """--interleave: the modes' children up at once (each in envs[mode], where given), their
+    phases in turns (`interleave.py`): the warm-up, each repeat, the cProfile generate.
+    Returns each mode's exit status."""
     from vllm_replayssm.server_process import end_group
 
     def on_line(name: str, line: str) -> None:
         sys.stdout.write(line)
 
     children = interleave.start_children(
-        list(cmds.items()), on_line, args.worker_timeout, end_group, e2e.log
+        list(cmds.items()), on_line, args.worker_timeout, end_group, e2e.log, envs
     )
     interleave.run_turns(children, [args.batch_size], args.repeats + bool(args.cprofile))
     return {mode: child.stop() for mode, child in zip(cmds, children, strict=True)}

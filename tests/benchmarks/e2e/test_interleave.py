@@ -276,3 +276,55 @@ def test_memory_shares_per_mode():
     )
     with pytest.raises(SystemExit):
         bench.parse_args(["--modes", "off,on", "--gpu-memory-utilization", "0.5,0.2,0.1"])
+
+
+def test_devices_per_mode():
+    """--devices: one CUDA device set for every mode or one per mode ('+' joins one engine's
+    devices); the memory shares then only sum per GPU; each worker spec carries its set and
+    its worker's environment sets CUDA_VISIBLE_DEVICES to it."""
+    modes = ["off_spec", "on_spec"]
+    assert bench.device_sets(None, modes) is None
+    assert bench.device_sets("0,1", modes) == ["0", "1"]
+    assert bench.device_sets("2+3", modes) == ["2,3", "2,3"]
+    for bad in ("0,1,2", "a", "0,,1", "0+"):
+        with pytest.raises(ValueError, match="--devices"):
+            bench.device_sets(bad, modes)
+    # two engines of 0.9 fit on two GPUs, not on one, nor where their device sets meet
+    assert bench.memory_shares("0.9,0.9", modes, ["0", "1"]) == [0.9, 0.9]
+    for devices in (None, ["0", "0"], ["0,1", "1"]):
+        with pytest.raises(ValueError, match="sum past 1"):
+            bench.memory_shares("0.9,0.9", modes, devices)
+    run = ["--modes", "off_spec,on_spec", "--interleave", "--devices", "0,1"]
+    args = bench.parse_args([*run, "--gpu-memory-utilization", "0.9,0.9"])
+    specs = [bench.mode_spec({"model": "m"}, args, m) for m in args.modes]
+    assert [s["cuda_visible_devices"] for s in specs] == ["0", "1"]
+    assert bench.worker_env(specs[1])["CUDA_VISIBLE_DEVICES"] == "1"
+    assert bench.worker_env(specs[1])["PATH"] == os.environ["PATH"]
+    assert bench.worker_env({"cuda_visible_devices": None}) is None
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--modes", "off,on", "--devices", "0,1,2"])
+
+
+def test_each_child_starts_in_its_own_environment(tmp_path):
+    """start_children: envs[name] is that child's environment (here: the CUDA devices a
+    worker would see); a child without an entry inherits the driver's."""
+    show = (
+        f"import os, sys; sys.path.insert(0, {str(REPO)!r});"
+        "from benchmarks.e2e.interleave import Turns;"
+        "print(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), flush=True);"
+        "Turns().say('ready'); sys.stdin.read()"
+    )
+    lines: list[tuple[str, str]] = []
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    children = interleave.start_children(
+        [(name, [sys.executable, "-c", show]) for name in ("a", "b", "c")],
+        lambda name, line: lines.append((name, line)),
+        60.0,
+        end_group,
+        print,
+        {"a": {**env, "CUDA_VISIBLE_DEVICES": "0"}, "b": {**env, "CUDA_VISIBLE_DEVICES": "1,2"}},
+    )
+    assert [c.stop() for c in children] == [0, 0, 0]
+    seen = dict((name, line.strip()) for name, line in lines)
+    assert seen["a"] == "0" and seen["b"] == "1,2"
+    assert seen["c"] == os.environ.get("CUDA_VISIBLE_DEVICES", "unset")

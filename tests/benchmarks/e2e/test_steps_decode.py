@@ -4,6 +4,7 @@ own CPU run, `--tiny`)."""
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 from pathlib import Path
@@ -167,8 +168,9 @@ def test_modes_run_one_after_another_or_interleaved(tmp_path, monkeypatch, inter
         part.write_text(json.dumps({"mode": mode, "summary": {}}))
         return 0
 
-    def interleaved(args, cmds):
+    def interleaved(args, cmds, envs):
         assert args.interleave and list(cmds) == ["on", "on_pc"]
+        assert envs == {"on": None, "on_pc": None}  # no --devices: inherited
         return {mode: run_child(cmd) for mode, cmd in cmds.items()}
 
     monkeypatch.setattr(steps_decode, "run_interleaved", interleaved)
@@ -189,7 +191,9 @@ def test_modes_run_one_after_another_or_interleaved(tmp_path, monkeypatch, inter
     assert [m["mode"] for m in data["modes"]] == ["on", "on_pc"]
     if interleave:
         monkeypatch.setattr(
-            steps_decode, "run_interleaved", lambda args, cmds: {"on": 0, "on_pc": "timeout"}
+            steps_decode,
+            "run_interleaved",
+            lambda args, cmds, envs: {"on": 0, "on_pc": "timeout"},
         )
         assert steps_decode.main(argv) == 1
 
@@ -230,3 +234,44 @@ def test_each_child_gets_its_memory_share():
     assert child.modes == ["on_pc"] and child.gpu_memory_utilization == 0.55
     with pytest.raises(SystemExit):
         parse_args(["--modes", "on", "--gpu-memory-utilization", "0.3,0.55"])
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_each_child_runs_on_its_devices(tmp_path, monkeypatch, interleave):
+    """--devices 0,1: each mode's child runs with its own CUDA_VISIBLE_DEVICES and is told
+    only its own set, one after another or interleaved."""
+    from benchmarks.e2e import steps_decode
+
+    monkeypatch.setattr(
+        steps_decode.e2e, "write_model_dir", lambda *a, **k: (tmp_path, {"vocab_size": 512})
+    )
+    seen: dict[str, tuple[argparse.Namespace, str]] = {}
+
+    def run_child(cmd, env):
+        at = cmd.index("--mode-json")
+        mode, part = cmd[at - 1], Path(cmd[at + 1])
+        seen[mode] = (parse_args(cmd[2:]), env["CUDA_VISIBLE_DEVICES"])
+        part.write_text(json.dumps({"mode": mode, "summary": {}}))
+        return 0
+
+    monkeypatch.setattr(
+        steps_decode,
+        "run_interleaved",
+        lambda args, cmds, envs: {m: run_child(cmds[m], envs[m]) for m in cmds},
+    )
+    real_run = steps_decode.subprocess.run
+
+    def run(cmd, **kw):
+        if "--mode-json" not in cmd:
+            return real_run(cmd, **kw)
+        return SimpleNamespace(returncode=run_child(cmd, kw["env"]))
+
+    monkeypatch.setattr(steps_decode.subprocess, "run", run)
+    argv = ["--tiny", "--modes", "off_spec,on_spec", "--devices", "0,1+2"]
+    argv += ["--gpu-memory-utilization", "0.9,0.8", "--json", str(tmp_path / "steps.json")]
+    argv += ["--interleave"] if interleave else []
+    assert steps_decode.main(argv) == 0
+    assert {m: env for m, (_, env) in seen.items()} == {"off_spec": "0", "on_spec": "1,2"}
+    child = seen["on_spec"][0]
+    assert child.modes == ["on_spec"] and child.device_sets == ["1,2"]
+    assert child.gpu_memory_utilization == 0.8
