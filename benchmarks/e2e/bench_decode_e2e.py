@@ -796,10 +796,9 @@ def run_worker_process(
     return interleave.Child(cmd, on_line, timeout, end_group, env).stop()
 
 
-def worker_env(spec: dict) -> dict[str, str] | None:
-    """A worker's environment: this process's, with CUDA_VISIBLE_DEVICES set to the mode's
-    --devices entry where one is given (None: inherit)."""
-    devices = spec.get("cuda_visible_devices")
+def worker_env(devices: str | None) -> dict[str, str] | None:
+    """A worker's environment: this process's, with CUDA_VISIBLE_DEVICES set to `devices`
+    (the mode's --devices entry, `device_sets`); None (inherit) without one."""
     if devices is None:
         return None
     return {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
@@ -818,7 +817,7 @@ def spawn_worker(spec: dict, tmp: Path, timeout: float | None) -> dict:
         sys.stderr.write(line)
         kv_cache_capacity(line, capacity)
 
-    rc = run_worker_process(cmd, timeout, on_line, worker_env(spec))
+    rc = run_worker_process(cmd, timeout, on_line, worker_env(spec["cuda_visible_devices"]))
     return worker_result(spec, result_path, rc, capacity)
 
 
@@ -863,7 +862,10 @@ def run_interleaved(specs: list[dict], tmp: Path, timeout: float | None) -> list
         sys.stderr.write(line)
         kv_cache_capacity(line, capacity[name])
 
-    envs = {name: worker_env(spec) for spec, name in zip(specs, names, strict=True)}
+    envs = {
+        name: worker_env(spec["cuda_visible_devices"])
+        for spec, name in zip(specs, names, strict=True)
+    }
     children = interleave.start_children(commands, on_line, timeout, end_group, log, envs)
     order = interleave.run_turns(children, specs[0]["batch_sizes"], specs[0]["repeats"])
     runs = []

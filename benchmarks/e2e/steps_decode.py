@@ -172,11 +172,10 @@ class StepRecorder:
                 scheduled: list = []
                 schedule = self.scheduler.schedule
                 update = self.scheduler.update_from_output
+                timed_schedule = rec.host_timed(schedule, "schedule")
 
                 def schedule_hook(*args, **kwargs):
-                    t = time.perf_counter()
-                    scheduled.append(schedule(*args, **kwargs))
-                    rec._host["schedule"] = rec._host.get("schedule", 0.0) + time.perf_counter() - t
+                    scheduled.append(timed_schedule(*args, **kwargs))
                     return scheduled[-1]
 
                 self.scheduler.schedule = schedule_hook
@@ -534,25 +533,18 @@ def main(argv: list[str] | None = None) -> int:
         }
         child_args = argv if argv is not None else sys.argv[1:]
         parts = {mode: Path(tmp) / f"{mode}.json" for mode in args.modes}
-        cmds = {
-            mode: [sys.executable, str(Path(__file__).resolve()), *child_args]
-            + ["--modes", mode, "--mode-json", str(parts[mode])]
-            + ["--gpu-memory-utilization", str(args.memory_shares[args.modes.index(mode)])]
-            # its own device set only (set through its environment, below)
-            + (
-                ["--devices", args.device_sets[args.modes.index(mode)].replace(",", "+")]
-                if args.device_sets
-                else []
+        cmds, envs = {}, {}
+        for i, mode in enumerate(args.modes):
+            devices = args.device_sets[i] if args.device_sets else None
+            cmds[mode] = (
+                [sys.executable, str(Path(__file__).resolve()), *child_args]
+                + ["--modes", mode, "--mode-json", str(parts[mode])]
+                + ["--gpu-memory-utilization", str(args.memory_shares[i])]
+                # its own device set only (set through its environment)
+                + (["--devices", devices.replace(",", "+")] if devices else [])
+                + (["--turns"] if args.interleave else [])
             )
-            + (["--turns"] if args.interleave else [])
-            for mode in args.modes
-        }
-        envs = {
-            mode: e2e.worker_env(
-                {"cuda_visible_devices": args.device_sets[i] if args.device_sets else None}
-            )
-            for i, mode in enumerate(args.modes)
-        }
+            envs[mode] = e2e.worker_env(devices)
         if args.interleave:
             exits = run_interleaved(args, cmds, envs)
         else:  # one process per mode, one after another: an engine keeps its GPU memory

@@ -298,9 +298,10 @@ def test_devices_per_mode():
     args = bench.parse_args([*run, "--gpu-memory-utilization", "0.9,0.9"])
     specs = [bench.mode_spec({"model": "m"}, args, m) for m in args.modes]
     assert [s["cuda_visible_devices"] for s in specs] == ["0", "1"]
-    assert bench.worker_env(specs[1])["CUDA_VISIBLE_DEVICES"] == "1"
-    assert bench.worker_env(specs[1])["PATH"] == os.environ["PATH"]
-    assert bench.worker_env({"cuda_visible_devices": None}) is None
+    env = bench.worker_env(specs[1]["cuda_visible_devices"])
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["PATH"] == os.environ["PATH"]
+    assert bench.worker_env(None) is None
     with pytest.raises(SystemExit):
         bench.parse_args(["--modes", "off,on", "--devices", "0,1,2"])
 
