@@ -140,3 +140,22 @@ def test_builder_passes_the_counts_by_name():
     params = list(inspect.signature(ReplayGDNAttentionMetadataBuilder.build).parameters)
     stock = list(inspect.signature(GDNAttentionMetadataBuilder.build).parameters)
     assert params == stock
+
+
+def test_plain_build_chooses_the_resumed_prefill_rows_on_the_host(monkeypatch):
+    """A plain step with prefill rows carries which of them continue a stored state
+    (positions among the prefill rows, after the decode rows), chosen on the host; a
+    speculative builder leaves it to its split (SpecSplit.prefill_init_rows)."""
+    from .test_host import _common
+
+    # two decode rows, then a prefix-cache hit, a fresh prompt, a chunk continuation
+    common = _common([1, 1, 9, 20, 16], [30, 9, 137, 20, 48], None)
+    stock = dataclasses.replace(
+        _stock_metadata(), num_decodes=2, num_prefills=3, num_decode_tokens=2
+    )
+    monkeypatch.setattr(GDNAttentionMetadataBuilder, "build", lambda self, *a, **k: stock)
+    b = object.__new__(ReplayGDNAttentionMetadataBuilder)
+    b.use_spec_decode = False
+    assert b.build(0, common).replay_prefill_init_rows.tolist() == [0, 2]
+    b.use_spec_decode = True
+    assert b.build(0, common).replay_prefill_init_rows is None

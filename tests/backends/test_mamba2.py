@@ -160,3 +160,38 @@ def test_update_block_table_other_steps_take_vllms_path(monkeypatch):
         b = _builder(ReplayMamba2AttentionMetadataBuilder, **kwargs)
         assert b.update_block_table(md, table, None) is md, kwargs
     assert len(calls) == len(cases)
+
+
+def test_build_chooses_the_resumed_prefill_rows_on_the_host(monkeypatch):
+    """build() adds which prefill rows continue a stored state (positions among vLLM's prefill
+    rows, the batch's last num_prefills), decided from the host's query starts and lengths:
+    the layer folds their rings without reading vLLM's has_initial_states_p back. Steps
+    without prefill rows carry None."""
+    from .test_host import _common
+
+    stock_cls = ReplayMamba2AttentionMetadataBuilder.__mro__[1]
+    # two decode rows, then a fresh prompt, a prefix-cache hit, a chunk continuation
+    common = _common([1, 1, 20, 7, 16], [30, 9, 20, 135, 48], None)
+    stock = dataclasses.replace(_stock_metadata(), num_decodes=2, num_prefills=3, num_reqs=5)
+    monkeypatch.setattr(stock_cls, "build", lambda self, *a, **k: stock)
+    b = object.__new__(ReplayMamba2AttentionMetadataBuilder)
+    md = b.build(0, common)
+    assert md.replay_prefill_init_rows.tolist() == [1, 2]
+    view = dataclasses.replace(md, num_decodes=0)  # the layer's prefill-only view keeps it
+    assert view.replay_prefill_init_rows is md.replay_prefill_init_rows
+    decode_only = dataclasses.replace(stock, num_prefills=0)
+    monkeypatch.setattr(stock_cls, "build", lambda self, *a, **k: decode_only)
+    assert b.build(0, common).replay_prefill_init_rows is None
+
+
+def test_every_replay_layer_takes_our_backend():
+    """Plain decoding too, not only speculative: without our builder the prefill path has no
+    host-chosen rows and 'align' mode's update_block_table short path never runs (before
+    2026-12-05 plain Mamba-2 layers got vLLM's backend)."""
+    from types import SimpleNamespace
+
+    from vllm_replayssm.layers.mamba2 import ReplayMambaMixer2
+
+    for window in (1, 4):
+        layer = SimpleNamespace(replay=SimpleNamespace(enabled=True), replay_window=window)
+        assert ReplayMambaMixer2.get_attn_backend(layer) is ReplayMamba2AttentionBackend

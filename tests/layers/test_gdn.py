@@ -40,3 +40,28 @@ def test_join_decode_rows_takes_slices_and_offset_query_starts():
     assert tokens.tolist() == [0, 1, 2, 3, 6]
     assert qsl.tolist() == [0, 2, 4, 5]
     assert slots.tolist() == [5, 6, 8] and seq_lens.tolist() == [3, 3, 2]
+
+
+def test_prefill_rows_to_fold_are_the_host_chosen_ones_with_prefix_caching_only():
+    """With prefix caching the slots of the prefill rows the builder chose (a cache hit's
+    ring must be folded before vLLM's prefill reads HP); without it none (a chunk
+    continuation's ring is empty); likewise a step without such rows."""
+    from types import SimpleNamespace
+
+    from vllm_replayssm.layers.gdn import ReplayQwenGatedDeltaNetAttention
+
+    from ..readback import device_readbacks
+
+    slots = torch.tensor([7, 8, 3, 5, 9], dtype=torch.int32)  # two decode rows first
+    init = torch.tensor([0, 2])
+    md = SimpleNamespace(num_decodes=2, num_prefills=3, replay_prefill_init_rows=init)
+
+    def layer(pc: bool):
+        return SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=pc))
+
+    fold = ReplayQwenGatedDeltaNetAttention._prefill_rows_to_fold
+    assert device_readbacks(lambda: fold(layer(True), md, slots)) == []
+    assert fold(layer(True), md, slots).tolist() == [3, 9]
+    assert fold(layer(False), md, slots) is None
+    md.replay_prefill_init_rows = torch.tensor([], dtype=torch.int64)
+    assert fold(layer(True), md, slots) is None

@@ -3,7 +3,8 @@
 keeps acceptance only for rows that have drafts in this step); for speculative steps that
 mix rows with and without drafts, how they split (`replay_spec_split`); and for plain GPU
 steps that mix decode and prefill rows, vLLM's metadata narrowed to the prefill rows
-(`replay_prefill_view`). Both are decided on the host from the builder's CPU tensors, so
+(`replay_prefill_view`), and which prefill rows of a plain step continue a stored state
+(`replay_prefill_init_rows`). All are decided on the host from the builder's CPU tensors, so
 that the layer never reads a device tensor back."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from vllm.v1.attention.backends.gdn_attn import (
     GDNAttentionMetadataBuilder,
 )
 from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
+
+from vllm_replayssm.backends.host import prefill_init_rows, to_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +60,10 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
     # prefill rows, built here (`plain_prefill_view`); for speculative steps, by the first
     # GDN layer of the group that needs it and reused by the others (layers/gdn.py).
     replay_prefill_view: Any = None
+    # Plain steps with prefill rows: which of them continue a stored state ([<= P] int64 on
+    # the metadata's device, positions among the prefill rows; `host.prefill_init_rows`),
+    # so that the layer selects them without reading has_initial_state back.
+    replay_prefill_init_rows: torch.Tensor | None = None
 
     @classmethod
     def extend(
@@ -65,6 +72,7 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
         replay_seq_lens: torch.Tensor,
         replay_spec_split: SpecSplit | None = None,
         replay_prefill_view: GDNAttentionMetadata | None = None,
+        replay_prefill_init_rows: torch.Tensor | None = None,
     ) -> ReplayGDNAttentionMetadata:
         """`md`'s fields (shared, not copied) plus ours."""
         fields = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
@@ -73,6 +81,7 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
             replay_seq_lens=replay_seq_lens,
             replay_spec_split=replay_spec_split,
             replay_prefill_view=replay_prefill_view,
+            replay_prefill_init_rows=replay_prefill_init_rows,
         )
 
 
@@ -148,14 +157,6 @@ def spec_split(
     )
 
 
-def to_device(host: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`host` (a CPU tensor) on `like`'s device, copied asynchronously from pinned memory
-    (no synchronisation); `host` itself when `like` is on the CPU."""
-    if like.device.type == "cpu":
-        return host
-    return host.pin_memory().to(like.device, non_blocking=True)
-
-
 class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
     """vLLM's builder (the runner passes it acceptance counts by isinstance), building
     `ReplayGDNAttentionMetadata`."""
@@ -178,14 +179,11 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         )
         m = common_attn_metadata
         seq_lens = m.seq_lens[: m.num_reqs]
-        split = view = None
-        if (
-            not self.use_spec_decode
-            and md.num_decodes
-            and md.num_prefills
-            and seq_lens.device.type != "cpu"  # the CPU path runs its own split
-        ):
-            view = plain_prefill_view(md, m.query_start_loc_cpu)
+        split = view = init_rows = None
+        if not self.use_spec_decode and md.num_prefills:
+            init_rows = prefill_init_rows(m, md.num_decodes, md.num_prefills, seq_lens)
+            if md.num_decodes and seq_lens.device.type != "cpu":  # the CPU path splits itself
+                view = plain_prefill_view(md, m.query_start_loc_cpu)
         if self.use_spec_decode and (md.num_decodes or md.num_prefills):
             upper = m.seq_lens_cpu_upper_bound
             split = spec_split(
@@ -195,7 +193,7 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
                 # vLLM's spec-row mask (none when no row has drafts)
                 None if md.spec_sequence_masks is None else num_decode_draft_tokens_cpu >= 0,
             )
-        return ReplayGDNAttentionMetadata.extend(md, seq_lens, split, view)
+        return ReplayGDNAttentionMetadata.extend(md, seq_lens, split, view, init_rows)
 
 
 class ReplayGDNAttentionBackend(GDNAttentionBackend):

@@ -2,6 +2,9 @@
 decoding vLLM makes a new one-token request that joins a decode batch a prefill row of
 1 + k tokens (k placeholder drafts), and the layer verifies such a row as a decode window
 (`layers/fresh.py`); nothing else in vLLM's metadata tells its drafts from prompt tokens.
+And which prefill rows continue a stored state (`replay_prefill_init_rows`), decided on the
+host (`backends/host.py`): the layer folds their rings before vLLM's prefill reads HP, and
+selecting them by vLLM's device mask read the GPU back in every Mamba-2 layer.
 
 And, with prefix caching ("align" mode), a cheaper `update_block_table` for the decode-only
 CUDA-graph steps: vLLM builds the first KV-cache group's metadata and re-derives every
@@ -26,6 +29,7 @@ from vllm.v1.attention.backends.mamba2_attn import (
 )
 
 from vllm_replayssm import trace
+from vllm_replayssm.backends.host import prefill_init_rows
 from vllm_replayssm.layout import NULL_BLOCK_ID
 
 
@@ -36,6 +40,10 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
     A dataclass field, so that `dataclasses.replace` keeps it."""
 
     replay_num_drafts: torch.Tensor | None = None
+    # Steps with prefill rows: which of them continue a stored state ([<= P] int64 on the
+    # metadata's device, positions among the prefill rows; vLLM's has_initial_states_p
+    # without a read-back). None on steps without prefill rows.
+    replay_prefill_init_rows: torch.Tensor | None = None
     # (block_size, [num_reqs, 1] int64 on the device): each row's block index in "align"
     # mode, (seq_len - 1) // block_size clamped at 0; set by the first update_block_table
     # of a step and shared by the step's further KV-cache groups.
@@ -43,16 +51,23 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
 
     @classmethod
     def extend(
-        cls, md: Mamba2AttentionMetadata, replay_num_drafts: torch.Tensor | None
+        cls,
+        md: Mamba2AttentionMetadata,
+        replay_num_drafts: torch.Tensor | None,
+        replay_prefill_init_rows: torch.Tensor | None = None,
     ) -> ReplayMamba2AttentionMetadata:
-        """`md`'s fields (shared, not copied) plus `replay_num_drafts`."""
+        """`md`'s fields (shared, not copied) plus ours."""
         fields = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
-        return cls(**fields, replay_num_drafts=replay_num_drafts)
+        return cls(
+            **fields,
+            replay_num_drafts=replay_num_drafts,
+            replay_prefill_init_rows=replay_prefill_init_rows,
+        )
 
 
 class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
     """vLLM's builder (the runner passes it the draft counts by isinstance), building
-    `ReplayMamba2AttentionMetadata`."""
+    `ReplayMamba2AttentionMetadata`; the backend of every ReplaySSM Mamba-2 layer."""
 
     def build(
         self, common_prefix_len: int, common_attn_metadata: Any, *args: Any, **kwargs: Any
@@ -64,7 +79,13 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
             drafts = drafts[: common_attn_metadata.num_reqs].clamp(min=0)
         if trace.enabled():
             self._trace(md, common_attn_metadata, drafts)
-        return ReplayMamba2AttentionMetadata.extend(md, drafts)
+        init_rows = None
+        if md.num_prefills:  # vLLM's prefill rows: the last num_prefills of the batch
+            m = common_attn_metadata
+            init_rows = prefill_init_rows(
+                m, m.num_reqs - md.num_prefills, md.num_prefills, m.query_start_loc
+            )
+        return ReplayMamba2AttentionMetadata.extend(md, drafts, init_rows)
 
     def update_block_table(
         self, metadata: Mamba2AttentionMetadata, blk_table: torch.Tensor, slot_mapping: Any

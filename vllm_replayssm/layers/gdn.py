@@ -28,7 +28,8 @@ from vllm.utils.torch_utils import (
     direct_register_custom_op,
 )
 
-from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend, to_device
+from vllm_replayssm.backends.gdn import ReplayGDNAttentionBackend
+from vllm_replayssm.backends.host import to_device
 from vllm_replayssm.cpu_amx import vllm_uses_amx
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.gdn.dispatch import gdn_decode
@@ -160,9 +161,9 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                     "replayssm: a plain GDN step with decode and prefill rows "
                     "has no prefill-only view (backends/gdn.py)"
                 )
-        resumed = _prefill_rows_with_state(md, md.non_spec_state_indices_tensor)
+        resumed = self._prefill_rows_to_fold(md, md.non_spec_state_indices_tensor)
         if resumed is not None:
-            gdn_replay_materialise(cache, resumed, **common)
+            gdn_replay_materialise(cache, resumed, null_free=True, **common)
         tokens = slice(md.num_decode_tokens, md.num_decode_tokens + md.num_prefill_tokens)
         with self.metadata_view(attn_metadata, view):
             super()._forward_core(
@@ -179,6 +180,21 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             **common,
         )
         return None
+
+    def _prefill_rows_to_fold(self, md, state_indices: torch.Tensor) -> torch.Tensor | None:
+        """[<= P] slots of a plain step's prefill rows whose rings must be folded into HP
+        before vLLM's prefill reads it, or None. Such a row continues a stored state; with
+        prefix caching it may be a cache hit, whose page is a copy of the cached block's
+        (`layers/pages.page_copy_func`) with the records since that page's last flush in its
+        ring (docs/prefix-caching.md). Without prefix caching it is a chunk continuation,
+        whose HP the prefill hook left exact and whose ring empty: nothing to fold. The rows
+        come from the builder's host-side selection (`backends/host.prefill_init_rows`), so
+        nothing is read back from the device. state_indices: [R] the step's slots."""
+        rows = md.replay_prefill_init_rows
+        if rows is None or not rows.numel() or not self.cache_config.enable_prefix_caching:
+            return None
+        nd, npf = md.num_decodes, md.num_prefills
+        return state_indices[nd : nd + npf].index_select(0, rows)
 
     def _decode_gpu(self, cache, mixed_qkv, b, a, core_attn_out, md, n: int | None = None) -> None:
         """The decode rows' step: the first n tokens (None: all md.num_actual_tokens, the
@@ -342,10 +358,15 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                 ),
             )
         if npf:
-            resumed = _prefill_rows_with_state(md, state_indices)
+            resumed = self._prefill_rows_to_fold(md, state_indices)
             if resumed is not None:
                 gdn_replay_materialise(
-                    cache, resumed, buffer_len=cfg.buffer_len, window=window, stagger=cfg.stagger
+                    cache,
+                    resumed,
+                    buffer_len=cfg.buffer_len,
+                    window=window,
+                    stagger=cfg.stagger,
+                    null_free=True,
                 )
             prefill_md = dataclasses.replace(
                 md,
@@ -782,18 +803,6 @@ def _prefill_view_gpu(
         batch_ptr=batch_ptr,
         token_chunk_offset_ptr=token_chunk_offset_ptr,
     )
-
-
-def _prefill_rows_with_state(md, state_indices: torch.Tensor) -> torch.Tensor | None:
-    """Slots of the plain (non-speculative) prefill rows that start from a stored state, or
-    None. vLLM's prefill reads their HP, so their rings must be folded first: a chunk
-    continuation's ring is empty (a no-op fold), but a prefix-cache hit starts from a copy
-    of the cached block's page (`layers/pages.page_copy_func`), whose ring holds the records
-    since that page's last flush (docs/prefix-caching.md)."""
-    nd, npf = md.num_decodes, md.num_prefills
-    if not npf or md.has_initial_state is None:
-        return None
-    return state_indices[nd : nd + npf][md.has_initial_state[nd : nd + npf]]
 
 
 def _replayssm_cpu_gdn_core(

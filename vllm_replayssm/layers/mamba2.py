@@ -121,10 +121,11 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         self._log_spec_memory("Mamba-2")
 
     def get_attn_backend(self):
-        """Under speculative decoding with replayssm on, vLLM's Mamba-2 backend whose metadata
-        also carries each row's draft count (backends/mamba2.py: `_prefill_spec` needs it).
-        Otherwise vLLM's own."""
-        if self.replay is not None and self.replay.enabled and self.replay_window > 1:
+        """With replayssm on, vLLM's Mamba-2 backend whose metadata also carries each row's
+        draft count (`_prefill_spec` needs it) and which prefill rows continue a stored
+        state (`_prefill_replay`), and whose "align" mode gathers a decode step's further
+        groups' state indices in one op each (backends/mamba2.py). Otherwise vLLM's own."""
+        if self.replay is not None and self.replay.enabled:
             return ReplayMamba2AttentionBackend
         return super().get_attn_backend()
 
@@ -455,22 +456,24 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         conv = conv_state_view(self.kv_cache)
         nd, npf = md.num_decodes, md.num_prefills
         page = None
-        if md.has_initial_states_p is not None and md.prep_initial_states:
-            resumed = slots[md.has_initial_states_p]
+        # Rows continuing a stored state, chosen on the host (backends/mamba2.py), so that
+        # nothing here reads the device back.
+        init = md.replay_prefill_init_rows
+        if init is not None and init.numel():
+            resumed = slots.index_select(0, init)
             # Stock prefill reads HP of these rows: fold what their rings hold first.
             if spec:
                 qsl = md.query_start_loc_p.long()
-                init = md.has_initial_states_p
                 self.spec_windows.resume_rows(
                     cache.meta,
                     window_start_view(self.kv_cache, self.replay_specs),
                     conv,
                     resumed.long(),
-                    (qsl[1:] - qsl[:-1])[init],
-                    md.seq_lens[nd : nd + npf][init],
+                    (qsl[1:] - qsl[:-1]).index_select(0, init),
+                    md.seq_lens[nd : nd + npf].index_select(0, init),
                     self.conv_kernel_size,
                     lambda rows, accepted: reference.mamba2_replay_materialise(
-                        cache, self.A, rows, num_accepted_tokens=accepted, **common
+                        cache, self.A, rows, num_accepted_tokens=accepted, null_free=True, **common
                     ),
                 )
                 if keep is not None and keep.numel():  # folded, context last (`_decode_spec`)
@@ -480,8 +483,14 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 # (layers/conv.py); vLLM's prefill conv (CPU and Triton alike) reads and
                 # writes the first K - 1 columns.
                 conv_context_to_front(conv, resumed, self.conv_kernel_size)
-            else:
-                reference.mamba2_replay_materialise(cache, self.A, resumed, **common)
+            elif self.cache_config.enable_prefix_caching:
+                # A cache hit's page is a copy of the cached block's, its ring holding the
+                # records since that page's last flush (docs/prefix-caching.md). Without
+                # prefix caching such a row is a chunk continuation, whose HP the prefill
+                # hook left exact and whose ring empty: nothing to fold.
+                reference.mamba2_replay_materialise(
+                    cache, self.A, resumed, null_free=True, **common
+                )
         if cpu:
             self._prefill_cpu(projected_states, output, md, cache.hp)
         else:

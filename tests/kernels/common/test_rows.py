@@ -106,3 +106,52 @@ def test_acceptance_launch_compiles_once_for_any_batch():
         (key,) = launches
         keys.append(key)
     assert keys[0] == keys[1] == keys[2], keys
+
+
+def _clone(cache):
+    return type(cache)(*(None if t is None else t.clone() for t in cache))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
+@pytest.mark.parametrize("family", ["mamba2", "gdn_exact", "gdn_fold"])
+def test_materialise_of_host_chosen_rows_reads_nothing_back(family, spec):
+    """The layers fold the prefill rows their builder chose on the host with
+    `materialise(..., null_free=True)`: every scenario's final materialise (the float64
+    oracle checks its HP, as in the reference tests) must leave the same HP, LP, rings and
+    cursor words, to the bit, as the default selection on a copy of the cache, and dispatch
+    no op that reads the device back, while the default selection does (so the recorder is
+    seen to work)."""
+    from vllm_replayssm.layout import GDNGeometry, Mamba2Geometry
+
+    from ...readback import device_readbacks
+    from ..checks import check_scenario
+    from ..families import GDNFamily, Mamba2Family
+
+    if family == "mamba2":
+        fam = Mamba2Family(Mamba2Geometry(nheads=4, headdim=8, dstate=16, ngroups=2), seed=3)
+    else:
+        geom = GDNGeometry(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=8)
+        fam = GDNFamily(geom, seed=3, exact_flush=family == "gdn_exact")
+    stock = fam.materialise_op
+    calls = []
+
+    def materialise(cache, *args, **kwargs):
+        twin = _clone(cache)
+        default_reads = device_readbacks(lambda: stock(twin, *args, **kwargs))
+        reads = device_readbacks(lambda: stock(cache, *args, null_free=True, **kwargs))
+        assert reads == [], reads
+        assert default_reads, "the recorder saw no read-back on the default path"
+        for name, ours, theirs in zip(cache._fields, cache, twin, strict=True):
+            # to the bit: unused slots hold whatever the allocation left, NaNs too
+            assert ours is None or torch.equal(_bits(ours), _bits(theirs)), name
+        calls.append(len(args[-1]))
+
+    fam.materialise_op = materialise
+    # fold mode lets LP's rounding into HP (test_fold_flush_lets_lp_rounding_into_hp)
+    lp = None if family == "gdn_fold" else torch.bfloat16
+    check_scenario(fam, L=4, T=3 if spec else 1, lp=lp, spec=spec, seed=11)
+    assert calls and calls[0] > 0

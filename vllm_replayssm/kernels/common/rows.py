@@ -2,7 +2,8 @@
 counts): the kernels read row r's entry at offset r, so a strided view must not reach them.
 vLLM hands out such views: under speculative decoding with FULL CUDA graphs its Mamba-2
 metadata keeps decode rows' state indices in a [max_bs, 1 + k] buffer whose column 0 has
-stride 1 + k. Read at offset r, row r > 0 took another row's slot (H200, 2026-12-02)."""
+stride 1 + k. Read at offset r, row r > 0 took another row's slot (H200, 2026-12-02).
+And the torch references' selection of a batch's real rows (`active_rows`)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,25 @@ def require_row_contiguous(**tensors: torch.Tensor | None) -> None:
                 f"{name}: stride {t.stride(0)}; the kernels read row r at offset r "
                 "(pass a contiguous tensor)"
             )
+
+
+def active_rows(
+    state_indices: torch.Tensor,
+    num_accepted_tokens: torch.Tensor | None,
+    null_block_id: int,
+    null_free: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(slots [R'] int64, their accepted counts or None) of the rows of `state_indices` [R]
+    that are not the null block, or (None, None) when there are none. null_free: the caller
+    vouches that none is, and the rows are taken as they are: the boolean selection reads
+    the device back (on a GPU it waits for the queued work), which a caller that knows its
+    rows on the host avoids."""
+    if null_free:
+        if not state_indices.numel():
+            return None, None
+        return state_indices.long(), num_accepted_tokens
+    active = state_indices != null_block_id
+    if not bool(active.any()):
+        return None, None
+    acc = None if num_accepted_tokens is None else num_accepted_tokens[active]
+    return state_indices[active].long(), acc

@@ -12,6 +12,7 @@ import torch
 from vllm_replayssm.kernels.common.checkpoint import read_checkpoint, write_checkpoint
 from vllm_replayssm.kernels.common.cursor import plan_step, reset_meta
 from vllm_replayssm.kernels.common.ring import gather_logical, scatter_window, window_tokens
+from vllm_replayssm.kernels.common.rows import active_rows
 from vllm_replayssm.kernels.gdn.naive import gdn_gates, l2norm
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
@@ -95,11 +96,17 @@ def gdn_stock_decode(
 
 
 def _fold(
-    cache: GDNReplayCache, slots: torch.Tensor, origin: torch.Tensor, count: torch.Tensor
+    cache: GDNReplayCache,
+    slots: torch.Tensor,
+    origin: torch.Tensor,
+    count: torch.Tensor,
+    steps: int | None = None,
 ) -> torch.Tensor:
     """HP advanced over logical entries [0, count): [R, Hv, V, K] fp32 (nothing written).
 
-    exact (ring keeps v and beta): the delta rule replayed serially from HP;
+    exact (ring keeps v and beta): the delta rule replayed serially from HP, over `steps`
+    entries (each row's past its count leave it as it is; None: the largest count, read
+    back from the device);
     fold: e^{Gamma_n} S0 + sum_j e^{Gamma_n - Gamma_j} d_j k_j^T over cached d.
     """
     Hv, Hk = cache.hp.shape[1], cache.ring_k.shape[1]
@@ -115,7 +122,9 @@ def _fold(
         vs = gather_logical(cache.ring_v, slots, origin).float()
         vs = torch.where(keep[:, None, :, None], vs, 0.0)
         beta = torch.where(keep[:, None, :], gather_logical(cache.ring_beta, slots, origin), 0.0)
-        for j in range(int(count.max()) if count.numel() else 0):
+        if steps is None:
+            steps = int(count.max()) if count.numel() else 0
+        for j in range(steps):
             nxt = delta_rule_step(S, kn[:, :, j], vs[:, :, j], g[:, :, j], beta[:, :, j])
             S = torch.where(keep[:, j, None, None, None], nxt, S)
         return S
@@ -242,17 +251,20 @@ def gdn_replay_materialise(
     stagger: bool,
     num_accepted_tokens: torch.Tensor | None = None,
     null_block_id: int = NULL_BLOCK_ID,
+    null_free: bool = False,
 ) -> None:
     """Fold every committed ring entry into HP (HP + LP written) and reset the cursor, so
-    stock code may read HP of these rows (see `mamba2_replay_materialise`)."""
-    active = state_indices != null_block_id
-    if not bool(active.any()):
+    stock code may read HP of these rows (see `mamba2_replay_materialise`, also for
+    null_free; with it the exact fold walks every ring row instead of reading the largest
+    count back)."""
+    slots, acc = active_rows(state_indices, num_accepted_tokens, null_block_id, null_free)
+    if slots is None:
         return
-    slots = state_indices[active].long()
-    acc = None if num_accepted_tokens is None else num_accepted_tokens[active]
     zero_q = torch.zeros_like(slots)
     plan = plan_step(cache.meta[slots], zero_q, acc, buffer_len, window, force_flush=True)
-    write_checkpoint(cache, slots, _fold(cache, slots, plan.fold_origin, plan.fold_count))
+    steps = cache.ring_g.shape[2] if null_free else None
+    S = _fold(cache, slots, plan.fold_origin, plan.fold_count, steps)
+    write_checkpoint(cache, slots, S)
     reset_meta(cache.meta, slots, buffer_len, window, stagger)
 
 

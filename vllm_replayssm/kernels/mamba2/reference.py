@@ -12,6 +12,7 @@ import torch
 from vllm_replayssm.kernels.common.checkpoint import read_checkpoint, write_checkpoint
 from vllm_replayssm.kernels.common.cursor import plan_step, reset_meta, ring_rows
 from vllm_replayssm.kernels.common.ring import gather_logical, scatter_window, window_tokens
+from vllm_replayssm.kernels.common.rows import active_rows
 from vllm_replayssm.kernels.mamba2.naive import softplus_dt
 from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache
 
@@ -228,16 +229,17 @@ def mamba2_replay_materialise(
     stagger: bool,
     num_accepted_tokens: torch.Tensor | None = None,
     null_block_id: int = NULL_BLOCK_ID,
+    null_free: bool = False,
 ) -> None:
     """Fold every committed ring entry into HP (HP + LP written) and reset the cursor, so
     stock code may read HP of these rows. state_indices: [R]; num_accepted_tokens as in
     `mamba2_replay_decode` (the acceptance of the last decode step, if drafts are pending).
+    null_free: the caller vouches that no row is the null block, so the rows are taken as
+    they are, and nothing is read back from the device (`active_rows`).
     """
-    active = state_indices != null_block_id
-    if not bool(active.any()):
+    slots, acc = active_rows(state_indices, num_accepted_tokens, null_block_id, null_free)
+    if slots is None:
         return
-    slots = state_indices[active].long()
-    acc = None if num_accepted_tokens is None else num_accepted_tokens[active]
     zero_q = torch.zeros_like(slots)
     plan = plan_step(cache.meta[slots], zero_q, acc, buffer_len, window, force_flush=True)
     write_checkpoint(cache, slots, _fold(cache, slots, plan.fold_origin, plan.fold_count, A))
