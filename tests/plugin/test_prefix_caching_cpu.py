@@ -17,8 +17,7 @@ CPU GDN kernel, less precise than fp32 maths, held to the top-5 rule as in
 test_gdn_cpu_engine.py); for NemotronH, where the runs agree on tokens, their logprobs
 must agree within NEAR_TIE (`check_logprobs`: a hit that skipped its fold kept every token
 and failed only this); the prefix cache hit counter must count every hit the workload
-offers. Preempted requests re-admitted
-through hits on their own blocks:
+offers. Preempted requests re-admitted through hits on their own blocks:
 test_preemption_cpu.py::test_readmission_through_prefix_cache_hits."""
 
 from __future__ import annotations

@@ -457,9 +457,11 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         nd, npf = md.num_decodes, md.num_prefills
         page = None
         # Rows continuing a stored state, chosen on the host (backends/mamba2.py), so that
-        # nothing here reads the device back.
+        # nothing here reads the device back. Without prefix caching, plain decoding has
+        # nothing to do for them: each is a chunk continuation, whose HP the prefill hook
+        # left exact and whose ring empty.
         init = md.replay_prefill_init_rows
-        if init is not None and init.numel():
+        if init is not None and init.numel() and (spec or self.cache_config.enable_prefix_caching):
             resumed = slots.index_select(0, init)
             # Stock prefill reads HP of these rows: fold what their rings hold first.
             if spec:
@@ -483,11 +485,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 # (layers/conv.py); vLLM's prefill conv (CPU and Triton alike) reads and
                 # writes the first K - 1 columns.
                 conv_context_to_front(conv, resumed, self.conv_kernel_size)
-            elif self.cache_config.enable_prefix_caching:
+            else:
                 # A cache hit's page is a copy of the cached block's, its ring holding the
-                # records since that page's last flush (docs/prefix-caching.md). Without
-                # prefix caching such a row is a chunk continuation, whose HP the prefill
-                # hook left exact and whose ring empty: nothing to fold.
+                # records since that page's last flush (docs/prefix-caching.md).
                 reference.mamba2_replay_materialise(
                     cache, self.A, resumed, null_free=True, **common
                 )
