@@ -45,10 +45,12 @@ def _run(runs, kind: str, replayssm: dict, metrics: dict, **kw):
 @pytest.mark.parametrize("kind", list(CASES))
 def test_prefix_caching_on_gpu(runs, kind, unit, capsys):
     """unit: vLLM's prefix_match_unit, as in the CPU test. With 16 (partial-block hits) the
-    requests' cached tokens must exceed the whole blocks' and equal stock vLLM's. Both
-    families passed on the H200 (NemotronH at 4e0bc38, Qwen3-Next at 133230c) with the
-    workload and checkpoints before 2026-12-05 (first request 4 tokens longer, Qwen3-Next
-    top-2 of 4 experts); not yet run since."""
+    requests' cached tokens must exceed the whole blocks' and equal stock vLLM's. With the
+    workload and checkpoints of 2026-12-05 (first request 4 tokens shorter, Qwen3-Next
+    top-4 of 4 experts) both families passed "blocks" on the H200 at 617b79b
+    (benchmarks/results/pytest-gpu-h200-20261205-617b79b-prefix-caching-rows.log); the
+    "unit16" cases last passed with the older workload (NemotronH at 4e0bc38, Qwen3-Next at
+    133230c)."""
     block, stock_kw = CASES[kind]
     hits = workload(block)[3]
     pc = {"enable_prefix_caching": True}
