@@ -286,3 +286,8 @@ def test_prefix_caching_with_speculative_decoding(runs, kind, capsys):
     assert r.counts["copied"] > 0, "no window's accepted tokens crossed a block boundary"
     check_greedy(capsys, f"{kind} spec + prefix caching vs spec", *_same_turns(r.off, r.on))
     check_greedy(capsys, f"{kind} spec + prefix caching vs plain", *_same_turns(r.plain, r.on))
+    if kind == "nemotron_h":
+        for name, reference in (("spec", r.off), ("plain", r.plain)):
+            check_logprobs(
+                capsys, f"{kind} spec + prefix caching vs {name}", *_same_turns(reference, r.on)
+            )
