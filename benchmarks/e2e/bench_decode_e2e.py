@@ -45,7 +45,11 @@ ignore_eos=True)`, timed with `time.perf_counter` around the call: once with max
                 metrics) of the request whose first token came last: decode steps after
                 the batch's prefill, with no prefill-only generate subtracted; per repeat
                 t_decode_in_full_all_s, and first_token_spread_all_s, how long the batch's
-                first tokens took to arrive after the first one
+                first tokens took to arrive after the first one. Only where every repeat
+                had all bs requests decoding at once (peak_decoding_all); else None and an
+                in_full_note. Requests that start earlier finish earlier, so the window's
+                last steps run fewer rows: compare this rate only between modes whose
+                spreads are alike
   tokens        sha256 of the greedy token ids (json.dumps of the list of per-prompt lists)
   match         on vs off: fraction of the bs sequences whose token ids are identical, and
                 the mean common prefix; dummy weights (uniform +-1e-3) make greedy outputs
@@ -403,7 +407,25 @@ def decode_in_generate(spans: list[tuple[float, float]] | None) -> dict | None:
         return None
     firsts = [f for f, _ in spans]
     first, last = max(spans)
-    return {"decode_s": last - first, "first_token_spread_s": first - min(firsts)}
+    return {
+        "decode_s": last - first,
+        "first_token_spread_s": first - min(firsts),
+        "peak_decoding": peak_decoding(spans),
+    }
+
+
+def peak_decoding(spans: list[tuple[float, float]]) -> int:
+    """The most requests between their first and last token at one time. Below the batch
+    size, some requests waited for others to finish (memory: each mode's pages, its share
+    of the GPU) and the batch never decoded together, so its in-full rate is no batch rate
+    (a 617b79b run with prefix caching read 3.93x there, its last requests decoding alone)."""
+    # A request's first token at the time another's last one came counts both.
+    events = sorted([(f, 0) for f, _ in spans] + [(t, 1) for _, t in spans])
+    peak = running = 0
+    for _, end in events:
+        running += -1 if end else 1
+        peak = max(peak, running)
+    return peak
 
 
 def warmup_prompts(
@@ -491,8 +513,15 @@ def measure_batch(
         # not as the difference of two generates.
         row["t_decode_in_full_all_s"] = [x["decode_s"] for x in in_full]
         row["first_token_spread_all_s"] = [x["first_token_spread_s"] for x in in_full]
+        row["peak_decoding_all"] = [x["peak_decoding"] for x in in_full]
         in_decode = statistics.median(row["t_decode_in_full_all_s"])
-        row["decode_tok_s_in_full"] = bs * (n_out - 1) / in_decode if in_decode > 0 else None
+        if min(row["peak_decoding_all"]) < bs:
+            row["in_full_note"] = (
+                f"at most {min(row['peak_decoding_all'])} of {bs} requests decoded at once "
+                "in a repeat: no in-full rate"
+            )
+        elif in_decode > 0:
+            row["decode_tok_s_in_full"] = bs * (n_out - 1) / in_decode
     if spec["mode"] != "off":
         row["route"] = route_ran(spec, bs)
     if shared:

@@ -148,6 +148,14 @@ def test_decode_is_also_measured_inside_the_full_generate():
     assert row["t_decode_in_full_all_s"] == [2.5, 2.5]  # the request first served last
     assert row["first_token_spread_all_s"] == [1.0, 1.0]
     assert row["decode_tok_s_in_full"] == pytest.approx(3 * 4 / 2.5)
+    assert row["peak_decoding_all"] == [3, 3] and "in_full_note" not in row
+    # the third request starts after the first two finished (it waited for memory): the
+    # batch never decoded together, so no in-full rate
+    row = bench.measure_batch(
+        _TimedLLM(first=[100.0, 101.0, 104.5], decode=[4.0, 2.0, 1.0]), 3, spec, "test"
+    )
+    assert row["peak_decoding_all"] == [2, 2] and row["decode_tok_s_in_full"] is None
+    assert row["in_full_note"].startswith("at most 2 of 3 requests")
     row = bench.measure_batch(_TimedLLM(first=[0.0] * 3, decode=None), 3, spec, "test")
     assert row["decode_tok_s_in_full"] is None and "t_decode_in_full_all_s" not in row
     # a request without timestamps (vLLM leaves 0.0) makes the generate's spans unknown
@@ -155,7 +163,11 @@ def test_decode_is_also_measured_inside_the_full_generate():
     assert gen.spans is None and bench.decode_in_generate(gen.spans) is None
     gen = bench.timed_generate(_TimedLLM(first=[4.0, 5.0], decode=[1.0, 3.0]), [[1], [2]], 4)
     assert gen.spans == [(4.0, 5.0), (5.0, 8.0)] and gen.tokens == [[1] * 4, [2] * 4]
-    assert bench.decode_in_generate(gen.spans) == {"decode_s": 3.0, "first_token_spread_s": 1.0}
+    assert bench.decode_in_generate(gen.spans) == {
+        "decode_s": 3.0,
+        "first_token_spread_s": 1.0,
+        "peak_decoding": 2,  # one's first token when the other's last came
+    }
 
 
 def _saved(*bs: int, machine: bool = True, error=None, row_error: bool = False) -> dict:
