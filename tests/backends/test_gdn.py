@@ -144,8 +144,11 @@ def test_builder_passes_the_counts_by_name():
 
 def test_plain_build_chooses_the_resumed_prefill_rows_on_the_host(monkeypatch):
     """A plain step with prefill rows carries which of them continue a stored state
-    (positions among the prefill rows, after the decode rows), chosen on the host; a
-    speculative builder leaves it to its split (SpecSplit.prefill_init_rows)."""
+    (positions among the prefill rows, after the decode rows), chosen on the host, where
+    prefix caching is on (without it the layer folds nothing); a speculative builder leaves
+    it to its split (SpecSplit.prefill_init_rows)."""
+    from types import SimpleNamespace
+
     from .test_host import _common
 
     # two decode rows, then a prefix-cache hit, a fresh prompt, a chunk continuation
@@ -155,7 +158,11 @@ def test_plain_build_chooses_the_resumed_prefill_rows_on_the_host(monkeypatch):
     )
     monkeypatch.setattr(GDNAttentionMetadataBuilder, "build", lambda self, *a, **k: stock)
     b = object.__new__(ReplayGDNAttentionMetadataBuilder)
+    b.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=True))
     b.use_spec_decode = False
     assert b.build(0, common).replay_prefill_init_rows.tolist() == [0, 2]
+    b.vllm_config.cache_config.enable_prefix_caching = False
+    assert b.build(0, common).replay_prefill_init_rows is None
+    b.vllm_config.cache_config.enable_prefix_caching = True
     b.use_spec_decode = True
     assert b.build(0, common).replay_prefill_init_rows is None

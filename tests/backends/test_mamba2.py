@@ -166,7 +166,10 @@ def test_build_chooses_the_resumed_prefill_rows_on_the_host(monkeypatch):
     """build() adds which prefill rows continue a stored state (positions among vLLM's prefill
     rows, the batch's last num_prefills), decided from the host's query starts and lengths:
     the layer folds their rings without reading vLLM's has_initial_states_p back. Steps
-    without prefill rows carry None."""
+    without prefill rows carry None, and so do steps of an engine with neither prefix
+    caching nor speculative decoding, whose layers fold nothing."""
+    from types import SimpleNamespace
+
     from .test_host import _common
 
     stock_cls = ReplayMamba2AttentionMetadataBuilder.__mro__[1]
@@ -174,14 +177,24 @@ def test_build_chooses_the_resumed_prefill_rows_on_the_host(monkeypatch):
     common = _common([1, 1, 20, 7, 16], [30, 9, 20, 135, 48], None)
     stock = dataclasses.replace(_stock_metadata(), num_decodes=2, num_prefills=3, num_reqs=5)
     monkeypatch.setattr(stock_cls, "build", lambda self, *a, **k: stock)
-    b = object.__new__(ReplayMamba2AttentionMetadataBuilder)
-    md = b.build(0, common)
-    assert md.replay_prefill_init_rows.tolist() == [1, 2]
+
+    def builder(prefix_caching: bool, spec: bool):
+        b = object.__new__(ReplayMamba2AttentionMetadataBuilder)
+        b.vllm_config = SimpleNamespace(
+            cache_config=SimpleNamespace(enable_prefix_caching=prefix_caching),
+            speculative_config=SimpleNamespace(num_speculative_tokens=3) if spec else None,
+        )
+        return b
+
+    for prefix_caching, spec in ((True, False), (False, True), (True, True)):
+        md = builder(prefix_caching, spec).build(0, common)
+        assert md.replay_prefill_init_rows.tolist() == [1, 2]
     view = dataclasses.replace(md, num_decodes=0)  # the layer's prefill-only view keeps it
     assert view.replay_prefill_init_rows is md.replay_prefill_init_rows
+    assert builder(False, False).build(0, common).replay_prefill_init_rows is None
     decode_only = dataclasses.replace(stock, num_prefills=0)
     monkeypatch.setattr(stock_cls, "build", lambda self, *a, **k: decode_only)
-    assert b.build(0, common).replay_prefill_init_rows is None
+    assert builder(True, True).build(0, common).replay_prefill_init_rows is None
 
 
 def test_every_replay_layer_takes_our_backend():

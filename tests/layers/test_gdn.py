@@ -1,6 +1,7 @@
 """layers/gdn.py: pieces of the GDN layer's speculative step that stand alone (the engine
 tests, tests/plugin/test_spec_cpu_engine.py, run the layer itself)."""
 
+import pytest
 import torch
 
 from vllm_replayssm.layers.gdn import _join_decode_rows
@@ -65,3 +66,8 @@ def test_prefill_rows_to_fold_are_the_host_chosen_ones_with_prefix_caching_only(
     assert fold(layer(False), md, slots) is None
     md.replay_prefill_init_rows = torch.tensor([], dtype=torch.int64)
     assert fold(layer(True), md, slots) is None
+    # the builder leaves them out without prefix caching only
+    md.replay_prefill_init_rows = None
+    assert fold(layer(False), md, slots) is None
+    with pytest.raises(RuntimeError, match="replay_prefill_init_rows"):
+        fold(layer(True), md, slots)

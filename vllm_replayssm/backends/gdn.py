@@ -181,7 +181,10 @@ class ReplayGDNAttentionMetadataBuilder(GDNAttentionMetadataBuilder):
         seq_lens = m.seq_lens[: m.num_reqs]
         split = view = init_rows = None
         if not self.use_spec_decode and md.num_prefills:
-            init_rows = prefill_init_rows(m, md.num_decodes, md.num_prefills, seq_lens)
+            # Read by the layer with prefix caching only (a hit's ring to fold; without it
+            # such rows are chunk continuations with empty rings): no pinned copy otherwise.
+            if self.vllm_config.cache_config.enable_prefix_caching:
+                init_rows = prefill_init_rows(m, md.num_decodes, md.num_prefills, seq_lens)
             if md.num_decodes and seq_lens.device.type != "cpu":  # the CPU path splits itself
                 view = plain_prefill_view(md, m.query_start_loc_cpu)
         if self.use_spec_decode and (md.num_decodes or md.num_prefills):

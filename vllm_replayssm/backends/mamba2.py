@@ -65,6 +65,16 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
         )
 
 
+def folds_resumed_rows(vllm_config: Any) -> bool:
+    """Whether the Mamba-2 layers fold the rings of prefill rows that continue a stored
+    state (`layers/mamba2._prefill_replay`): under speculative decoding (pages hold verify
+    windows) or prefix caching (a hit's page holds the cached block's ring). Without either
+    such rows are chunk continuations, whose HP the prefill hook left exact."""
+    return (
+        vllm_config.speculative_config is not None or vllm_config.cache_config.enable_prefix_caching
+    )
+
+
 class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
     """vLLM's builder (the runner passes it the draft counts by isinstance), building
     `ReplayMamba2AttentionMetadata`; the backend of every ReplaySSM Mamba-2 layer."""
@@ -80,7 +90,10 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         if trace.enabled():
             self._trace(md, common_attn_metadata, drafts)
         init_rows = None
-        if md.num_prefills:  # vLLM's prefill rows: the last num_prefills of the batch
+        # vLLM's prefill rows: the last num_prefills of the batch. Only layers that fold
+        # resumed rows read them (`folds_resumed_rows`); plain steps without caching skip
+        # the pinned copy.
+        if md.num_prefills and folds_resumed_rows(self.vllm_config):
             m = common_attn_metadata
             init_rows = prefill_init_rows(
                 m, m.num_reqs - md.num_prefills, md.num_prefills, m.query_start_loc

@@ -190,8 +190,15 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         whose HP the prefill hook left exact and whose ring empty: nothing to fold. The rows
         come from the builder's host-side selection (`backends/host.prefill_init_rows`), so
         nothing is read back from the device. state_indices: [R] the step's slots."""
+        if not self.cache_config.enable_prefix_caching:
+            return None
         rows = md.replay_prefill_init_rows
-        if rows is None or not rows.numel() or not self.cache_config.enable_prefix_caching:
+        if rows is None:  # the builder skips them only without prefix caching
+            raise RuntimeError(
+                "replayssm: prefill rows without the builder's replay_prefill_init_rows "
+                "under prefix caching"
+            )
+        if not rows.numel():
             return None
         nd, npf = md.num_decodes, md.num_prefills
         return state_indices[nd : nd + npf].index_select(0, rows)

@@ -461,7 +461,13 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         # nothing to do for them: each is a chunk continuation, whose HP the prefill hook
         # left exact and whose ring empty.
         init = md.replay_prefill_init_rows
-        if init is not None and init.numel() and (spec or self.cache_config.enable_prefix_caching):
+        folds = spec or self.cache_config.enable_prefix_caching
+        if folds and init is None:  # the builder skips the rows only where no layer folds
+            raise RuntimeError(
+                "replayssm: prefill rows without the builder's replay_prefill_init_rows "
+                "(backends/mamba2.folds_resumed_rows disagrees with this layer)"
+            )
+        if folds and init.numel():
             resumed = slots.index_select(0, init)
             # Stock prefill reads HP of these rows: fold what their rings hold first.
             if spec:
