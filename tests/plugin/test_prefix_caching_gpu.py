@@ -48,9 +48,8 @@ def test_prefix_caching_on_gpu(runs, kind, unit, capsys):
     requests' cached tokens must exceed the whole blocks' and equal stock vLLM's. With the
     workload and checkpoints of 2026-12-05 (first request 4 tokens shorter, Qwen3-Next
     top-4 of 4 experts) both families passed "blocks" on the H200 at 617b79b
-    (benchmarks/results/pytest-gpu-h200-20261205-617b79b-prefix-caching-rows.log); the
-    "unit16" cases last passed with the older workload (NemotronH at 4e0bc38, Qwen3-Next at
-    133230c)."""
+    (benchmarks/results/pytest-gpu-h200-20261205-617b79b-prefix-caching-rows.log), and
+    "unit16" at def183a (pytest-gpu-h200-20261205-def183a-prefix-caching-spec-unit16.log)."""
     block, stock_kw = CASES[kind]
     hits = workload(block)[3]
     pc = {"enable_prefix_caching": True}
@@ -109,8 +108,9 @@ def test_prefix_caching_with_speculative_decoding_on_gpu(runs, kind, capsys, mon
     """The CPU test's speculative workload (test_prefix_caching_cpu.py) with FULL CUDA
     graphs for uniform verify batches (1 + k tokens per row, one or two rows), vLLM's GPU
     prefill kernels, and `prefix_cache.postprocess_pages` on the device. Passed on the H200
-    for both families at 45cdec9 (pytest-gpu-h200-20261203-45cdec9-spec-prefix-caching-*.log);
-    until then config_checks refused the combination on GPUs."""
+    for both families at 45cdec9 (pytest-gpu-h200-20261203-45cdec9-spec-prefix-caching-*.log;
+    until then config_checks refused the combination on GPUs) and at def183a, with the
+    host-chosen resumed rows (pytest-gpu-h200-20261205-def183a-prefix-caching-spec-unit16.log)."""
     # The engine process's prefix_cache.COUNTS come back through LLM.apply_model (pickled);
     # at f9dd7f8 this test read the test process's, which a GPU engine never touches.
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
