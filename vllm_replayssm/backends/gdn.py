@@ -60,6 +60,10 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
     # prefill rows, built here (`plain_prefill_view`); for speculative steps, by the first
     # GDN layer of the group that needs it and reused by the others (layers/gdn.py).
     replay_prefill_view: Any = None
+    # Speculative steps with rows without drafts (eager): the rows as the GDN layers read
+    # them (`layers/gdn.StepRows`), derived by the group's first GDN layer and reused by the
+    # others, so that each layer does not repeat the same device ops.
+    replay_step_rows: Any = None
     # Plain steps with prefill rows: which of them continue a stored state ([<= P] int64 on
     # the metadata's device, positions among the prefill rows; `host.prefill_init_rows`),
     # so that the layer selects them without reading has_initial_state back.

@@ -12,7 +12,7 @@ prefill on a prefill-only view for the rest.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from vllm.forward_context import get_forward_context
@@ -418,105 +418,56 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         NULL slots and no tokens) takes only shape-derived decisions and tensor ops; batches
         with other rows are split on the host by the metadata builder (`backends/gdn.py`'s
         `SpecSplit`, prefill chunks' offsets included): no device read-back, which would
-        stall every such step once per layer."""
-        dev = mixed_qkv.device
-        seq_lens = md.replay_seq_lens.long()
+        stall every such step once per layer. Those batches run eagerly, where every device
+        op costs host time in each layer, so their rows are derived once per metadata group
+        and step (`_split_step_rows`, kept on `md`) and shared by its GDN layers."""
         split = md.replay_spec_split  # backends/gdn.py: None when every row has drafts
-        if md.spec_sequence_masks is not None:
-            ns = int(md.num_spec_decodes)
-            if md.num_prefills == 0 and md.num_decodes == 0:
-                # Spec rows only: their tokens lead (vLLM's spec_token_indx is then
-                # arange(n)), read and written in place.
-                n_spec = (
-                    md.spec_token_indx.shape[0]
-                    if md.spec_token_indx is not None
-                    else int(md.num_spec_decode_tokens)
-                )
-                spec_tok = slice(0, n_spec)
-            else:
-                spec_tok = md.spec_token_indx.long()
-            spec_rows = (
-                spec_tok,
-                md.spec_state_indices_tensor[:ns, 0],
-                md.spec_query_start_loc[: ns + 1],
-                seq_lens[:ns] if split is None else split.spec_seq_lens.long(),
-            )
-            if split is None:
-                self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, *spec_rows)
+        if split is None:
+            if md.spec_sequence_masks is None:  # no rows at all
                 return
-            ns_tok = (
-                md.non_spec_token_indx.long()
-                if md.non_spec_token_indx is not None
-                else torch.zeros(0, dtype=torch.long, device=dev)
+            # Spec rows only, their tokens leading (vLLM's spec_token_indx is then arange(n)):
+            # read and written in place. Derived per layer: under CUDA-graph capture a
+            # tensor made by one layer's Python would not be remade at replay.
+            ns = int(md.num_spec_decodes)
+            n_spec = (
+                md.spec_token_indx.shape[0]
+                if md.spec_token_indx is not None
+                else int(md.num_spec_decode_tokens)
             )
-        else:  # no row has drafts: the step's leading tokens, read and written in place
-            spec_rows = None
-            ns_tok = slice(0, int(md.num_actual_tokens))
-        rows = md.num_decodes + md.num_prefills
-        if rows == 0 or _num_tokens(ns_tok) == 0:
-            if spec_rows is not None:
-                self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, *spec_rows)
-            return
-        # Decided on the host by the builder (no device read-back): the leading rows of one
-        # token that continue a request decode, the rest are prefill chunks.
-        if not split.decode_rows_lead:
-            raise RuntimeError("replayssm: one-token continuation rows after prefill rows")
-        ns_seq = split.non_spec_seq_lens.long()
-        nd = split.num_decode_rows
-        if split.prefill_query_start_loc_cpu.numel() - 1 != rows - nd:
-            raise RuntimeError(
-                f"replayssm: the builder's split has {nd} decode rows and "
-                f"{split.prefill_query_start_loc_cpu.numel() - 1} prefill chunks; vLLM's "
-                f"metadata {rows} rows without drafts"
-            )
-        slots = md.non_spec_state_indices_tensor[:rows]
-        qsl = md.non_spec_query_start_loc[: rows + 1].long()
-        has_init = (
-            torch.ones(rows, dtype=torch.bool, device=dev)
-            if md.has_initial_state is None
-            else md.has_initial_state[:rows].bool()
-        )
-        ndt = nd  # one token each
-        decode_rows = spec_rows
-        if nd:
-            one_token = (_sub_tokens(ns_tok, 0, ndt), slots[:nd], qsl[: nd + 1], ns_seq[:nd])
-            # One call for both kinds of decode row: these steps run eagerly (their rows'
-            # token counts differ), where each call's launches and Python cost host time.
-            decode_rows = (
-                one_token if spec_rows is None else _join_decode_rows(spec_rows, one_token)
-            )
-        if decode_rows is not None:
-            self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, *decode_rows)
-        if nd < rows:
-            self._prefill_rows_spec(
+            self._decode_rows_spec(
                 mixed_qkv,
                 b,
                 a,
                 core_attn_out,
-                md,
-                attn_metadata,
-                _sub_tokens(ns_tok, ndt),
-                slots[nd:rows],
-                has_init[nd:],
-                ns_seq[nd:rows],
-                split,
+                _decode_rows(
+                    slice(0, n_spec),
+                    md.spec_state_indices_tensor[:ns, 0],
+                    md.spec_query_start_loc[: ns + 1],
+                    md.replay_seq_lens[:ns],
+                ),
+            )
+            return
+        rows = md.replay_step_rows
+        if rows is None:
+            rows = md.replay_step_rows = _split_step_rows(md, split, mixed_qkv.device)
+        if rows.decode is not None:
+            self._decode_rows_spec(mixed_qkv, b, a, core_attn_out, rows.decode)
+        if rows.prefill is not None:
+            self._prefill_rows_spec(
+                mixed_qkv, b, a, core_attn_out, md, attn_metadata, rows.prefill, split
             )
 
-    def _decode_rows_spec(
-        self, mixed_qkv, b, a, core_attn_out, tokens, slots, qsl, seq_lens
-    ) -> None:
-        """Rows of up to 1 + k tokens (`tokens`: [n] indices into the step's tokens, or a
-        slice of them when they are contiguous, as in the uniform batches that CUDA graphs
-        replay: views then, no gathers, the outputs written in place; `qsl` [R + 1] over them,
-        `seq_lens` [R] the requests' lengths after this step). A row whose request has nothing
-        computed (a new one-token request: a spec row with placeholder drafts, or a one-token
-        row) starts from a fresh page (`layers/fresh.py`)."""
+    def _decode_rows_spec(self, mixed_qkv, b, a, core_attn_out, rows: DecodeRows) -> None:
+        """Rows of up to 1 + k tokens (`DecodeRows`; their tokens a slice when contiguous, as
+        in the uniform batches that CUDA graphs replay: views then, no gathers, the outputs
+        written in place). A row whose request has nothing computed (a new one-token
+        request: a spec row with placeholder drafts, or a one-token row) starts from a fresh
+        page (`layers/fresh.py`)."""
         cfg = self.replay
         cache = gdn_cache_from_kv(
             self.kv_cache, self.replay_specs, state_k_major=current_platform.is_cpu()
         )
-        slots = slots.long()
-        q = qsl[1:] - qsl[:-1]
+        tokens, slots, qsl, seq_lens, q = rows
         start_fresh_rows(
             cache,
             conv_state_view(self.kv_cache),
@@ -582,36 +533,23 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         window_start[slots] = start
 
     def _prefill_rows_spec(
-        self,
-        mixed_qkv,
-        b,
-        a,
-        core_attn_out,
-        md,
-        attn_metadata,
-        tokens,
-        slots,
-        has_init,
-        seq_lens,
-        split,
+        self, mixed_qkv, b, a, core_attn_out, md, attn_metadata, rows: PrefillRows, split
     ) -> None:
         """Prefill chunks: vLLM's op (CPU) or its prefill path (GPU, `_prefill_view_gpu`) on a
         prefill-only view (its conv keeps the context in the first K - 1 columns; ours keeps
         it last), then the prefill hook. Their token counts and which of them continue a
-        stored state come from the builder's host-side split (`split`: no device read-back);
-        has_init: the same on the device, for vLLM's view. tokens: [n] indices, or a slice
-        (contiguous tokens: views, outputs written in place). The view is built by the
-        first GDN layer of the step's metadata group and kept on `md` for the others (the
-        same rows; on GPUs its chunk metadata is host work that vLLM's builder does once per
-        step)."""
+        stored state come from the builder's host-side split (`split`: no device read-back;
+        `PrefillRows`). The view is built by the first GDN layer of the step's metadata
+        group and kept on `md` for the others (the same rows; on GPUs its chunk metadata is
+        host work that vLLM's builder does once per step)."""
         cfg = self.replay
         cpu = current_platform.is_cpu()
         cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=cpu)
         K = self._conv_weight_2d().shape[-1]
         conv = conv_state_view(self.kv_cache)
         window_start = window_start_view(self.kv_cache, self.replay_specs)
+        tokens, slots, slots_long, has_init, seq_lens, init_slots = rows
         init = split.prefill_init_rows
-        init_slots = slots.index_select(0, init).long()
         # Without prefix caching a stored page is a chunk continuation's: the prefill hook
         # left its HP exact and its ring empty (nothing to fold, and the fold's read-back
         # of the device would cost every such step once per layer).
@@ -658,7 +596,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
                     core_attn_out=out,
                 )
         _put_outputs(core_attn_out, tokens, out)
-        conv_context_to_back(conv, slots.long(), K)
+        conv_context_to_back(conv, slots_long, K)
         apply_prefill_hook(
             cache.hp,
             cache.lp,
@@ -668,7 +606,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             window=self.replay_window,
             stagger=cfg.stagger,
         )
-        window_start[slots.long()] = seq_lens.long()
+        window_start[slots_long] = seq_lens
 
     def _conv_weight_2d(self) -> torch.Tensor:
         if current_platform.is_cpu() and vllm_uses_amx():
@@ -697,6 +635,108 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         )
         conv_state[state_indices] = rows
         return out.squeeze(-1)
+
+
+class DecodeRows(NamedTuple):
+    """Decode rows of a speculative step (`_decode_rows_spec`). tokens: [n] int64 indices
+    into the step's tokens, or a slice of them when contiguous; slots: [R] int64; qsl:
+    [R + 1] int over the rows' tokens; seq_lens: [R] int64, the requests' lengths after
+    this step; q: [R] tokens per row (qsl's differences)."""
+
+    tokens: torch.Tensor | slice
+    slots: torch.Tensor
+    qsl: torch.Tensor
+    seq_lens: torch.Tensor
+    q: torch.Tensor
+
+
+class PrefillRows(NamedTuple):
+    """The prefill chunks of a split speculative step (`_prefill_rows_spec`). tokens: [n]
+    int64 indices, or a slice; slots: [P] vLLM's state indices (its dtype, for its view);
+    slots_long: the same as int64; has_init: [P] bool on the device, for vLLM's view;
+    seq_lens: [P] int64 lengths after the step; init_slots: [<= P] int64, the slots of the
+    chunks that continue a stored state (`SpecSplit.prefill_init_rows`)."""
+
+    tokens: torch.Tensor | slice
+    slots: torch.Tensor
+    slots_long: torch.Tensor
+    has_init: torch.Tensor
+    seq_lens: torch.Tensor
+    init_slots: torch.Tensor
+
+
+class StepRows(NamedTuple):
+    """A split speculative step's decode rows and prefill chunks (either may be None)."""
+
+    decode: DecodeRows | None
+    prefill: PrefillRows | None
+
+
+def _decode_rows(tokens, slots, qsl, seq_lens) -> DecodeRows:
+    """`DecodeRows` from vLLM's row tensors (any int dtype)."""
+    return DecodeRows(tokens, slots.long(), qsl, seq_lens.long(), qsl[1:] - qsl[:-1])
+
+
+def _split_step_rows(md, split, dev: torch.device) -> StepRows:
+    """The rows of a speculative step that has rows without drafts (`md.replay_spec_split`
+    is `split`), as the layer reads them: spec rows and the one-token rows that continue a
+    request, joined into one set of decode rows (one call for both kinds: these steps run
+    eagerly, where each call's launches and Python cost host time), and the prefill chunks.
+    Decided on the host by the builder: no device read-back. The same for every GDN layer
+    of the metadata group, so the first one derives them and `md` keeps them."""
+    spec_rows = None
+    if md.spec_sequence_masks is not None:
+        ns = int(md.num_spec_decodes)
+        spec_rows = (
+            md.spec_token_indx.long(),
+            md.spec_state_indices_tensor[:ns, 0],
+            md.spec_query_start_loc[: ns + 1],
+            split.spec_seq_lens.long(),
+        )
+        ns_tok = (
+            md.non_spec_token_indx.long()
+            if md.non_spec_token_indx is not None
+            else torch.zeros(0, dtype=torch.long, device=dev)
+        )
+    else:  # no row has drafts: the step's leading tokens, read and written in place
+        ns_tok = slice(0, int(md.num_actual_tokens))
+    rows = md.num_decodes + md.num_prefills
+    if rows == 0 or _num_tokens(ns_tok) == 0:
+        return StepRows(None if spec_rows is None else _decode_rows(*spec_rows), None)
+    if not split.decode_rows_lead:
+        raise RuntimeError("replayssm: one-token continuation rows after prefill rows")
+    nd = split.num_decode_rows
+    if split.prefill_query_start_loc_cpu.numel() - 1 != rows - nd:
+        raise RuntimeError(
+            f"replayssm: the builder's split has {nd} decode rows and "
+            f"{split.prefill_query_start_loc_cpu.numel() - 1} prefill chunks; vLLM's "
+            f"metadata {rows} rows without drafts"
+        )
+    ns_seq = split.non_spec_seq_lens.long()
+    slots = md.non_spec_state_indices_tensor[:rows]
+    decode_rows = spec_rows
+    if nd:  # one token each
+        qsl = md.non_spec_query_start_loc[: nd + 1].long()
+        one_token = (_sub_tokens(ns_tok, 0, nd), slots[:nd], qsl, ns_seq[:nd])
+        decode_rows = one_token if spec_rows is None else _join_decode_rows(spec_rows, one_token)
+    prefill = None
+    if nd < rows:
+        has_init = (
+            torch.ones(rows - nd, dtype=torch.bool, device=dev)
+            if md.has_initial_state is None
+            else md.has_initial_state[nd:rows].bool()
+        )
+        chunk_slots = slots[nd:rows]
+        slots_long = chunk_slots.long()
+        prefill = PrefillRows(
+            _sub_tokens(ns_tok, nd),
+            chunk_slots,
+            slots_long,
+            has_init,
+            ns_seq[nd:rows],
+            slots_long.index_select(0, split.prefill_init_rows),
+        )
+    return StepRows(None if decode_rows is None else _decode_rows(*decode_rows), prefill)
 
 
 def _num_tokens(tokens: torch.Tensor | slice) -> int:
@@ -772,6 +812,7 @@ def _prefill_view(md, split, slots: torch.Tensor, has_init: torch.Tensor, npt: i
         non_spec_token_indx=None,
         num_accepted_tokens=None,
         replay_prefill_view=None,
+        replay_step_rows=None,
     )
     if cpu:
         return view
