@@ -397,6 +397,7 @@ GDN_ROUTE_KNOBS = {
         "readout_stages",
         "flush_stages",
         "flush_rows_read",
+        "readout_lp_only",
     },
 }
 

@@ -287,7 +287,8 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
     )
     out = [
         (
-            f"window {T} plan{', flush rows read LP' if lp_flush else ''}",
+            f"window {T} plan{', flush rows read LP' if lp_flush else ''}"
+            f"{', stale LP refreshed' if refresh else ''}",
             gdn_window._gdn_window_plan_kernel,
             kernel_args(gdn_window._gdn_window_plan_kernel, torch.bfloat16, T),
             dict(
@@ -303,13 +304,14 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 EXACT_FLUSH=True,
                 HAS_LP=True,
                 FLUSH_READS_LP=lp_flush,
+                REFRESH_STALE=refresh,
             ),
             1,
         )
-        for lp_flush in (False, True)
+        for lp_flush, refresh in ((False, False), (True, False), (True, True))
     ]
     readout = gdn_window._gdn_window_readout_kernel
-    for block_v, warps, lp_dot, tiles, stages in (
+    for block_v, warps, lp_dot, tiles, stages in (  # block_v < 0: LP_ONLY
         (16, 1, "tf32x3", 1, 1),
         (16, 1, "bf16x3", 1, 1),
         (32, 1, "tf32x3", 1, 1),
@@ -320,10 +322,25 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         (16, 1, "bf16x3", 4, 1),
         (16, 1, "bf16x3", 4, 2),
         (16, 1, "bf16x3", 4, 3),
+        (16, 1, "bf16x3", 8, 2),
+        (-16, 1, "bf16x3", 8, 1),
+        (-16, 1, "bf16x3", 8, 2),
+        (-16, 1, "bf16x3", 8, 3),
+        (-16, 1, "bf16x3", 4, 2),
+        (-32, 1, "bf16x3", 4, 1),
+        (-32, 1, "bf16x3", 4, 2),
+        (-32, 2, "bf16x3", 4, 2),
+        (-64, 4, "bf16x3", 2, 2),
+        (-16, 1, "bf16x2", 8, 2),
+        (-16, 1, "bf16x2", 8, 3),
+        (-32, 2, "bf16x2", 4, 2),
         (32, 1, "bf16x3", 4, 2),
         (32, 2, "bf16x3", 4, 2),
     ):
         loop = f", {tiles} tiles, {stages} stages" if tiles > 1 else ""
+        lp_only = block_v < 0
+        block_v = abs(block_v)
+        loop += ", LP only" if lp_only else ""
         out.append(
             (
                 f"window {T} readout, planned, {block_v} rows, LP {lp_dot}{loop}",
@@ -349,6 +366,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     TILES=tiles,
                     HEAD_TILES=min(tiles, V // block_v),
                     NUM_STAGES=stages,
+                    LP_ONLY=lp_only,
                 ),
                 warps,
             )
@@ -359,6 +377,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         ("flush only", gdn_window.FLUSH_ONLY, "serial"),
         ("flush only, WY bf16x3", gdn_window.FLUSH_ONLY, "bf16x3"),
         ("flush only, WY bf16x3, 1 head", gdn_window.FLUSH_ONLY, "bf16x3"),
+        ("flush only, WY bf16x3, 1 head, refresh stale LP", gdn_window.FLUSH_ONLY, "bf16x3"),
     ):
         heads = 1 if "1 head" in name else Hv // Hk
         out.append(
@@ -371,6 +390,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     MODE=mode,
                     FOLD=fold,
                     HEADS_PER_PROGRAM=heads,
+                    REFRESH_STALE="refresh" in name,
                 ),
                 1,
             )
@@ -379,6 +399,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
 
 
 def main() -> None:
+    global L
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tool", required=True, help="path of sm90_report.py")
     p.add_argument("--out-dir", default="/tmp/sm90_gdn", help="where .ptx / .sass files go")
@@ -389,7 +410,10 @@ def main() -> None:
         default=1,
         help="Triton num_stages of every compile (launchers that pass none get Triton's 3)",
     )
+    p.add_argument("--buffer-len", type=int, default=16, help="L: ring history and fold length")
     args = p.parse_args()
+    L = args.buffer_len
+    SCALARS["stagger_mod"] = L
     spec = importlib.util.spec_from_file_location("sm90_report", args.tool)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)

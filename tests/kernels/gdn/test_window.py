@@ -151,6 +151,24 @@ WY_ROWS = {
         BF16,
         dict(WY, readout_tiles=4),
     ),
+    # the LP tile's product with 16-bit keys; on a GPU (output bound 1e-4) keys of 8 bits
+    # fail, in the interpreter (bf16 truncation: the bf16 bound) only the LP level is checked
+    "split_planned-exact-bf16-T3-keys16": (
+        "split_planned",
+        True,
+        BF16,
+        3,
+        BF16,
+        dict(PLANNED_WY, flush_rows_read="lp", readout_precision="bf16x2"),
+    ),
+    "split_planned-exact-bf16-T3-lp_and_hp": (  # the readout built with its HP branch
+        "split_planned",
+        True,
+        BF16,
+        3,
+        BF16,
+        dict(PLANNED_WY, flush_rows_read="lp", readout_lp_only=False),
+    ),
     "split_planned-exact-bf16-T3-flush_rows_hp": (  # flush rows read the folded HP
         "split_planned",
         True,
@@ -217,6 +235,23 @@ def test_stock_route_interleaved(row, device):
         stock_route_op=gdn_stock.gdn_stock_route_decode,
         stock_share=0.4,
     )
+
+
+@pytest.mark.parametrize("lp", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_planned_lp_only_refreshes_stale_lp(lp, device):
+    """The planned route reading LP for every row (flush_rows_read "lp": the readout built
+    without its HP branch) between stock-route steps, which leave LP stale: the flush launch
+    must copy HP into a stale LP before the readout reads it, or the outputs are off by the
+    whole LP-vs-HP difference (`check_mixed_routes`)."""
+    fam = GDNFamily(
+        GEOMS["qwen3_next"],
+        act_dtype=torch.bfloat16,
+        device=device,
+        seed=11,
+        decode_op=_op("split_planned", **dict(PLANNED_WY, flush_rows_read="lp")),
+        stock_route_op=gdn_stock.gdn_stock_route_decode,
+    )
+    check_mixed_routes(fam, L=4, lp=lp, stock_share=0.5)
 
 
 REAL = {

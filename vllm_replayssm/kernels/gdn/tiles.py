@@ -189,6 +189,15 @@ def dot_bf16_parts(a, b_hi, b_mid, b_lo, acc):
 
 
 @triton.jit
+def dot_bf16_parts2(a, b_hi, b_mid, acc):
+    """`dot_bf16_parts` with the two larger parts of b: b to 16 significant bits (relative
+    error below 2^-16), for a bf16 `a` whose own rounding (2^-9) dominates: an LP tile."""
+    acc = _bf16_dot(a, b_mid, acc)
+    acc = _bf16_dot(a, b_hi, acc)
+    return acc
+
+
+@triton.jit
 def wy_fold_tile(
     S,
     p_rg,

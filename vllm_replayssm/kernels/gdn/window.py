@@ -49,6 +49,7 @@ from vllm_replayssm.kernels.gdn.tiles import (
     beta_gate,
     bf16_parts,
     dot_bf16_parts,
+    dot_bf16_parts2,
     history_weights,
     l2norm_rows,
     log_decay,
@@ -235,6 +236,7 @@ def _gdn_window_plan_kernel(
     EXACT_FLUSH: tl.constexpr,
     HAS_LP: tl.constexpr,
     FLUSH_READS_LP: tl.constexpr,
+    REFRESH_STALE: tl.constexpr = False,
 ):
     """The window step's plan, one program per (key head, row): everything but the state
     tile's products, once per row instead of in every (value tile, head block) readout
@@ -253,7 +255,8 @@ def _gdn_window_plan_kernel(
     copy the flush launch has just written from it (LP's rounding, as every other row's
     read; half the bytes of bf16 HP). The key head 0 program stores the row's plan words
     (`plan_row.store_plan_words`; NULL rows: the slot word only), which the readout launch
-    reads instead of the cursor words."""
+    reads instead of the cursor words. REFRESH_STALE (with FLUSH_READS_LP): no row reads HP,
+    the flush launch refreshes a stale LP from HP."""
     pid_k = tl.program_id(0)
     pid_r = tl.program_id(1).to(tl.int64)
     slot32 = tl.load(state_indices_ptr + pid_r).to(tl.int32)
@@ -277,9 +280,18 @@ def _gdn_window_plan_kernel(
     if pid_k == 0:
         write_row = o + n
         write_row = tl.where(write_row >= num_ring_rows, write_row - num_ring_rows, write_row)
-        store_plan_words(p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale, HAS_LP)
-        if FLUSH_READS_LP:  # the flush rewrites a stale LP too: only stale rows left read HP
-            tl.store(p_plan + T_PLAN_READ_HP, (stale & (flush == 0)).to(tl.int32))
+        if REFRESH_STALE:
+            # The flush launch writes the LP of flush rows from their folded HP and copies a
+            # stale LP's HP into it (`_gdn_window_kernel`): every row reads LP (the readout's
+            # LP_ONLY build), and LP is fresh in the new cursor words.
+            store_plan_words(
+                p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale & False, HAS_LP
+            )
+            tl.store(p_plan + T_PLAN_READ_HP, 0)
+        else:
+            store_plan_words(p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale, HAS_LP)
+            if FLUSH_READS_LP:  # the flush rewrites a stale LP too: only stale rows read HP
+                tl.store(p_plan + T_PLAN_READ_HP, (stale & (flush == 0)).to(tl.int32))
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
     o_h = tl.arange(0, BLOCK_H)
@@ -450,25 +462,27 @@ def _gdn_window_readout_kernel(
     TILES: tl.constexpr,
     HEAD_TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    LP_ONLY: tl.constexpr = False,
 ):
     """The planned window readout, one program per TILES consecutive (value head, value
     tile) pairs of one key head and a row (TILES divides v_per_k * tiles_per_head; HEAD_TILES
     of one value head in a row: TILES and tiles_per_head, the smaller divides the larger):
     no cursor words read. Per tile the checkpoint tile S [BLOCK_V, K] (LP, or HP where the plan
-    row says so or without LP) meets the window's keys and queries in one product, the
-    history records d_h in a second:
+    row says so or without LP; LP_ONLY: LP for every row, the build without the HP branch,
+    when the flush launch has written flush rows' LP and refreshed stale ones) meets the
+    window's keys and queries in one product, the history records d_h in a second:
 
         X = (S [k_1..k_W, q_1..q_W]) diag(c_u, c_w) + d_h^T [A_h; B_h]^T    [BLOCK_V, 2 BLOCK_W]
 
     (fp32 accuracy: tf32x3; a bf16 LP tile with LP_PRECISION "bf16x3", three bf16 products
-    of the exact tile with the keys' bf16 parts), so column i holds c_u,i S·k_i +
-    Σ_l A_h[i, l] d_l and column BLOCK_W + i the w-side twin; then the forward
-    substitution over the window's own corrected values on [BLOCK_V] vectors
-    (`_gdn_window_plan_kernel` gives the coefficients). Stores the outputs, the d (and v)
-    records at the plan's write rows; the program of the first tile stores the row's new
-    cursor words from the plan row. The plan row, the keys and queries (and their bf16
-    parts) load once per program; the tile loop (NUM_STAGES: Triton's software pipelining)
-    issues a tile's loads while the one before is computed."""
+    of the exact tile with the keys' bf16 parts; "bf16x2": two, keys to 16 bits), so
+    column i holds c_u,i S·k_i + Σ_l A_h[i, l] d_l and column BLOCK_W + i the w-side
+    twin; then the forward substitution over the window's own corrected values on
+    [BLOCK_V] vectors (`_gdn_window_plan_kernel` gives the coefficients). Stores the
+    outputs, the d (and v) records at the plan's write rows; the program of the first tile
+    stores the row's new cursor words from the plan row. The plan row, the keys and queries
+    (and their bf16 parts) load once per program; the tile loop (NUM_STAGES: Triton's
+    software pipelining) issues a tile's loads while the one before is computed."""
     pid = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     t0 = pid * TILES  # the program's first (value head, value tile), head-major
@@ -520,7 +534,9 @@ def _gdn_window_readout_kernel(
     p_rv = ring_v_ptr + slot * stride_rv_slot
     p_c = coef_ptr + r * stride_coef_row
     lp_row = False  # whether the row reads LP (a runtime flag with an LP copy)
-    if HAS_LP:
+    if LP_ONLY:  # the flush launch made every row's LP current: no HP branch is built
+        lp_row = True
+    elif HAS_LP:
         lp_row = tl.load(p_plan + T_PLAN_READ_HP) == 0  # else stale LP, flush rows: HP
     # what both branches pass (Triton takes tuples of tensors and scalars as arguments)
     row = (kq_t, rows, m_h, write_row, num_ring_rows, t0, p_c, q, p_rd, p_rv)
@@ -607,7 +623,7 @@ def _readout_tiles(
     m_t = o_t < q
     p_v = p_v0 + o_t[:, None] * stride_v_tok
     p_out = p_out0 + o_t[:, None] * stride_out_tok
-    if PRECISION == "bf16x3":
+    if PRECISION == "bf16x3" or PRECISION == "bf16x2":
         kq_hi, kq_mid, kq_lo = bf16_parts(kq_t)  # once per program, not per tile
     for hh in tl.static_range(HEADS):  # unrolled: the keys die after the last head
         t_h = t0 + hh * HEAD_TILES
@@ -637,6 +653,8 @@ def _readout_tiles(
             x = tl.zeros([BLOCK_V, DOT_N], dtype=tl.float32)
             if PRECISION == "bf16x3":  # the bf16 tile is exact: split the keys only
                 x = dot_bf16_parts(S, kq_hi, kq_mid, kq_lo, x)
+            elif PRECISION == "bf16x2":  # keys to 16 bits: far below the LP tile's rounding
+                x = dot_bf16_parts2(S, kq_hi, kq_mid, x)
             else:
                 x = tl.dot(S.to(tl.float32), kq_t, x, input_precision="tf32x3")
             m_tv = m_t[:, None] & m_v[None, :]
@@ -810,6 +828,7 @@ def _gdn_window_kernel(
     FOLD_EXACT: tl.constexpr,
     FOLD: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    REFRESH_STALE: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
     pid_hb = tl.program_id(1).to(tl.int64)
@@ -883,6 +902,27 @@ def _gdn_window_kernel(
                     FOLD,
                     BLOCK_L,
                 )
+        elif REFRESH_STALE:  # noqa: SIM102 (constexpr, then runtime)
+            if stale:  # the planned readout reads LP only: copy HP into the stale LP
+                for h in range(h0, h0 + HEADS_PER_PROGRAM):
+                    store_lp(
+                        lp_ptr
+                        + slot * stride_lp_slot
+                        + h * stride_lp_head
+                        + o_v[:, None] * stride_lp_v
+                        + o_k[None, :] * stride_lp_k,
+                        tl.load(
+                            hp_ptr
+                            + slot * stride_hp_slot
+                            + h * stride_hp_head
+                            + o_v[:, None] * stride_hp_v
+                            + o_k[None, :] * stride_hp_k,
+                            mask=m_vk,
+                            other=0.0,
+                        ),
+                        m_vk,
+                        LP_IS_FP16,
+                    )
         return
 
     # Key-head-shared quantities. History: committed entries [0, n) (empty after a flush).
@@ -1087,6 +1127,7 @@ def gdn_window_decode(
     readout_stages: int = 1,
     flush_stages: int = 3,
     flush_rows_read: str = "hp",
+    readout_lp_only: bool = True,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1110,7 +1151,8 @@ def gdn_window_decode(
     "serial" (record by record) or the WY form's products ("bf16x3", bf16 k records;
     "tf32x3"; `flush.fold_tile`; tiles and key dims of >= 16). readout_precision
     (window_plan): the planned readout's product of a bf16 LP tile with the keys, "tf32x3"
-    or "bf16x3" (`tiles.dot_bf16_parts`; HP and fp16 tiles take tf32x3).
+    or "bf16x3" (`tiles.dot_bf16_parts`; HP and fp16 tiles take tf32x3), or "bf16x2" (the
+    keys' two larger parts, 16 bits: an LP tile's own rounding, 2^-9, dominates by far).
     readout_tiles (window_plan): value tiles per readout program (a divisor of a key head's
     v_per_k * cdiv(V, block_v) tiles that divides or is a multiple of a value head's
     cdiv(V, block_v); 0: `auto_readout_tiles`), which load the plan row and split the keys
@@ -1121,7 +1163,10 @@ def gdn_window_decode(
     (window_plan, with an LP copy): what the readout reads for flush rows, "hp" (the folded
     checkpoint) or "lp" (the LP copy the flush launch wrote from it: LP rounding, as the
     other rows, for half of bf16 HP's bytes). The defaults are the small-batch row of that
-    table.
+    table. readout_lp_only (with flush_rows_read "lp"): the flush launch also copies HP into a
+    stale LP (a stock-route step's), so that every row reads LP and the readout is built
+    without its HP branch; False keeps stale rows reading HP (the build before 2026-12-05,
+    for measuring against it).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1165,7 +1210,7 @@ def gdn_window_decode(
         and min(pow2_block(K), FLUSH_BLOCK_V if window_plan else block_v) < 16
     ):
         raise ValueError("the WY flush takes value tiles and key dims of >= 16")
-    if readout_precision not in ("tf32x3", "bf16x3"):
+    if readout_precision not in ("tf32x3", "bf16x3", "bf16x2"):
         raise ValueError(f"unknown readout_precision {readout_precision!r}")
     if flush_rows_read not in ("hp", "lp"):
         raise ValueError(f"flush_rows_read must be 'hp' or 'lp', got {flush_rows_read!r}")
@@ -1205,6 +1250,11 @@ def gdn_window_decode(
             _launch(grid, mode, cfg, *args)
         return
     bw, bk, bh = pow2_block(window, 1), pow2_block(K), pow2_block(buffer_len)
+    # lp_only: every row reads LP (flush rows' as the flush launch writes it from the folded
+    # HP, stale ones refreshed from HP there), so the readout is built without an HP branch
+    # (sm_90, 122B, T = 4, 8 tiles, 2 stages: 106 registers and 19.9 KiB of shared memory
+    # per program instead of 168 and 28.1 KiB).
+    lp_only = readout_lp_only and flush_rows_read == "lp" and cache.lp is not None
     f32 = dict(dtype=torch.float32, device=v.device)
     plan = torch.empty((R, PLAN_LEN), dtype=torch.int32, device=v.device)
     kq = torch.empty((R, Hk, 2 * bw * bk), **f32)
@@ -1252,10 +1302,11 @@ def gdn_window_decode(
         EXACT_FLUSH=cache.exact_flush,
         HAS_LP=cache.lp is not None,
         FLUSH_READS_LP=flush_rows_read == "lp" and cache.lp is not None,
+        REFRESH_STALE=lp_only,
         num_warps=1,
     )
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
-    flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1)
+    flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1, refresh_stale=lp_only)
     grid_f = (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R)
     _launch(grid_f, FLUSH_ONLY, flush_cfg, *args)
     _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
@@ -1300,6 +1351,7 @@ def gdn_window_decode(
         TILES=readout_tiles,
         HEAD_TILES=min(readout_tiles, tiles),
         NUM_STAGES=readout_stages,
+        LP_ONLY=lp_only,
         num_warps=num_warps,
     )
 
@@ -1390,6 +1442,7 @@ def _launch(
         FOLD_EXACT=fold_exact(cache, cfg["flush_precision"]),
         FOLD=cfg["flush_precision"],
         BLOCK_L=history_block(buffer_len),
+        REFRESH_STALE=cfg.get("refresh_stale", False),
         num_warps=cfg["num_warps"],
         num_stages=cfg["flush_stages"],
     )
