@@ -398,6 +398,8 @@ GDN_ROUTE_KNOBS = {
         "flush_stages",
         "flush_rows_read",
         "readout_lp_only",
+        "flush_list",
+        "flush_programs",
     },
 }
 

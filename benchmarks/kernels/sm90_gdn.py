@@ -124,6 +124,8 @@ SCALARS = {
     "coef_ptr": "*fp32",
     "hp_rows_ptr": "*i32",
     "hp_count_ptr": "*i32",
+    "flush_rows_ptr": "*i32",
+    "flush_count_ptr": "*i32",
     "qsl_ptr": "*i32",
     "acc_ptr": "*i32",
     "num_programs_per_row": 512,
@@ -288,7 +290,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
     out = [
         (
             f"window {T} plan{', flush rows read LP' if lp_flush else ''}"
-            f"{', stale LP refreshed' if refresh else ''}",
+            f"{', stale LP refreshed, flush list' if refresh else ''}",
             gdn_window._gdn_window_plan_kernel,
             kernel_args(gdn_window._gdn_window_plan_kernel, torch.bfloat16, T),
             dict(
@@ -305,6 +307,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 HAS_LP=True,
                 FLUSH_READS_LP=lp_flush,
                 REFRESH_STALE=refresh,
+                FLUSH_LIST=refresh,
             ),
             1,
         )
@@ -369,6 +372,31 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     LP_ONLY=lp_only,
                 ),
                 warps,
+            )
+        )
+    kern_list = gdn_window._gdn_window_flush_list_kernel
+    for refresh in (False, True):
+        out.append(
+            (
+                f"window {T} flush list, WY bf16x3{', refresh stale LP' if refresh else ''}",
+                kern_list,
+                kernel_args(kern_list, torch.bfloat16, T),
+                dict(
+                    num_v_heads=Hv,
+                    v_per_k=Hv // Hk,
+                    tiles_per_head=V // 16,
+                    head_k_dim=K,
+                    head_v_dim=V,
+                    BLOCK_V=16,
+                    BLOCK_K=K,
+                    HAS_LP=True,
+                    LP_IS_FP16=False,
+                    FOLD_EXACT=True,
+                    FOLD="bf16x3",
+                    BLOCK_L=max(16, bh),
+                    REFRESH_STALE=refresh,
+                ),
+                1,
             )
         )
     for name, mode, fold in (

@@ -169,6 +169,22 @@ WY_ROWS = {
         BF16,
         dict(PLANNED_WY, flush_rows_read="lp", readout_lp_only=False),
     ),
+    "split_planned-exact-bf16-T3-flush_grid": (  # a flush program per (tile, head, row)
+        "split_planned",
+        True,
+        BF16,
+        3,
+        BF16,
+        dict(PLANNED_WY, flush_rows_read="lp", flush_list=False),
+    ),
+    "split_planned-exact-bf16-T3-one_flush_program": (  # one program takes every listed item
+        "split_planned",
+        True,
+        BF16,
+        3,
+        BF16,
+        dict(PLANNED_WY, flush_rows_read="lp", flush_programs=1),
+    ),
     "split_planned-exact-bf16-T3-flush_rows_hp": (  # flush rows read the folded HP
         "split_planned",
         True,
@@ -273,6 +289,16 @@ GPU_VARIANTS = {
     "split_planned-wy_flush_rows_hp": ("split_planned", dict(PLANNED_WY, flush_rows_read="hp")),
     # 8 tiles per readout program as at bs 256 (`auto_readout_tiles` picks 1 for 8 rows)
     "split_planned-wy_tiles8": ("split_planned", dict(PLANNED_WY, readout_tiles=8)),
+    # the readout built with its HP branch, the flush grid over every (tile, head, row)
+    "split_planned-wy_hp_branch_flush_grid": (
+        "split_planned",
+        dict(PLANNED_WY, flush_rows_read="lp", readout_lp_only=False, flush_list=False),
+    ),
+    # the LP tile's product with 16-bit keys (here the output bound is 1e-4)
+    "split_planned-wy_keys16": (
+        "split_planned",
+        dict(PLANNED_WY, flush_rows_read="lp", readout_precision="bf16x2"),
+    ),
 }
 
 

@@ -32,6 +32,9 @@ from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_COUNT,
+    T_PLAN_FLUSH,
+    T_PLAN_FOLD_COUNT,
+    T_PLAN_FOLD_ORIGIN,
     T_PLAN_LEN,
     T_PLAN_ORIGIN,
     T_PLAN_READ_HP,
@@ -41,6 +44,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     store_plan_words,
 )
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
+from vllm_replayssm.kernels.common.streams import num_sms
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
 from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
@@ -58,6 +62,10 @@ from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
 FLUSH_BLOCK_V = 16  # the flush launch's value tile in a planned step (its 1-warp tile elsewhere)
+# Persistent flush programs per SM over the plan's list (flush_list), as the plain step's
+# flush (`decode.launch_config`: four one-warp programs per SM measured best there, 2 and 8
+# slower); not yet measured for the window step.
+FLUSH_PROGRAMS_PER_SM = 4
 
 
 @triton.jit
@@ -195,6 +203,8 @@ def _gdn_window_plan_kernel(
     kq_ptr,
     coef_ptr,
     plan_ptr,
+    flush_rows_ptr,
+    flush_count_ptr,
     scale,
     null_block_id,
     num_ring_rows,
@@ -237,6 +247,7 @@ def _gdn_window_plan_kernel(
     HAS_LP: tl.constexpr,
     FLUSH_READS_LP: tl.constexpr,
     REFRESH_STALE: tl.constexpr = False,
+    FLUSH_LIST: tl.constexpr = False,
 ):
     """The window step's plan, one program per (key head, row): everything but the state
     tile's products, once per row instead of in every (value tile, head block) readout
@@ -256,7 +267,10 @@ def _gdn_window_plan_kernel(
     read; half the bytes of bf16 HP). The key head 0 program stores the row's plan words
     (`plan_row.store_plan_words`; NULL rows: the slot word only), which the readout launch
     reads instead of the cursor words. REFRESH_STALE (with FLUSH_READS_LP): no row reads HP,
-    the flush launch refreshes a stale LP from HP."""
+    the flush launch refreshes a stale LP from HP. FLUSH_LIST: the rows the flush launch
+    has work for (flush rows; with REFRESH_STALE stale ones too) are appended to
+    flush_rows ([R] int32, in any order), their count to flush_count ([1] int32, zero
+    before the launch) (`_gdn_window_flush_list_kernel`)."""
     pid_k = tl.program_id(0)
     pid_r = tl.program_id(1).to(tl.int64)
     slot32 = tl.load(state_indices_ptr + pid_r).to(tl.int32)
@@ -292,6 +306,10 @@ def _gdn_window_plan_kernel(
             store_plan_words(p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale, HAS_LP)
             if FLUSH_READS_LP:  # the flush rewrites a stale LP too: only stale rows read HP
                 tl.store(p_plan + T_PLAN_READ_HP, (stale & (flush == 0)).to(tl.int32))
+        if FLUSH_LIST:  # noqa: SIM102 (constexpr, then runtime)
+            if flush | (stale & REFRESH_STALE):
+                i = tl.atomic_add(flush_count_ptr, 1, sem="relaxed")
+                tl.store(flush_rows_ptr + i, pid_r.to(tl.int32))
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
     o_h = tl.arange(0, BLOCK_H)
@@ -398,6 +416,128 @@ def _gdn_window_plan_kernel(
             mask=m_ht,
         )
     tl.store(p_rk + row_w[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k, k_w_raw, mask=m_tk)
+
+
+@triton.jit
+def _gdn_window_flush_list_kernel(
+    hp_ptr,
+    lp_ptr,
+    ring_g_ptr,
+    ring_beta_ptr,
+    ring_k_ptr,
+    ring_d_ptr,
+    ring_v_ptr,
+    plan_ptr,
+    flush_rows_ptr,
+    flush_count_ptr,
+    num_ring_rows,
+    stride_hp_slot,
+    stride_hp_head,
+    stride_hp_v,
+    stride_hp_k,
+    stride_lp_slot,
+    stride_lp_head,
+    stride_lp_v,
+    stride_lp_k,
+    stride_rg_slot,
+    stride_rg_head,
+    stride_rg_row,
+    stride_rbeta_slot,
+    stride_rbeta_head,
+    stride_rbeta_row,
+    stride_rk_slot,
+    stride_rk_head,
+    stride_rk_row,
+    stride_rk_k,
+    stride_rd_slot,
+    stride_rd_head,
+    stride_rd_row,
+    stride_rd_v,
+    stride_rv_slot,
+    stride_rv_head,
+    stride_rv_row,
+    stride_rv_v,
+    num_v_heads: tl.constexpr,
+    v_per_k: tl.constexpr,
+    tiles_per_head: tl.constexpr,
+    head_k_dim: tl.constexpr,
+    head_v_dim: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr,
+    FOLD_EXACT: tl.constexpr,
+    FOLD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    REFRESH_STALE: tl.constexpr,
+):
+    """The planned window step's flush over the plan's list (`_gdn_window_plan_kernel`,
+    FLUSH_LIST): a persistent grid, each program taking (listed row, value head, BLOCK_V
+    value tile) items in turn. A flush row's tile is folded over its plan row's fold region
+    (`_flush_head`: HP and LP written); with REFRESH_STALE a listed row that does not flush
+    has a stale LP, which gets its HP tile. Unlisted rows cost nothing, where the grid over
+    every (tile, head, row) of the flush-only launch spends a program on each."""
+    pid = tl.program_id(0)
+    items_per_row: tl.constexpr = num_v_heads * tiles_per_head
+    total = tl.load(flush_count_ptr) * items_per_row
+    o_k = tl.arange(0, BLOCK_K)
+    m_k = o_k < head_k_dim
+    for item in tl.range(pid, total, tl.num_programs(0), num_stages=1):
+        r = tl.load(flush_rows_ptr + item // items_per_row).to(tl.int64)
+        h = (item % items_per_row) // tiles_per_head
+        o_v = (item % tiles_per_head) * BLOCK_V + tl.arange(0, BLOCK_V)
+        m_v = o_v < head_v_dim
+        m_vk = m_v[:, None] & m_k[None, :]
+        p_plan = plan_ptr + r * T_PLAN_LEN
+        slot = tl.load(p_plan + T_PLAN_SLOT).to(tl.int64)
+        flush = tl.load(p_plan + T_PLAN_FLUSH)
+        p_hp = (
+            hp_ptr
+            + slot * stride_hp_slot
+            + h * stride_hp_head
+            + o_v[:, None] * stride_hp_v
+            + o_k[None, :] * stride_hp_k
+        )
+        p_lp = (
+            lp_ptr
+            + slot * stride_lp_slot
+            + h * stride_lp_head
+            + o_v[:, None] * stride_lp_v
+            + o_k[None, :] * stride_lp_k
+        )
+        if flush != 0:
+            _flush_head(
+                p_hp,
+                p_lp,
+                ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+                ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+                ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
+                ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
+                ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
+                tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
+                tl.load(p_plan + T_PLAN_FOLD_COUNT),
+                num_ring_rows,
+                o_v,
+                o_k,
+                m_v,
+                m_k,
+                m_vk,
+                stride_rg_row,
+                stride_rbeta_row,
+                stride_rk_row,
+                stride_rk_k,
+                stride_rd_row,
+                stride_rd_v,
+                stride_rv_row,
+                stride_rv_v,
+                HAS_LP,
+                LP_IS_FP16,
+                FOLD_EXACT,
+                FOLD,
+                BLOCK_L,
+            )
+        elif REFRESH_STALE:
+            store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
 
 
 @triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
@@ -1128,6 +1268,8 @@ def gdn_window_decode(
     flush_stages: int = 3,
     flush_rows_read: str = "hp",
     readout_lp_only: bool = True,
+    flush_list: bool = True,
+    flush_programs: int = 0,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1166,7 +1308,10 @@ def gdn_window_decode(
     table. readout_lp_only (with flush_rows_read "lp"): the flush launch also copies HP into a
     stale LP (a stock-route step's), so that every row reads LP and the readout is built
     without its HP branch; False keeps stale rows reading HP (the build before 2026-12-05,
-    for measuring against it).
+    for measuring against it). flush_list (window_plan): the flush launch is a persistent
+    grid over the rows the plan lists (`_gdn_window_flush_list_kernel`; flush_programs
+    programs, 0: FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA), instead of a program per
+    (value tile, value head, row) that exits where the row does not flush.
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1259,6 +1404,9 @@ def gdn_window_decode(
     plan = torch.empty((R, PLAN_LEN), dtype=torch.int32, device=v.device)
     kq = torch.empty((R, Hk, 2 * bw * bk), **f32)
     coef = torch.empty((R, Hv, window_coef_len(bw, bh)), **f32)
+    # flush_list: the plan lists the rows the flush launch has work for (zeroed count first)
+    flush_rows = torch.empty(R if flush_list else 1, dtype=torch.int32, device=v.device)
+    flush_count = torch.zeros(1, dtype=torch.int32, device=v.device)
     qsl = query_start_loc if query_start_loc is not None else state_indices
     _gdn_window_plan_kernel[(Hk, R)](
         cache.ring_g,
@@ -1277,6 +1425,8 @@ def gdn_window_decode(
         kq,
         coef,
         plan,
+        flush_rows,
+        flush_count,
         scale,
         null_block_id,
         num_ring_rows,
@@ -1303,12 +1453,19 @@ def gdn_window_decode(
         HAS_LP=cache.lp is not None,
         FLUSH_READS_LP=flush_rows_read == "lp" and cache.lp is not None,
         REFRESH_STALE=lp_only,
+        FLUSH_LIST=flush_list,
         num_warps=1,
     )
     # block_v and num_warps are the readout's here; the flush launch keeps its own tile
-    flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1, refresh_stale=lp_only)
-    grid_f = (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R)
-    _launch(grid_f, FLUSH_ONLY, flush_cfg, *args)
+    if flush_list:
+        _launch_flush_list(
+            cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R,
+            num_ring_rows, buffer_len, flush_programs, lp_only, cfg,
+        )  # fmt: skip
+    else:
+        flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1, refresh_stale=lp_only)
+        grid_f = (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R)
+        _launch(grid_f, FLUSH_ONLY, flush_cfg, *args)
     _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
         cache.hp,
         lp,
@@ -1353,6 +1510,54 @@ def gdn_window_decode(
         NUM_STAGES=readout_stages,
         LP_ONLY=lp_only,
         num_warps=num_warps,
+    )
+
+
+def _launch_flush_list(
+    cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R, num_ring_rows,
+    buffer_len, flush_programs, lp_only, cfg,
+) -> None:  # fmt: skip
+    """The planned step's flush launch over the plan's row list (`gdn_window_decode`'s
+    flush_list)."""
+    Hv = cache.hp.shape[1]
+    tiles = triton.cdiv(V, FLUSH_BLOCK_V)
+    if flush_programs <= 0:
+        dev = cache.hp.device
+        flush_programs = FLUSH_PROGRAMS_PER_SM * num_sms(dev) if dev.type == "cuda" else 8
+    _gdn_window_flush_list_kernel[(max(1, min(flush_programs, R * Hv * tiles)),)](
+        cache.hp,
+        lp,
+        cache.ring_g,
+        beta,
+        cache.ring_k,
+        cache.ring_d,
+        ring_v,
+        plan,
+        flush_rows,
+        flush_count,
+        num_ring_rows,
+        *cache.hp.stride(),
+        *lp.stride(),
+        *cache.ring_g.stride(),
+        *beta.stride(),
+        *cache.ring_k.stride(),
+        *cache.ring_d.stride(),
+        *ring_v.stride(),
+        num_v_heads=Hv,
+        v_per_k=Hv // Hk,
+        tiles_per_head=tiles,
+        head_k_dim=K,
+        head_v_dim=V,
+        BLOCK_V=FLUSH_BLOCK_V,
+        BLOCK_K=pow2_block(K),
+        HAS_LP=cache.lp is not None,
+        LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
+        FOLD_EXACT=fold_exact(cache, cfg["flush_precision"]),
+        FOLD=cfg["flush_precision"],
+        BLOCK_L=history_block(buffer_len),
+        REFRESH_STALE=lp_only,
+        num_warps=1,
+        num_stages=cfg["flush_stages"],
     )
 
 
