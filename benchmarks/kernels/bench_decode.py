@@ -400,6 +400,7 @@ GDN_ROUTE_KNOBS = {
         "readout_lp_only",
         "flush_list",
         "flush_programs",
+        "overlap",
     },
 }
 

@@ -314,7 +314,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         for lp_flush, refresh in ((False, False), (True, False), (True, True))
     ]
     readout = gdn_window._gdn_window_readout_kernel
-    for block_v, warps, lp_dot, tiles, stages in (  # block_v < 0: LP_ONLY
+    for block_v, warps, lp_dot, tiles, stages, *rows in (  # block_v < 0: LP_ONLY
         (16, 1, "tf32x3", 1, 1),
         (16, 1, "bf16x3", 1, 1),
         (32, 1, "tf32x3", 1, 1),
@@ -339,11 +339,15 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         (-32, 2, "bf16x2", 4, 2),
         (32, 1, "bf16x3", 4, 2),
         (32, 2, "bf16x3", 4, 2),
+        (-16, 1, "bf16x3", 8, 2, 1),  # overlap: the rows the flush launch leaves alone
+        (-16, 1, "bf16x3", 8, 2, 2),  # and those it rewrites
     ):
         loop = f", {tiles} tiles, {stages} stages" if tiles > 1 else ""
         lp_only = block_v < 0
         block_v = abs(block_v)
         loop += ", LP only" if lp_only else ""
+        rows = rows[0] if rows else 0
+        loop += f", rows {rows}" if rows else ""
         out.append(
             (
                 f"window {T} readout, planned, {block_v} rows, LP {lp_dot}{loop}",
@@ -370,6 +374,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     HEAD_TILES=min(tiles, V // block_v),
                     NUM_STAGES=stages,
                     LP_ONLY=lp_only,
+                    ROWS=rows,
                 ),
                 warps,
             )

@@ -36,6 +36,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_FOLD_COUNT,
     T_PLAN_FOLD_ORIGIN,
     T_PLAN_LEN,
+    T_PLAN_LP_WRITTEN,
     T_PLAN_ORIGIN,
     T_PLAN_READ_HP,
     T_PLAN_SLOT,
@@ -44,7 +45,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     store_plan_words,
 )
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
-from vllm_replayssm.kernels.common.streams import num_sms
+from vllm_replayssm.kernels.common.streams import beside, num_sms
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
 from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
@@ -302,6 +303,7 @@ def _gdn_window_plan_kernel(
                 p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale & False, HAS_LP
             )
             tl.store(p_plan + T_PLAN_READ_HP, 0)
+            tl.store(p_plan + T_PLAN_LP_WRITTEN, (flush | stale).to(tl.int32))
         else:
             store_plan_words(p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale, HAS_LP)
             if FLUSH_READS_LP:  # the flush rewrites a stale LP too: only stale rows read HP
@@ -603,6 +605,7 @@ def _gdn_window_readout_kernel(
     HEAD_TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     LP_ONLY: tl.constexpr = False,
+    ROWS: tl.constexpr = 0,
 ):
     """The planned window readout, one program per TILES consecutive (value head, value
     tile) pairs of one key head and a row (TILES divides v_per_k * tiles_per_head; HEAD_TILES
@@ -622,7 +625,9 @@ def _gdn_window_readout_kernel(
     outputs, the d (and v) records at the plan's write rows; the program of the first tile
     stores the row's new cursor words from the plan row. The plan row, the keys and queries
     (and their bf16 parts) load once per program; the tile loop (NUM_STAGES: Triton's
-    software pipelining) issues a tile's loads while the one before is computed."""
+    software pipelining) issues a tile's loads while the one before is computed. ROWS (with
+    LP_ONLY): 0 every row; 1 the rows whose LP this step's flush launch does not rewrite
+    (which may run beside it; NULL rows here); 2 those it rewrites (after it)."""
     pid = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     t0 = pid * TILES  # the program's first (value head, value tile), head-major
@@ -649,6 +654,14 @@ def _gdn_window_readout_kernel(
     )  # [DOT_K, DOT_N]: k_1..k_W, q_1..q_W as columns
     p_out = out_ptr + tok[:, None] * stride_out_tok
 
+    if ROWS != 0:  # a NULL row's plan row holds its slot word only
+        written = tl.load(p_plan + T_PLAN_LP_WRITTEN) != 0
+        if ROWS == 1:
+            skip = (slot32 != null_block_id) & written
+        else:
+            skip = (slot32 == null_block_id) | (written == 0)
+        if skip:
+            return
     if pid == 0:
         store_cursor_words(
             p_plan, meta_ptr, slot32, null_block_id, stride_meta_slot, stride_meta_word
@@ -1270,6 +1283,7 @@ def gdn_window_decode(
     readout_lp_only: bool = True,
     flush_list: bool = True,
     flush_programs: int = 0,
+    overlap: bool = False,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1311,7 +1325,10 @@ def gdn_window_decode(
     for measuring against it). flush_list (window_plan): the flush launch is a persistent
     grid over the rows the plan lists (`_gdn_window_flush_list_kernel`; flush_programs
     programs, 0: FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA), instead of a program per
-    (value tile, value head, row) that exits where the row does not flush.
+    (value tile, value head, row) that exits where the row does not flush. overlap (with
+    flush_list and readout_lp_only): the flush launch runs on a side stream beside the
+    readout of the rows whose LP it does not rewrite, and those it rewrites are read out
+    after it (`streams.beside`; a fork and join inside a CUDA graph).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1456,16 +1473,46 @@ def gdn_window_decode(
         FLUSH_LIST=flush_list,
         num_warps=1,
     )
-    # block_v and num_warps are the readout's here; the flush launch keeps its own tile
-    if flush_list:
-        _launch_flush_list(
-            cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R,
-            num_ring_rows, buffer_len, flush_programs, lp_only, cfg,
+
+    def readout(rows: int) -> None:
+        _launch_readout(
+            rows, cache, lp, ring_v, v, out, qsl, plan, kq, coef, null_block_id, num_ring_rows,
+            Hk, K, V, R, tiles, window, bw, bk, bh, block_v, num_warps, query_start_loc,
+            readout_precision, readout_tiles, readout_stages, lp_only,
         )  # fmt: skip
-    else:
-        flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1, refresh_stale=lp_only)
-        grid_f = (triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R)
-        _launch(grid_f, FLUSH_ONLY, flush_cfg, *args)
+
+    def flush() -> None:  # block_v and num_warps are the readout's; the flush keeps its tile
+        if flush_list:
+            _launch_flush_list(
+                cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R,
+                num_ring_rows, buffer_len, flush_programs, lp_only, cfg,
+            )  # fmt: skip
+        else:
+            flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1, refresh_stale=lp_only)
+            _launch((triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R), FLUSH_ONLY, flush_cfg, *args)
+
+    if not (overlap and flush_list and lp_only):
+        flush()
+        readout(0)
+    elif v.is_cuda:
+        with beside(v.device, True) as on_side:
+            with on_side:
+                flush()
+            readout(1)  # the rows whose LP the flush launch does not rewrite, beside it
+        readout(2)  # those it rewrote
+    else:  # no streams (the interpreter): an order the overlap allows, which exposes a row
+        readout(1)  # read before the flush launch that it must wait for
+        flush()
+        readout(2)
+
+
+def _launch_readout(
+    rows, cache, lp, ring_v, v, out, qsl, plan, kq, coef, null_block_id, num_ring_rows, Hk,
+    K, V, R, tiles, window, bw, bk, bh, block_v, num_warps, query_start_loc,
+    readout_precision, readout_tiles, readout_stages, lp_only,
+) -> None:  # fmt: skip
+    """The planned readout launch (`gdn_window_decode`; rows: its ROWS)."""
+    Hv = v.shape[1]
     _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
         cache.hp,
         lp,
@@ -1509,6 +1556,7 @@ def gdn_window_decode(
         HEAD_TILES=min(readout_tiles, tiles),
         NUM_STAGES=readout_stages,
         LP_ONLY=lp_only,
+        ROWS=rows,
         num_warps=num_warps,
     )
 
