@@ -1322,7 +1322,9 @@ def gdn_window_decode(
     table. readout_lp_only (with flush_rows_read "lp"): the flush launch also copies HP into a
     stale LP (a stock-route step's), so that every row reads LP and the readout is built
     without its HP branch; False keeps stale rows reading HP (the build before 2026-12-05,
-    for measuring against it). flush_list (window_plan): the flush launch is a persistent
+    for measuring against it). The torch reference keeps a stale row reading HP until its
+    next flush, so after a stock-route step the two differ by LP rounding and the LP-stale
+    cursor mark. flush_list (window_plan): the flush launch is a persistent
     grid over the rows the plan lists (`_gdn_window_flush_list_kernel`; flush_programs
     programs, 0: FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA), instead of a program per
     (value tile, value head, row) that exits where the row does not flush. overlap (with
