@@ -63,10 +63,12 @@ from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
 FLUSH_BLOCK_V = 16  # the flush launch's value tile in a planned step (its 1-warp tile elsewhere)
-# Persistent flush programs per SM over the plan's list (flush_list), as the plain step's
-# flush (`decode.launch_config`: four one-warp programs per SM measured best there, 2 and 8
-# slower); not yet measured for the window step.
-FLUSH_PROGRAMS_PER_SM = 4
+# Persistent flush programs per SM over the plan's list (flush_list): alone, as many as its
+# 255 registers let an SM hold (8, the residency of the grid it replaces); beside the
+# readout (overlap), four, as the plain step's flush beside its readout (`decode.
+# launch_config`: 4 measured best there, 2 and 8 slower). Not yet measured here.
+FLUSH_PROGRAMS_PER_SM = 8
+FLUSH_PROGRAMS_PER_SM_BESIDE = 4
 
 
 @triton.jit
@@ -1326,7 +1328,8 @@ def gdn_window_decode(
     next flush, so after a stock-route step the two differ by LP rounding and the LP-stale
     cursor mark. flush_list (window_plan): the flush launch is a persistent
     grid over the rows the plan lists (`_gdn_window_flush_list_kernel`; flush_programs
-    programs, 0: FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA), instead of a program per
+    programs, 0: FLUSH_PROGRAMS_PER_SM per SM, FLUSH_PROGRAMS_PER_SM_BESIDE with overlap, 8
+    off CUDA), instead of a program per
     (value tile, value head, row) that exits where the row does not flush. overlap (with
     flush_list and readout_lp_only): the flush launch runs on a side stream beside the
     readout of the rows whose LP it does not rewrite, and those it rewrites are read out
@@ -1493,7 +1496,11 @@ def gdn_window_decode(
             flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1, refresh_stale=lp_only)
             _launch((triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R), FLUSH_ONLY, flush_cfg, *args)
 
-    if not (overlap and flush_list and lp_only):
+    overlap = overlap and flush_list and lp_only
+    if flush_programs <= 0 and v.is_cuda:
+        per_sm = FLUSH_PROGRAMS_PER_SM_BESIDE if overlap else FLUSH_PROGRAMS_PER_SM
+        flush_programs = per_sm * num_sms(v.device)
+    if not overlap:
         flush()
         readout(0)
     elif v.is_cuda:
@@ -1571,9 +1578,8 @@ def _launch_flush_list(
     flush_list)."""
     Hv = cache.hp.shape[1]
     tiles = triton.cdiv(V, FLUSH_BLOCK_V)
-    if flush_programs <= 0:
-        dev = cache.hp.device
-        flush_programs = FLUSH_PROGRAMS_PER_SM * num_sms(dev) if dev.type == "cuda" else 8
+    if flush_programs <= 0:  # off CUDA (`gdn_window_decode` sizes it on GPUs)
+        flush_programs = 8
     _gdn_window_flush_list_kernel[(max(1, min(flush_programs, R * Hv * tiles)),)](
         cache.hp,
         lp,
