@@ -380,19 +380,20 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
             )
         )
     kern_list = gdn_window._gdn_window_flush_list_kernel
-    for refresh in (False, True):
+    for refresh, rows, warps in ((False, 16, 1), (True, 16, 1), (True, 32, 2), (True, 64, 4)):
         out.append(
             (
-                f"window {T} flush list, WY bf16x3{', refresh stale LP' if refresh else ''}",
+                f"window {T} flush list, WY bf16x3{', refresh stale LP' if refresh else ''}"
+                f"{f', {rows} rows' if rows != 16 else ''}",
                 kern_list,
                 kernel_args(kern_list, torch.bfloat16, T),
                 dict(
                     num_v_heads=Hv,
                     v_per_k=Hv // Hk,
-                    tiles_per_head=V // 16,
+                    tiles_per_head=V // rows,
                     head_k_dim=K,
                     head_v_dim=V,
-                    BLOCK_V=16,
+                    BLOCK_V=rows,
                     BLOCK_K=K,
                     HAS_LP=True,
                     LP_IS_FP16=False,
@@ -401,7 +402,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     BLOCK_L=max(16, bh),
                     REFRESH_STALE=refresh,
                 ),
-                1,
+                warps,
             )
         )
     for name, mode, fold in (
