@@ -1326,11 +1326,11 @@ def gdn_window_decode(
     without its HP branch; False keeps stale rows reading HP (the build before 2026-12-05,
     for measuring against it). The torch reference keeps a stale row reading HP until its
     next flush, so after a stock-route step the two differ by LP rounding and the LP-stale
-    cursor mark. flush_list (window_plan): the flush launch is a persistent
-    grid over the rows the plan lists (`_gdn_window_flush_list_kernel`; flush_programs
-    programs, 0: FLUSH_PROGRAMS_PER_SM per SM, FLUSH_PROGRAMS_PER_SM_BESIDE with overlap, 8
-    off CUDA), instead of a program per
-    (value tile, value head, row) that exits where the row does not flush. overlap (with
+    cursor mark. flush_list (window_plan): the flush launch is a persistent grid over the
+    rows the plan lists (`_gdn_window_flush_list_kernel`; flush_programs programs, 0:
+    FLUSH_PROGRAMS_PER_SM per SM, FLUSH_PROGRAMS_PER_SM_BESIDE with overlap, 8 off CUDA),
+    instead of a program per (value tile, value head, row) that exits where the row does
+    not flush. overlap (with
     flush_list and readout_lp_only): the flush launch runs on a side stream beside the
     readout of the rows whose LP it does not rewrite, and those it rewrites are read out
     after it (`streams.beside`; a fork and join inside a CUDA graph).
