@@ -156,6 +156,77 @@ def _flush_head(
 
 
 @triton.jit
+def _flush_or_refresh(
+    p_hp,
+    p_lp,
+    p_rg,
+    p_rbeta,
+    p_rk,
+    p_rd,
+    p_rv,
+    flush,
+    fo,
+    fn,
+    num_ring_rows,
+    o_v,
+    o_k,
+    m_v,
+    m_k,
+    m_vk,
+    stride_rg_row,
+    stride_rbeta_row,
+    stride_rk_row,
+    stride_rk_k,
+    stride_rd_row,
+    stride_rd_v,
+    stride_rv_row,
+    stride_rv_v,
+    HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr,
+    FOLD_EXACT: tl.constexpr,
+    FOLD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    REFRESH_STALE: tl.constexpr,
+):
+    """A flush launch's work on one value head's tile of a row it has work for: a flush row
+    folds (`_flush_head`); otherwise, with REFRESH_STALE, the row's LP is stale and gets
+    its HP tile (the planned readout then reads LP only)."""
+    if flush != 0:
+        _flush_head(
+            p_hp,
+            p_lp,
+            p_rg,
+            p_rbeta,
+            p_rk,
+            p_rd,
+            p_rv,
+            fo,
+            fn,
+            num_ring_rows,
+            o_v,
+            o_k,
+            m_v,
+            m_k,
+            m_vk,
+            stride_rg_row,
+            stride_rbeta_row,
+            stride_rk_row,
+            stride_rk_k,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_row,
+            stride_rv_v,
+            HAS_LP,
+            LP_IS_FP16,
+            FOLD_EXACT,
+            FOLD,
+            BLOCK_L,
+        )
+    elif REFRESH_STALE:
+        store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
+
+
+@triton.jit
 def _history_products(
     p_rk, row_h, m_hist, k_w, q_w, o_t, o_k, m_k, stride_rk_row, stride_rk_k, WINDOW: tl.constexpr
 ):
@@ -297,19 +368,16 @@ def _gdn_window_plan_kernel(
     if pid_k == 0:
         write_row = o + n
         write_row = tl.where(write_row >= num_ring_rows, write_row - num_ring_rows, write_row)
+        # With REFRESH_STALE the flush launch writes the LP of flush rows from their folded
+        # HP and copies a stale LP's HP into it (`_flush_or_refresh`): every row reads LP
+        # (the readout's LP_ONLY build), and LP is fresh in the new cursor words.
+        stale_next = stale & (not REFRESH_STALE)
+        store_plan_words(p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale_next, HAS_LP)
         if REFRESH_STALE:
-            # The flush launch writes the LP of flush rows from their folded HP and copies a
-            # stale LP's HP into it (`_gdn_window_kernel`): every row reads LP (the readout's
-            # LP_ONLY build), and LP is fresh in the new cursor words.
-            store_plan_words(
-                p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale & False, HAS_LP
-            )
             tl.store(p_plan + T_PLAN_READ_HP, 0)
             tl.store(p_plan + T_PLAN_LP_WRITTEN, (flush | stale).to(tl.int32))
-        else:
-            store_plan_words(p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale, HAS_LP)
-            if FLUSH_READS_LP:  # the flush rewrites a stale LP too: only stale rows read HP
-                tl.store(p_plan + T_PLAN_READ_HP, (stale & (flush == 0)).to(tl.int32))
+        elif FLUSH_READS_LP:  # the flush rewrites a stale LP too: only stale rows read HP
+            tl.store(p_plan + T_PLAN_READ_HP, (stale & (flush == 0)).to(tl.int32))
         if FLUSH_LIST:  # noqa: SIM102 (constexpr, then runtime)
             if flush | (stale & REFRESH_STALE):
                 i = tl.atomic_add(flush_count_ptr, 1, sem="relaxed")
@@ -494,7 +562,6 @@ def _gdn_window_flush_list_kernel(
         m_vk = m_v[:, None] & m_k[None, :]
         p_plan = plan_ptr + r * T_PLAN_LEN
         slot = tl.load(p_plan + T_PLAN_SLOT).to(tl.int64)
-        flush = tl.load(p_plan + T_PLAN_FLUSH)
         p_hp = (
             hp_ptr
             + slot * stride_hp_slot
@@ -509,39 +576,38 @@ def _gdn_window_flush_list_kernel(
             + o_v[:, None] * stride_lp_v
             + o_k[None, :] * stride_lp_k
         )
-        if flush != 0:
-            _flush_head(
-                p_hp,
-                p_lp,
-                ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-                ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-                ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
-                ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
-                ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
-                tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
-                tl.load(p_plan + T_PLAN_FOLD_COUNT),
-                num_ring_rows,
-                o_v,
-                o_k,
-                m_v,
-                m_k,
-                m_vk,
-                stride_rg_row,
-                stride_rbeta_row,
-                stride_rk_row,
-                stride_rk_k,
-                stride_rd_row,
-                stride_rd_v,
-                stride_rv_row,
-                stride_rv_v,
-                HAS_LP,
-                LP_IS_FP16,
-                FOLD_EXACT,
-                FOLD,
-                BLOCK_L,
-            )
-        elif REFRESH_STALE:
-            store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
+        _flush_or_refresh(
+            p_hp,
+            p_lp,
+            ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+            ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+            ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
+            ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
+            ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
+            tl.load(p_plan + T_PLAN_FLUSH),
+            tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
+            tl.load(p_plan + T_PLAN_FOLD_COUNT),
+            num_ring_rows,
+            o_v,
+            o_k,
+            m_v,
+            m_k,
+            m_vk,
+            stride_rg_row,
+            stride_rbeta_row,
+            stride_rk_row,
+            stride_rk_k,
+            stride_rd_row,
+            stride_rd_v,
+            stride_rv_row,
+            stride_rv_v,
+            HAS_LP,
+            LP_IS_FP16,
+            FOLD_EXACT,
+            FOLD,
+            BLOCK_L,
+            REFRESH_STALE,
+        )
 
 
 @triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
@@ -1017,9 +1083,9 @@ def _gdn_window_kernel(
     m_vk = m_v[:, None] & m_k[None, :]
     p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
     if MODE == 1:
-        if flush:
+        if flush | (stale & REFRESH_STALE):
             for h in range(h0, h0 + HEADS_PER_PROGRAM):
-                _flush_head(
+                _flush_or_refresh(
                     hp_ptr
                     + slot * stride_hp_slot
                     + h * stride_hp_head
@@ -1035,6 +1101,7 @@ def _gdn_window_kernel(
                     p_rk,
                     ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
                     ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
+                    flush,
                     fo,
                     fn,
                     num_ring_rows,
@@ -1056,28 +1123,8 @@ def _gdn_window_kernel(
                     FOLD_EXACT,
                     FOLD,
                     BLOCK_L,
+                    REFRESH_STALE,
                 )
-        elif REFRESH_STALE:  # noqa: SIM102 (constexpr, then runtime)
-            if stale:  # the planned readout reads LP only: copy HP into the stale LP
-                for h in range(h0, h0 + HEADS_PER_PROGRAM):
-                    store_lp(
-                        lp_ptr
-                        + slot * stride_lp_slot
-                        + h * stride_lp_head
-                        + o_v[:, None] * stride_lp_v
-                        + o_k[None, :] * stride_lp_k,
-                        tl.load(
-                            hp_ptr
-                            + slot * stride_hp_slot
-                            + h * stride_hp_head
-                            + o_v[:, None] * stride_hp_v
-                            + o_k[None, :] * stride_hp_k,
-                            mask=m_vk,
-                            other=0.0,
-                        ),
-                        m_vk,
-                        LP_IS_FP16,
-                    )
         return
 
     # Key-head-shared quantities. History: committed entries [0, n) (empty after a flush).
@@ -1426,9 +1473,12 @@ def gdn_window_decode(
     plan = torch.empty((R, PLAN_LEN), dtype=torch.int32, device=v.device)
     kq = torch.empty((R, Hk, 2 * bw * bk), **f32)
     coef = torch.empty((R, Hv, window_coef_len(bw, bh)), **f32)
-    # flush_list: the plan lists the rows the flush launch has work for (zeroed count first)
-    flush_rows = torch.empty(R if flush_list else 1, dtype=torch.int32, device=v.device)
-    flush_count = torch.zeros(1, dtype=torch.int32, device=v.device)
+    # flush_list: the plan lists the rows the flush launch has work for (zeroed count first;
+    # without it the plan takes its own rows as unused pointers)
+    flush_rows, flush_count = plan, plan
+    if flush_list:
+        flush_rows = torch.empty(R, dtype=torch.int32, device=v.device)
+        flush_count = torch.zeros(1, dtype=torch.int32, device=v.device)
     qsl = query_start_loc if query_start_loc is not None else state_indices
     _gdn_window_plan_kernel[(Hk, R)](
         cache.ring_g,
@@ -1497,9 +1547,9 @@ def gdn_window_decode(
             _launch((triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R), FLUSH_ONLY, flush_cfg, *args)
 
     overlap = overlap and flush_list and lp_only
-    if flush_programs <= 0 and v.is_cuda:
+    if flush_programs <= 0:
         per_sm = FLUSH_PROGRAMS_PER_SM_BESIDE if overlap else FLUSH_PROGRAMS_PER_SM
-        flush_programs = per_sm * num_sms(v.device)
+        flush_programs = per_sm * num_sms(v.device) if v.is_cuda else 8
     if not overlap:
         flush()
         readout(0)
@@ -1578,8 +1628,6 @@ def _launch_flush_list(
     flush_list)."""
     Hv = cache.hp.shape[1]
     tiles = triton.cdiv(V, FLUSH_BLOCK_V)
-    if flush_programs <= 0:  # off CUDA (`gdn_window_decode` sizes it on GPUs)
-        flush_programs = 8
     _gdn_window_flush_list_kernel[(max(1, min(flush_programs, R * Hv * tiles)),)](
         cache.hp,
         lp,
