@@ -397,8 +397,6 @@ GDN_ROUTE_KNOBS = {
         "readout_stages",
         "flush_stages",
         "flush_rows_read",
-        "readout_lp_only",
-        "flush_list",
         "flush_programs",
         "overlap",
     },

@@ -290,7 +290,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
     out = [
         (
             f"window {T} plan{', flush rows read LP' if lp_flush else ''}"
-            f"{', stale LP refreshed, flush list' if refresh else ''}",
+            f"{', stale LP refreshed' if refresh else ''}",
             gdn_window._gdn_window_plan_kernel,
             kernel_args(gdn_window._gdn_window_plan_kernel, torch.bfloat16, T),
             dict(
@@ -307,14 +307,13 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 HAS_LP=True,
                 FLUSH_READS_LP=lp_flush,
                 REFRESH_STALE=refresh,
-                FLUSH_LIST=refresh,
             ),
             1,
         )
         for lp_flush, refresh in ((False, False), (True, False), (True, True))
     ]
     readout = gdn_window._gdn_window_readout_kernel
-    for block_v, warps, lp_dot, tiles, stages, *rows in (  # block_v < 0: LP_ONLY
+    for block_v, warps, lp_dot, tiles, stages in (  # block_v < 0: LP_ONLY
         (16, 1, "tf32x3", 1, 1),
         (16, 1, "bf16x3", 1, 1),
         (32, 1, "tf32x3", 1, 1),
@@ -339,15 +338,11 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         (-32, 2, "bf16x2", 4, 2),
         (32, 1, "bf16x3", 4, 2),
         (32, 2, "bf16x3", 4, 2),
-        (-16, 1, "bf16x3", 8, 2, 1),  # overlap: the rows the flush launch leaves alone
-        (-16, 1, "bf16x3", 8, 2, 2),  # and those it rewrites
     ):
         loop = f", {tiles} tiles, {stages} stages" if tiles > 1 else ""
         lp_only = block_v < 0
         block_v = abs(block_v)
         loop += ", LP only" if lp_only else ""
-        rows = rows[0] if rows else 0
-        loop += f", rows {rows}" if rows else ""
         out.append(
             (
                 f"window {T} readout, planned, {block_v} rows, LP {lp_dot}{loop}",
@@ -374,7 +369,6 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     HEAD_TILES=min(tiles, V // block_v),
                     NUM_STAGES=stages,
                     LP_ONLY=lp_only,
-                    ROWS=rows,
                 ),
                 warps,
             )
@@ -411,7 +405,6 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         ("flush only", gdn_window.FLUSH_ONLY, "serial"),
         ("flush only, WY bf16x3", gdn_window.FLUSH_ONLY, "bf16x3"),
         ("flush only, WY bf16x3, 1 head", gdn_window.FLUSH_ONLY, "bf16x3"),
-        ("flush only, WY bf16x3, 1 head, refresh stale LP", gdn_window.FLUSH_ONLY, "bf16x3"),
     ):
         heads = 1 if "1 head" in name else Hv // Hk
         out.append(
@@ -419,13 +412,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 f"window {T} {name}",
                 kern,
                 kernel_args(kern, torch.bfloat16, T),
-                dict(
-                    base,
-                    MODE=mode,
-                    FOLD=fold,
-                    HEADS_PER_PROGRAM=heads,
-                    REFRESH_STALE="refresh" in name,
-                ),
+                dict(base, MODE=mode, FOLD=fold, HEADS_PER_PROGRAM=heads),
                 1,
             )
         )

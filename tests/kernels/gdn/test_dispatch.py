@@ -64,14 +64,14 @@ def test_launch_config(case):
 
 @pytest.mark.parametrize("bf16_keys", [True, False])
 def test_window_steps_fold_in_wy_form_with_bf16_keys(bf16_keys):
-    """Planned split steps fold flush rows in WY form and take the readout's LP products in
-    bf16, fused steps fold in WY form HP only: exact bf16 products, which only bf16 k
-    records allow; other key dtypes keep the serial fold and tf32x3 products."""
+    """Planned split steps fold flush rows in WY form and take the readout's LP products in bf16
+    (the keys' two larger parts), fused steps fold in WY form HP only: exact bf16 products, which
+    only bf16 k records allow; other key dtypes keep the serial fold and tf32x3 products."""
     split = launch_config(64, plain=False, bf16_keys=bf16_keys)
     assert split["route"] == "split" and split["window_plan"]
     assert split["readout_tiles"] == 0 and split["readout_stages"] == 2  # the tile loop
     assert split["flush_stages"] == 1
-    wy = dict(flush_precision="bf16x3", readout_precision="bf16x3")
+    wy = dict(flush_precision="bf16x3", readout_precision="bf16x2")  # 16-bit keys
     assert {k: split.get(k) for k in wy} == (wy if bf16_keys else dict.fromkeys(wy))
     for has_lp in (True, False):
         fused = launch_config(8, plain=False, has_lp=has_lp, bf16_keys=bf16_keys)

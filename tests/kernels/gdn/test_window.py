@@ -161,22 +161,6 @@ WY_ROWS = {
         BF16,
         dict(PLANNED_WY, flush_rows_read="lp", readout_precision="bf16x2"),
     ),
-    "split_planned-exact-bf16-T3-lp_and_hp": (  # the readout built with its HP branch
-        "split_planned",
-        True,
-        BF16,
-        3,
-        BF16,
-        dict(PLANNED_WY, flush_rows_read="lp", readout_lp_only=False),
-    ),
-    "split_planned-exact-bf16-T3-flush_grid": (  # a flush program per (tile, head, row)
-        "split_planned",
-        True,
-        BF16,
-        3,
-        BF16,
-        dict(PLANNED_WY, flush_rows_read="lp", flush_list=False),
-    ),
     "split_planned-exact-bf16-T3-one_flush_program": (  # one program takes every listed item
         "split_planned",
         True,
@@ -184,14 +168,6 @@ WY_ROWS = {
         3,
         BF16,
         dict(PLANNED_WY, flush_rows_read="lp", flush_programs=1),
-    ),
-    "split_planned-exact-bf16-T3-overlap": (  # rows split around the flush launch
-        "split_planned",
-        True,
-        BF16,
-        3,
-        BF16,
-        dict(PLANNED_WY, flush_rows_read="lp", overlap=True),
     ),
     "split_planned-exact-bf16-T3-flush_rows_hp": (  # flush rows read the folded HP
         "split_planned",
@@ -261,12 +237,8 @@ def test_stock_route_interleaved(row, device):
     )
 
 
-@pytest.mark.parametrize(
-    "lp,overlap",
-    [(torch.bfloat16, False), (torch.float16, False), (torch.bfloat16, True)],
-    ids=["bf16", "fp16", "bf16-overlap"],
-)
-def test_planned_lp_only_refreshes_stale_lp(lp, overlap, device):
+@pytest.mark.parametrize("lp", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_planned_lp_only_refreshes_stale_lp(lp, device):
     """The planned route reading LP for every row (flush_rows_read "lp": the readout built
     without its HP branch) between stock-route steps, which leave LP stale: the flush launch
     must copy HP into a stale LP before the readout reads it, or the outputs are off by the
@@ -276,7 +248,7 @@ def test_planned_lp_only_refreshes_stale_lp(lp, overlap, device):
         act_dtype=torch.bfloat16,
         device=device,
         seed=11,
-        decode_op=_op("split_planned", **dict(PLANNED_WY, flush_rows_read="lp", overlap=overlap)),
+        decode_op=_op("split_planned", **dict(PLANNED_WY, flush_rows_read="lp")),
         stock_route_op=gdn_stock.gdn_stock_route_decode,
     )
     check_mixed_routes(fam, L=4, lp=lp, stock_share=0.5)
@@ -301,16 +273,6 @@ GPU_VARIANTS = {
     "split_planned-wy_flush_rows_hp": ("split_planned", dict(PLANNED_WY, flush_rows_read="hp")),
     # 8 tiles per readout program as at bs 256 (`auto_readout_tiles` picks 1 for 8 rows)
     "split_planned-wy_tiles8": ("split_planned", dict(PLANNED_WY, readout_tiles=8)),
-    # the readout built with its HP branch, the flush grid over every (tile, head, row)
-    "split_planned-wy_hp_branch_flush_grid": (
-        "split_planned",
-        dict(PLANNED_WY, flush_rows_read="lp", readout_lp_only=False, flush_list=False),
-    ),
-    # the flush launch beside the readout of the rows whose LP it does not rewrite
-    "split_planned-wy_overlap": (
-        "split_planned",
-        dict(PLANNED_WY, flush_rows_read="lp", overlap=True),
-    ),
     # the LP tile's product with 16-bit keys (here the output bound is 1e-4)
     "split_planned-wy_keys16": (
         "split_planned",

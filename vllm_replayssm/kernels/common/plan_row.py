@@ -5,8 +5,7 @@ readout launches read it (and the readout stores the new cursor words from it, s
 launch has a single writer of the cursor). Words: the slot (NULL rows: NULL_BLOCK_ID and
 nothing else), the history origin and length after commit and flush, the ring row the
 current token's records go to, whether the row reads HP this step (flush, or a stale LP)
-and whether it flushes, the fold region, whether this step's flush launch rewrites its LP
-(the GDN window step's), then the new cursor words (META_LEN of them).
+and whether it flushes, the fold region, then the new cursor words (META_LEN of them).
 """
 
 import triton
@@ -28,11 +27,7 @@ from vllm_replayssm.layout import META_LEN
 
 PLAN_SLOT, PLAN_ORIGIN, PLAN_COUNT, PLAN_WRITE_ROW, PLAN_READ_HP, PLAN_FLUSH = range(6)
 PLAN_FOLD_ORIGIN, PLAN_FOLD_COUNT = 6, 7
-# The speculative window step's planned launches with an LP copy read LP for every row: 1
-# where this step's flush launch rewrites the row's LP (a flush, or a stale LP refreshed),
-# whose readout must wait for it (`gdn/window.py`); unused elsewhere.
-PLAN_LP_WRITTEN = 8
-PLAN_META = 9  # words PLAN_META .. PLAN_META + META_LEN - 1: the new cursor words
+PLAN_META = 8  # words PLAN_META .. PLAN_META + META_LEN - 1: the new cursor words
 PLAN_LEN = PLAN_META + META_LEN
 
 T_PLAN_SLOT = tl.constexpr(PLAN_SLOT)
@@ -43,7 +38,6 @@ T_PLAN_READ_HP = tl.constexpr(PLAN_READ_HP)
 T_PLAN_FLUSH = tl.constexpr(PLAN_FLUSH)
 T_PLAN_FOLD_ORIGIN = tl.constexpr(PLAN_FOLD_ORIGIN)
 T_PLAN_FOLD_COUNT = tl.constexpr(PLAN_FOLD_COUNT)
-T_PLAN_LP_WRITTEN = tl.constexpr(PLAN_LP_WRITTEN)
 T_PLAN_META = tl.constexpr(PLAN_META)
 T_PLAN_LEN = tl.constexpr(PLAN_LEN)
 T_META_LEN = tl.constexpr(META_LEN)

@@ -55,7 +55,7 @@ def launch_config(
     program, fused up to 16 rows (16-row value tiles), else planned (`window_plan`: plan,
     flush, the planned readout on 16-row value tiles, several per program), one value head
     per flush program. With bf16 keys, planned steps fold flush rows in WY form (bf16x3)
-    and take the readout's LP products in bf16 (readout_precision bf16x3); fused steps fold
+    and take the readout's LP products in bf16 (readout_precision bf16x2); fused steps fold
     in WY form HP only. Measured on the H200
     at T = 4 against vLLM's kernel
     (Qwen3.5-122B; `kernels-h200-20261202-{29d3230-gdn-window4-wy-flush,
@@ -91,7 +91,17 @@ def launch_config(
       (flush_rows_read "lp": LP rounding, as every other row; half of HP's bytes), bf16 LP
       (`…-5c6c531-gdn-window4-flush-rows-read.json`): bs 256 122B 775.1 -> 739.7 µs (2.13x
       vLLM's 1,572.8), 4B 417.5 -> 395.3 (2.00x of 791.6); bs 64 122B 204.3 -> 191.9, 4B
-      113.5 -> 108.4."""
+      113.5 -> 108.4;
+    - on the H100 (`kernels-h100-20261205-37e4032-gdn-window4-lp-only-flush-list-overlap.json`,
+      `…-flush-programs-keys.json`), bf16 LP: the readout built without its HP branch (stale
+      LP refreshed by the flush launch) and the flush launch over the plan's row list, at bs
+      256 4B 431.1 -> 366.2 µs (2.26x -> 2.67x of vLLM's 976.2), 122B 806.2 -> 663.5 (2.42x
+      -> 2.94x of 1,948.5); bs 64 4B 118.6 -> 106.3, 122B 209.6 -> 182.2. Alone, at bs 256
+      4B, the first gave 413.8 µs and the second 395.9. Running the flush on a side stream
+      beside the readout of the rows it leaves alone (since removed) was slower (4B 366 ->
+      475 µs, 122B 664 -> 845); so were four flush programs per SM instead of eight. The LP
+      tile's product with the keys' two larger bf16 parts (16 bits) instead of three, bs
+      256: 4B 364.1 -> 356.1, 122B 665.8 -> 647.8 (2.74x, 3.01x)."""
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
         return _route_config("stock" if num_rows <= limit else "replay")
@@ -121,8 +131,8 @@ def _route_config(route: str, *, has_lp: bool = True, bf16_keys: bool = True) ->
         cfg.update(flush_rows_read="lp")
     if bf16_keys and (route == "split" or not has_lp):  # exact bf16 products: bf16 keys
         cfg.update(flush_precision="bf16x3")
-    if bf16_keys and route == "split":
-        cfg.update(readout_precision="bf16x3")
+    if bf16_keys and route == "split":  # 16-bit keys: the LP tile's rounding dominates
+        cfg.update(readout_precision="bf16x2")
     return cfg
 
 

@@ -36,7 +36,6 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_FOLD_COUNT,
     T_PLAN_FOLD_ORIGIN,
     T_PLAN_LEN,
-    T_PLAN_LP_WRITTEN,
     T_PLAN_ORIGIN,
     T_PLAN_READ_HP,
     T_PLAN_SLOT,
@@ -45,7 +44,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     store_plan_words,
 )
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
-from vllm_replayssm.kernels.common.streams import beside, num_sms
+from vllm_replayssm.kernels.common.streams import num_sms
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
 from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
@@ -63,12 +62,10 @@ from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
 FLUSH_BLOCK_V = 16  # the flush launch's value tile in a planned step (its 1-warp tile elsewhere)
-# Persistent flush programs per SM over the plan's list (flush_list): alone, as many as its
-# 255 registers let an SM hold (8, the residency of the grid it replaces); beside the
-# readout (overlap), four, as the plain step's flush beside its readout (`decode.
-# launch_config`: 4 measured best there, 2 and 8 slower). Not yet measured here.
+# Persistent flush programs per SM over the plan's row list: as many as its 255 registers
+# let an SM hold. Four were slower on the H100 at T = 4, bf16 LP, bs 256 (4B 364 -> 456 µs,
+# 122B 666 -> 819; `kernels-h100-20261205-37e4032-gdn-window4-flush-programs-keys.json`).
 FLUSH_PROGRAMS_PER_SM = 8
-FLUSH_PROGRAMS_PER_SM_BESIDE = 4
 
 
 @triton.jit
@@ -321,7 +318,6 @@ def _gdn_window_plan_kernel(
     HAS_LP: tl.constexpr,
     FLUSH_READS_LP: tl.constexpr,
     REFRESH_STALE: tl.constexpr = False,
-    FLUSH_LIST: tl.constexpr = False,
 ):
     """The window step's plan, one program per (key head, row): everything but the state
     tile's products, once per row instead of in every (value tile, head block) readout
@@ -341,8 +337,8 @@ def _gdn_window_plan_kernel(
     read; half the bytes of bf16 HP). The key head 0 program stores the row's plan words
     (`plan_row.store_plan_words`; NULL rows: the slot word only), which the readout launch
     reads instead of the cursor words. REFRESH_STALE (with FLUSH_READS_LP): no row reads HP,
-    the flush launch refreshes a stale LP from HP. FLUSH_LIST: the rows the flush launch
-    has work for (flush rows; with REFRESH_STALE stale ones too) are appended to
+    the flush launch refreshes a stale LP from HP. The rows the flush launch has work for
+    (flush rows; with REFRESH_STALE stale ones too) are appended to
     flush_rows ([R] int32, in any order), their count to flush_count ([1] int32, zero
     before the launch) (`_gdn_window_flush_list_kernel`)."""
     pid_k = tl.program_id(0)
@@ -375,13 +371,11 @@ def _gdn_window_plan_kernel(
         store_plan_words(p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale_next, HAS_LP)
         if REFRESH_STALE:
             tl.store(p_plan + T_PLAN_READ_HP, 0)
-            tl.store(p_plan + T_PLAN_LP_WRITTEN, (flush | stale).to(tl.int32))
         elif FLUSH_READS_LP:  # the flush rewrites a stale LP too: only stale rows read HP
             tl.store(p_plan + T_PLAN_READ_HP, (stale & (flush == 0)).to(tl.int32))
-        if FLUSH_LIST:  # noqa: SIM102 (constexpr, then runtime)
-            if flush | (stale & REFRESH_STALE):
-                i = tl.atomic_add(flush_count_ptr, 1, sem="relaxed")
-                tl.store(flush_rows_ptr + i, pid_r.to(tl.int32))
+        if flush | (stale & REFRESH_STALE):
+            i = tl.atomic_add(flush_count_ptr, 1, sem="relaxed")
+            tl.store(flush_rows_ptr + i, pid_r.to(tl.int32))
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < head_k_dim
     o_h = tl.arange(0, BLOCK_H)
@@ -543,8 +537,8 @@ def _gdn_window_flush_list_kernel(
     BLOCK_L: tl.constexpr,
     REFRESH_STALE: tl.constexpr,
 ):
-    """The planned window step's flush over the plan's list (`_gdn_window_plan_kernel`,
-    FLUSH_LIST): a persistent grid, each program taking (listed row, value head, BLOCK_V
+    """The planned window step's flush over the plan's list (`_gdn_window_plan_kernel`):
+    a persistent grid, each program taking (listed row, value head, BLOCK_V
     value tile) items in turn. A flush row's tile is folded over its plan row's fold region
     (`_flush_head`: HP and LP written); with REFRESH_STALE a listed row that does not flush
     has a stale LP, which gets its HP tile. Unlisted rows cost nothing, where the grid over
@@ -673,7 +667,6 @@ def _gdn_window_readout_kernel(
     HEAD_TILES: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     LP_ONLY: tl.constexpr = False,
-    ROWS: tl.constexpr = 0,
 ):
     """The planned window readout, one program per TILES consecutive (value head, value
     tile) pairs of one key head and a row (TILES divides v_per_k * tiles_per_head; HEAD_TILES
@@ -693,9 +686,7 @@ def _gdn_window_readout_kernel(
     outputs, the d (and v) records at the plan's write rows; the program of the first tile
     stores the row's new cursor words from the plan row. The plan row, the keys and queries
     (and their bf16 parts) load once per program; the tile loop (NUM_STAGES: Triton's
-    software pipelining) issues a tile's loads while the one before is computed. ROWS (with
-    LP_ONLY): 0 every row; 1 the rows whose LP this step's flush launch does not rewrite
-    (which may run beside it; NULL rows here); 2 those it rewrites (after it)."""
+    software pipelining) issues a tile's loads while the one before is computed."""
     pid = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     t0 = pid * TILES  # the program's first (value head, value tile), head-major
@@ -722,14 +713,6 @@ def _gdn_window_readout_kernel(
     )  # [DOT_K, DOT_N]: k_1..k_W, q_1..q_W as columns
     p_out = out_ptr + tok[:, None] * stride_out_tok
 
-    if ROWS != 0:  # a NULL row's plan row holds its slot word only
-        written = tl.load(p_plan + T_PLAN_LP_WRITTEN) != 0
-        if ROWS == 1:
-            skip = (slot32 != null_block_id) & written
-        else:
-            skip = (slot32 == null_block_id) | (written == 0)
-        if skip:
-            return
     if pid == 0:
         store_cursor_words(
             p_plan, meta_ptr, slot32, null_block_id, stride_meta_slot, stride_meta_word
@@ -1049,7 +1032,6 @@ def _gdn_window_kernel(
     FOLD_EXACT: tl.constexpr,
     FOLD: tl.constexpr,
     BLOCK_L: tl.constexpr,
-    REFRESH_STALE: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
     pid_hb = tl.program_id(1).to(tl.int64)
@@ -1083,7 +1065,7 @@ def _gdn_window_kernel(
     m_vk = m_v[:, None] & m_k[None, :]
     p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
     if MODE == 1:
-        if flush | (stale & REFRESH_STALE):
+        if flush:
             for h in range(h0, h0 + HEADS_PER_PROGRAM):
                 _flush_or_refresh(
                     hp_ptr
@@ -1123,7 +1105,7 @@ def _gdn_window_kernel(
                     FOLD_EXACT,
                     FOLD,
                     BLOCK_L,
-                    REFRESH_STALE,
+                    False,
                 )
         return
 
@@ -1329,10 +1311,7 @@ def gdn_window_decode(
     readout_stages: int = 1,
     flush_stages: int = 3,
     flush_rows_read: str = "hp",
-    readout_lp_only: bool = True,
-    flush_list: bool = True,
     flush_programs: int = 0,
-    overlap: bool = False,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1367,20 +1346,13 @@ def gdn_window_decode(
     shared memory per one-warp program at sm_90, 8 KiB with 1). flush_rows_read
     (window_plan, with an LP copy): what the readout reads for flush rows, "hp" (the folded
     checkpoint) or "lp" (the LP copy the flush launch wrote from it: LP rounding, as the
-    other rows, for half of bf16 HP's bytes). The defaults are the small-batch row of that
-    table. readout_lp_only (with flush_rows_read "lp"): the flush launch also copies HP into a
-    stale LP (a stock-route step's), so that every row reads LP and the readout is built
-    without its HP branch; False keeps stale rows reading HP (the build before 2026-12-05,
-    for measuring against it). The torch reference keeps a stale row reading HP until its
-    next flush, so after a stock-route step the two differ by LP rounding and the LP-stale
-    cursor mark. flush_list (window_plan): the flush launch is a persistent grid over the
-    rows the plan lists (`_gdn_window_flush_list_kernel`; flush_programs programs, 0:
-    FLUSH_PROGRAMS_PER_SM per SM, FLUSH_PROGRAMS_PER_SM_BESIDE with overlap, 8 off CUDA),
-    instead of a program per (value tile, value head, row) that exits where the row does
-    not flush. overlap (with
-    flush_list and readout_lp_only): the flush launch runs on a side stream beside the
-    readout of the rows whose LP it does not rewrite, and those it rewrites are read out
-    after it (`streams.beside`; a fork and join inside a CUDA graph).
+    other rows, for half of bf16 HP's bytes; then the flush launch also copies HP into a
+    stale LP, a stock-route step's, so that every row reads LP and the readout is built
+    without its HP branch). The defaults are the small-batch row of that table. The torch
+    reference keeps a stale row reading HP until its next flush, so after a stock-route
+    step the two differ by LP rounding and the LP-stale cursor mark. The planned flush
+    launch is a persistent grid over the rows the plan lists (`_gdn_window_flush_list_kernel`;
+    flush_programs programs, 0: FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1468,17 +1440,14 @@ def gdn_window_decode(
     # HP, stale ones refreshed from HP there), so the readout is built without an HP branch
     # (sm_90, 122B, T = 4, 8 tiles, 2 stages: 106 registers and 19.9 KiB of shared memory
     # per program instead of 168 and 28.1 KiB).
-    lp_only = readout_lp_only and flush_rows_read == "lp" and cache.lp is not None
+    lp_only = flush_rows_read == "lp" and cache.lp is not None
     f32 = dict(dtype=torch.float32, device=v.device)
     plan = torch.empty((R, PLAN_LEN), dtype=torch.int32, device=v.device)
     kq = torch.empty((R, Hk, 2 * bw * bk), **f32)
     coef = torch.empty((R, Hv, window_coef_len(bw, bh)), **f32)
-    # flush_list: the plan lists the rows the flush launch has work for (zeroed count first;
-    # without it the plan takes its own rows as unused pointers)
-    flush_rows, flush_count = plan, plan
-    if flush_list:
-        flush_rows = torch.empty(R, dtype=torch.int32, device=v.device)
-        flush_count = torch.zeros(1, dtype=torch.int32, device=v.device)
+    # the plan lists the rows the flush launch has work for (the count zeroed first)
+    flush_rows = torch.empty(R, dtype=torch.int32, device=v.device)
+    flush_count = torch.zeros(1, dtype=torch.int32, device=v.device)
     qsl = query_start_loc if query_start_loc is not None else state_indices
     _gdn_window_plan_kernel[(Hk, R)](
         cache.ring_g,
@@ -1525,52 +1494,29 @@ def gdn_window_decode(
         HAS_LP=cache.lp is not None,
         FLUSH_READS_LP=flush_rows_read == "lp" and cache.lp is not None,
         REFRESH_STALE=lp_only,
-        FLUSH_LIST=flush_list,
         num_warps=1,
     )
 
-    def readout(rows: int) -> None:
-        _launch_readout(
-            rows, cache, lp, ring_v, v, out, qsl, plan, kq, coef, null_block_id, num_ring_rows,
-            Hk, K, V, R, tiles, window, bw, bk, bh, block_v, num_warps, query_start_loc,
-            readout_precision, readout_tiles, readout_stages, lp_only,
-        )  # fmt: skip
-
-    def flush() -> None:  # block_v and num_warps are the readout's; the flush keeps its tile
-        if flush_list:
-            _launch_flush_list(
-                cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R,
-                num_ring_rows, buffer_len, flush_programs, lp_only, cfg,
-            )  # fmt: skip
-        else:
-            flush_cfg = dict(cfg, block_v=FLUSH_BLOCK_V, num_warps=1, refresh_stale=lp_only)
-            _launch((triton.cdiv(V, FLUSH_BLOCK_V), grid[1], R), FLUSH_ONLY, flush_cfg, *args)
-
-    overlap = overlap and flush_list and lp_only
     if flush_programs <= 0:
-        per_sm = FLUSH_PROGRAMS_PER_SM_BESIDE if overlap else FLUSH_PROGRAMS_PER_SM
-        flush_programs = per_sm * num_sms(v.device) if v.is_cuda else 8
-    if not overlap:
-        flush()
-        readout(0)
-    elif v.is_cuda:
-        with beside(v.device, True) as on_side:
-            with on_side:
-                flush()
-            readout(1)  # the rows whose LP the flush launch does not rewrite, beside it
-        readout(2)  # those it rewrote
-    else:  # no streams (the interpreter): an order the overlap allows, which exposes a row
-        readout(1)  # read before the flush launch that it must wait for
-        flush()
-        readout(2)
+        flush_programs = FLUSH_PROGRAMS_PER_SM * num_sms(v.device) if v.is_cuda else 8
+    # block_v and num_warps are the readout's; the flush launch keeps its own tile
+    _launch_flush_list(
+        cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R,
+        num_ring_rows, buffer_len, flush_programs, lp_only, cfg,
+    )  # fmt: skip
+    _launch_readout(
+        cache, lp, ring_v, v, out, qsl, plan, kq, coef, null_block_id, num_ring_rows,
+        Hk, K, V, R, tiles, window, bw, bk, bh, block_v, num_warps, query_start_loc,
+        readout_precision, readout_tiles, readout_stages, lp_only,
+    )  # fmt: skip
 
 
 def _launch_readout(
-    rows, cache, lp, ring_v, v, out, qsl, plan, kq, coef, null_block_id, num_ring_rows, Hk,
+    cache, lp, ring_v, v, out, qsl, plan, kq, coef, null_block_id, num_ring_rows, Hk,
     K, V, R, tiles, window, bw, bk, bh, block_v, num_warps, query_start_loc,
     readout_precision, readout_tiles, readout_stages, lp_only,
 ) -> None:  # fmt: skip
-    """The planned readout launch (`gdn_window_decode`; rows: its ROWS)."""
+    """The planned readout launch (`gdn_window_decode`)."""
     Hv = v.shape[1]
     _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
         cache.hp,
@@ -1615,7 +1561,6 @@ def _launch_readout(
         HEAD_TILES=min(readout_tiles, tiles),
         NUM_STAGES=readout_stages,
         LP_ONLY=lp_only,
-        ROWS=rows,
         num_warps=num_warps,
     )
 
@@ -1624,8 +1569,7 @@ def _launch_flush_list(
     cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R, num_ring_rows,
     buffer_len, flush_programs, lp_only, cfg,
 ) -> None:  # fmt: skip
-    """The planned step's flush launch over the plan's row list (`gdn_window_decode`'s
-    flush_list)."""
+    """The planned step's flush launch over the plan's row list (`gdn_window_decode`)."""
     Hv = cache.hp.shape[1]
     tiles = triton.cdiv(V, FLUSH_BLOCK_V)
     _gdn_window_flush_list_kernel[(max(1, min(flush_programs, R * Hv * tiles)),)](
@@ -1751,7 +1695,6 @@ def _launch(
         FOLD_EXACT=fold_exact(cache, cfg["flush_precision"]),
         FOLD=cfg["flush_precision"],
         BLOCK_L=history_block(buffer_len),
-        REFRESH_STALE=cfg.get("refresh_stale", False),
         num_warps=cfg["num_warps"],
         num_stages=cfg["flush_stages"],
     )
