@@ -398,6 +398,7 @@ GDN_ROUTE_KNOBS = {
         "flush_stages",
         "flush_rows_read",
         "flush_programs",
+        "flush_warps",
         "overlap",
     },
 }

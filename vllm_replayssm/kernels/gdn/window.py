@@ -62,9 +62,10 @@ from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
 FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
 FLUSH_BLOCK_V = 16  # the flush launch's value tile in a planned step (its 1-warp tile elsewhere)
-# Persistent flush programs per SM over the plan's row list: as many as its 255 registers
-# let an SM hold. Four were slower on the H100 at T = 4, bf16 LP, bs 256 (4B 364 -> 456 µs,
-# 122B 666 -> 819; `kernels-h100-20261205-37e4032-gdn-window4-flush-programs-keys.json`).
+# Persistent one-warp flush programs per SM over the plan's row list: as many as its 255
+# registers let an SM hold (with flush_warps w, 8 / w programs of w warps). Four one-warp
+# programs were slower on the H100 at T = 4, bf16 LP, bs 256 (4B 364 -> 456 µs, 122B 666 ->
+# 819; `kernels-h100-20261205-37e4032-gdn-window4-flush-programs-keys.json`).
 FLUSH_PROGRAMS_PER_SM = 8
 
 
@@ -1312,6 +1313,7 @@ def gdn_window_decode(
     flush_stages: int = 3,
     flush_rows_read: str = "hp",
     flush_programs: int = 0,
+    flush_warps: int = 1,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1352,7 +1354,9 @@ def gdn_window_decode(
     reference keeps a stale row reading HP until its next flush, so after a stock-route
     step the two differ by LP rounding and the LP-stale cursor mark. The planned flush
     launch is a persistent grid over the rows the plan lists (`_gdn_window_flush_list_kernel`;
-    flush_programs programs, 0: FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA).
+    flush_programs programs, 0: FLUSH_PROGRAMS_PER_SM / flush_warps per SM, 8 off CUDA;
+    flush_warps warps share a program's 16-row tile: one warp holds it in 255 registers
+    with 24 B of stack, two or four without, at sm_90).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1497,12 +1501,15 @@ def gdn_window_decode(
         num_warps=1,
     )
 
+    if flush_warps not in (1, 2, 4):
+        raise ValueError(f"flush_warps must be 1, 2 or 4, got {flush_warps}")
     if flush_programs <= 0:
-        flush_programs = FLUSH_PROGRAMS_PER_SM * num_sms(v.device) if v.is_cuda else 8
+        per_sm = max(1, FLUSH_PROGRAMS_PER_SM // flush_warps)
+        flush_programs = per_sm * num_sms(v.device) if v.is_cuda else 8
     # block_v and num_warps are the readout's; the flush launch keeps its own tile
     _launch_flush_list(
         cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R,
-        num_ring_rows, buffer_len, flush_programs, lp_only, cfg,
+        num_ring_rows, buffer_len, flush_programs, flush_warps, lp_only, cfg,
     )  # fmt: skip
     _launch_readout(
         cache, lp, ring_v, v, out, qsl, plan, kq, coef, null_block_id, num_ring_rows,
@@ -1567,7 +1574,7 @@ def _launch_readout(
 
 def _launch_flush_list(
     cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R, num_ring_rows,
-    buffer_len, flush_programs, lp_only, cfg,
+    buffer_len, flush_programs, flush_warps, lp_only, cfg,
 ) -> None:  # fmt: skip
     """The planned step's flush launch over the plan's row list (`gdn_window_decode`)."""
     Hv = cache.hp.shape[1]
@@ -1604,7 +1611,7 @@ def _launch_flush_list(
         FOLD=cfg["flush_precision"],
         BLOCK_L=history_block(buffer_len),
         REFRESH_STALE=lp_only,
-        num_warps=1,
+        num_warps=flush_warps,
         num_stages=cfg["flush_stages"],
     )
 
