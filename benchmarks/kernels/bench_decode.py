@@ -399,7 +399,6 @@ GDN_ROUTE_KNOBS = {
         "flush_rows_read",
         "flush_programs",
         "flush_warps",
-        "overlap",
     },
 }
 

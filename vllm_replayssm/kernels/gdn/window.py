@@ -154,77 +154,6 @@ def _flush_head(
 
 
 @triton.jit
-def _flush_or_refresh(
-    p_hp,
-    p_lp,
-    p_rg,
-    p_rbeta,
-    p_rk,
-    p_rd,
-    p_rv,
-    flush,
-    fo,
-    fn,
-    num_ring_rows,
-    o_v,
-    o_k,
-    m_v,
-    m_k,
-    m_vk,
-    stride_rg_row,
-    stride_rbeta_row,
-    stride_rk_row,
-    stride_rk_k,
-    stride_rd_row,
-    stride_rd_v,
-    stride_rv_row,
-    stride_rv_v,
-    HAS_LP: tl.constexpr,
-    LP_IS_FP16: tl.constexpr,
-    FOLD_EXACT: tl.constexpr,
-    FOLD: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-    REFRESH_STALE: tl.constexpr,
-):
-    """A flush launch's work on one value head's tile of a row it has work for: a flush row
-    folds (`_flush_head`); otherwise, with REFRESH_STALE, the row's LP is stale and gets
-    its HP tile (the planned readout then reads LP only)."""
-    if flush != 0:
-        _flush_head(
-            p_hp,
-            p_lp,
-            p_rg,
-            p_rbeta,
-            p_rk,
-            p_rd,
-            p_rv,
-            fo,
-            fn,
-            num_ring_rows,
-            o_v,
-            o_k,
-            m_v,
-            m_k,
-            m_vk,
-            stride_rg_row,
-            stride_rbeta_row,
-            stride_rk_row,
-            stride_rk_k,
-            stride_rd_row,
-            stride_rd_v,
-            stride_rv_row,
-            stride_rv_v,
-            HAS_LP,
-            LP_IS_FP16,
-            FOLD_EXACT,
-            FOLD,
-            BLOCK_L,
-        )
-    elif REFRESH_STALE:
-        store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
-
-
-@triton.jit
 def _history_products(
     p_rk, row_h, m_hist, k_w, q_w, o_t, o_k, m_k, stride_rk_row, stride_rk_k, WINDOW: tl.constexpr
 ):
@@ -366,8 +295,8 @@ def _gdn_window_plan_kernel(
         write_row = o + n
         write_row = tl.where(write_row >= num_ring_rows, write_row - num_ring_rows, write_row)
         # With REFRESH_STALE the flush launch writes the LP of flush rows from their folded
-        # HP and copies a stale LP's HP into it (`_flush_or_refresh`): every row reads LP
-        # (the readout's LP_ONLY build), and LP is fresh in the new cursor words.
+        # HP and copies a stale LP's HP into it (`_gdn_window_flush_list_kernel`): every row
+        # reads LP (the readout's LP_ONLY build), and LP is fresh in the new cursor words.
         stale_next = stale & (not REFRESH_STALE)
         store_plan_words(p_plan, slot32, o, n, write_row, q, kap, fo, fn, flush, stale_next, HAS_LP)
         if REFRESH_STALE:
@@ -571,38 +500,39 @@ def _gdn_window_flush_list_kernel(
             + o_v[:, None] * stride_lp_v
             + o_k[None, :] * stride_lp_k
         )
-        _flush_or_refresh(
-            p_hp,
-            p_lp,
-            ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-            ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-            ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
-            ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
-            ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
-            tl.load(p_plan + T_PLAN_FLUSH),
-            tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
-            tl.load(p_plan + T_PLAN_FOLD_COUNT),
-            num_ring_rows,
-            o_v,
-            o_k,
-            m_v,
-            m_k,
-            m_vk,
-            stride_rg_row,
-            stride_rbeta_row,
-            stride_rk_row,
-            stride_rk_k,
-            stride_rd_row,
-            stride_rd_v,
-            stride_rv_row,
-            stride_rv_v,
-            HAS_LP,
-            LP_IS_FP16,
-            FOLD_EXACT,
-            FOLD,
-            BLOCK_L,
-            REFRESH_STALE,
-        )
+        if tl.load(p_plan + T_PLAN_FLUSH) != 0:
+            _flush_head(
+                p_hp,
+                p_lp,
+                ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+                ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+                ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
+                ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
+                ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
+                tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
+                tl.load(p_plan + T_PLAN_FOLD_COUNT),
+                num_ring_rows,
+                o_v,
+                o_k,
+                m_v,
+                m_k,
+                m_vk,
+                stride_rg_row,
+                stride_rbeta_row,
+                stride_rk_row,
+                stride_rk_k,
+                stride_rd_row,
+                stride_rd_v,
+                stride_rv_row,
+                stride_rv_v,
+                HAS_LP,
+                LP_IS_FP16,
+                FOLD_EXACT,
+                FOLD,
+                BLOCK_L,
+            )
+        elif REFRESH_STALE:  # listed without a flush: the row's LP is stale
+            store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
 
 
 @triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
@@ -1068,7 +998,7 @@ def _gdn_window_kernel(
     if MODE == 1:
         if flush:
             for h in range(h0, h0 + HEADS_PER_PROGRAM):
-                _flush_or_refresh(
+                _flush_head(
                     hp_ptr
                     + slot * stride_hp_slot
                     + h * stride_hp_head
@@ -1084,7 +1014,6 @@ def _gdn_window_kernel(
                     p_rk,
                     ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
                     ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
-                    flush,
                     fo,
                     fn,
                     num_ring_rows,
@@ -1106,7 +1035,6 @@ def _gdn_window_kernel(
                     FOLD_EXACT,
                     FOLD,
                     BLOCK_L,
-                    False,
                 )
         return
 
