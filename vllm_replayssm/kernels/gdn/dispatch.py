@@ -52,12 +52,11 @@ def launch_config(
     (`kernels-h200-20261129-22b7412-stock-route-bs1-32.json`).
 
     Speculative decode (which the stock route cannot do): the window step, one warp per
-    program, fused up to 16 rows (16-row value tiles), else planned (`window_plan`: plan,
-    flush, the planned readout on 16-row value tiles, several per program), one value head
-    per flush program. With bf16 keys, planned steps fold flush rows in WY form (bf16x3)
-    and take the readout's LP products in bf16 (readout_precision bf16x2); fused steps fold
-    in WY form HP only. Measured on the H200
-    at T = 4 against vLLM's kernel
+    program, fused up to 16 rows (16-row value tiles), else split (plan, flush, the planned
+    readout on 16-row value tiles, several per program), one value head per flush program.
+    With bf16 keys, split steps fold flush rows in WY form (bf16x3) and take the readout's
+    LP products in bf16 (readout_precision bf16x2); fused steps fold in WY form HP only.
+    Measured on the H200 at T = 4 against vLLM's kernel
     (Qwen3.5-122B; `kernels-h200-20261202-{29d3230-gdn-window4-wy-flush,
     9a2bfab-gdn-window4-knobs,9a2bfab-gdn-window4-fused,7511bec-gdn-window4-readout-tiles}.json`):
     - the WY flush: bs 256 HP only 1,124 -> 754 µs (vLLM 1,588); bf16 LP unchanged (the
@@ -123,7 +122,6 @@ def _route_config(route: str, *, has_lp: bool = True, bf16_keys: bool = True) ->
         num_warps=1,
         heads_per_program=1,
         num_stages=1,
-        window_plan=route == "split",
     )
     if route == "split":  # the planned readout's pipelined tile loop; the flush unpipelined
         cfg.update(readout_tiles=0, readout_stages=2, flush_stages=1)

@@ -12,13 +12,13 @@ Three launch forms; `dispatch.py` picks one, the launcher here runs what it is g
   out from checkpoint + history + the window's own corrected values (forward
   substitution), and only records are written (d in fp32). The row's last program stores
   the cursor words.
-- "split": the same kernel as a flush-only launch, then as the readout.
-- "split" with `window_plan` (the GPU default above 16 rows): the window plan (one program
-  per (key head, row): plan rows, the window's normalised keys and queries, every readout
-  coefficient, the row-shared records), the flush-only launch, then the planned readout:
-  one program per row and up to 8 value tiles of one key head (a pipelined tile loop) that
-  takes each tile's products with the window's keys and queries and with the history as two
-  tensor-core products and stores the cursor words from the plan row.
+- "split" (above 16 rows): the window plan (one program per (key head, row): plan rows, the
+  window's normalised keys and queries, every readout coefficient, the row-shared records,
+  the list of rows the flush launch has work for), the flush launch over that list, then
+  the planned readout: one program per row and up to 8 value tiles of one key head (a
+  pipelined tile loop) that takes each tile's products with the window's keys and queries
+  and with the history as two tensor-core products and stores the cursor words from the
+  plan row.
 Semantics: `reference.gdn_replay_decode`.
 """
 
@@ -60,8 +60,7 @@ from vllm_replayssm.kernels.gdn.tiles import (
 )
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
-FUSED, FLUSH_ONLY, READOUT = 0, 1, 2  # kernel modes; a "split" step runs FLUSH_ONLY then READOUT
-FLUSH_BLOCK_V = 16  # the flush launch's value tile in a planned step (its 1-warp tile elsewhere)
+FLUSH_BLOCK_V = 16  # the split route's flush tile (value rows; one to four warps)
 # Persistent one-warp flush programs per SM over the plan's row list: as many as its 255
 # registers let an SM hold (with flush_warps w, 8 / w programs of w warps). Four one-warp
 # programs were slower on the H100 at T = 4, bf16 LP, bs 256 (4B 364 -> 456 µs, 122B 666 ->
@@ -471,8 +470,8 @@ def _gdn_window_flush_list_kernel(
     a persistent grid, each program taking (listed row, value head, BLOCK_V
     value tile) items in turn. A flush row's tile is folded over its plan row's fold region
     (`_flush_head`: HP and LP written); with REFRESH_STALE a listed row that does not flush
-    has a stale LP, which gets its HP tile. Unlisted rows cost nothing, where the grid over
-    every (tile, head, row) of the flush-only launch spends a program on each."""
+    has a stale LP, which gets its HP tile. Unlisted rows cost nothing (a grid over every
+    (tile, head, row) would spend a program on each)."""
     pid = tl.program_id(0)
     items_per_row: tl.constexpr = num_v_heads * tiles_per_head
     total = tl.load(flush_count_ptr) * items_per_row
@@ -957,13 +956,14 @@ def _gdn_window_kernel(
     EXACT_FLUSH: tl.constexpr,
     HAS_ACC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    MODE: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     FOLD_EXACT: tl.constexpr,
     FOLD: tl.constexpr,
     BLOCK_L: tl.constexpr,
 ):
+    """The fused window step (the module docstring's "fused"): one program per (value tile,
+    block of HEADS_PER_PROGRAM value heads of one key head, row)."""
     pid_v = tl.program_id(0)
     pid_hb = tl.program_id(1).to(tl.int64)
     pid_r = tl.program_id(2).to(tl.int64)
@@ -973,9 +973,6 @@ def _gdn_window_kernel(
     h0 = pid_hb * HEADS_PER_PROGRAM
     pid_k = h0 // v_per_k
     slot = tl.load(state_indices_ptr + pid_r).to(tl.int64)
-    if MODE == 1:  # noqa: SIM102 (constexpr, then runtime)  FLUSH_ONLY: no outputs
-        if slot == null_block_id:
-            return
     if slot == null_block_id:
         for h in range(h0, h0 + HEADS_PER_PROGRAM):
             for i in tl.static_range(WINDOW):
@@ -995,49 +992,6 @@ def _gdn_window_kernel(
     m_k = o_k < head_k_dim
     m_vk = m_v[:, None] & m_k[None, :]
     p_rk = ring_k_ptr + slot * stride_rk_slot + pid_k * stride_rk_head
-    if MODE == 1:
-        if flush:
-            for h in range(h0, h0 + HEADS_PER_PROGRAM):
-                _flush_head(
-                    hp_ptr
-                    + slot * stride_hp_slot
-                    + h * stride_hp_head
-                    + o_v[:, None] * stride_hp_v
-                    + o_k[None, :] * stride_hp_k,
-                    lp_ptr
-                    + slot * stride_lp_slot
-                    + h * stride_lp_head
-                    + o_v[:, None] * stride_lp_v
-                    + o_k[None, :] * stride_lp_k,
-                    ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-                    ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-                    p_rk,
-                    ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
-                    ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
-                    fo,
-                    fn,
-                    num_ring_rows,
-                    o_v,
-                    o_k,
-                    m_v,
-                    m_k,
-                    m_vk,
-                    stride_rg_row,
-                    stride_rbeta_row,
-                    stride_rk_row,
-                    stride_rk_k,
-                    stride_rd_row,
-                    stride_rd_v,
-                    stride_rv_row,
-                    stride_rv_v,
-                    HAS_LP,
-                    LP_IS_FP16,
-                    FOLD_EXACT,
-                    FOLD,
-                    BLOCK_L,
-                )
-        return
-
     # Key-head-shared quantities. History: committed entries [0, n) (empty after a flush).
     o_h = tl.arange(0, BLOCK_H)
     m_hist = o_h < n
@@ -1094,53 +1048,45 @@ def _gdn_window_kernel(
             + o_v[:, None] * stride_lp_v
             + o_k[None, :] * stride_lp_k
         )
-        # Flush rows use the advanced HP (FUSED: in registers; READOUT: just rewritten by
-        # FLUSH_ONLY); rows whose LP is stale (a stock-route step) read HP; others read LP.
-        if MODE == 0:
-            if flush:
-                S = _flush_head(
-                    p_hp,
-                    p_lp,
-                    p_rg,
-                    p_rbeta,
-                    p_rk,
-                    p_rd,
-                    p_rv,
-                    fo,
-                    fn,
-                    num_ring_rows,
-                    o_v,
-                    o_k,
-                    m_v,
-                    m_k,
-                    m_vk,
-                    stride_rg_row,
-                    stride_rbeta_row,
-                    stride_rk_row,
-                    stride_rk_k,
-                    stride_rd_row,
-                    stride_rd_v,
-                    stride_rv_row,
-                    stride_rv_v,
-                    HAS_LP,
-                    LP_IS_FP16,
-                    FOLD_EXACT,
-                    FOLD,
-                    BLOCK_L,
-                )
-            elif stale:
-                S = tl.load(p_hp, mask=m_vk, other=0.0)
-            elif HAS_LP:
-                S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
-            else:
-                S = tl.load(p_hp, mask=m_vk, other=0.0)
+        # Flush rows use the advanced HP (in registers); rows whose LP is stale (a
+        # stock-route step) read HP; others read LP.
+        if flush:
+            S = _flush_head(
+                p_hp,
+                p_lp,
+                p_rg,
+                p_rbeta,
+                p_rk,
+                p_rd,
+                p_rv,
+                fo,
+                fn,
+                num_ring_rows,
+                o_v,
+                o_k,
+                m_v,
+                m_k,
+                m_vk,
+                stride_rg_row,
+                stride_rbeta_row,
+                stride_rk_row,
+                stride_rk_k,
+                stride_rd_row,
+                stride_rd_v,
+                stride_rv_row,
+                stride_rv_v,
+                HAS_LP,
+                LP_IS_FP16,
+                FOLD_EXACT,
+                FOLD,
+                BLOCK_L,
+            )
+        elif stale:
+            S = tl.load(p_hp, mask=m_vk, other=0.0)
+        elif HAS_LP:
+            S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
         else:
-            if flush | stale:
-                S = tl.load(p_hp, mask=m_vk, other=0.0)
-            elif HAS_LP:
-                S = tl.load(p_lp, mask=m_vk, other=0.0).to(tl.float32)
-            else:
-                S = tl.load(p_hp, mask=m_vk, other=0.0)
+            S = tl.load(p_hp, mask=m_vk, other=0.0)
 
         d_h = tl.load(
             p_rd + row_h[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v,
@@ -1233,7 +1179,6 @@ def gdn_window_decode(
     num_warps: int = 1,
     heads_per_program: int = 1,
     num_stages: int = 1,
-    window_plan: bool = False,
     flush_precision: str = "serial",
     readout_precision: str = "tf32x3",
     readout_tiles: int = 1,
@@ -1247,44 +1192,42 @@ def gdn_window_decode(
     effects).
 
     Launch configuration (`dispatch.launch_config` chooses it for the layers): route
-    "fused" (one launch) or "split" (flush, then readout); block_v, the value-dim tile;
-    num_warps; heads_per_program, a divisor of the value heads per key head; num_stages, the
-    head loop's pipelining; window_plan (split route only): plan, flush, readout launches.
-    The plan (`_gdn_window_plan_kernel`, one program per (key head, row)) computes
-    everything but the checkpoint tile's products into scratch the step allocates (plan rows,
-    [R, PLAN_LEN] int32; the window's normalised keys and queries, [R, Hk, 2 BLOCK_W
-    BLOCK_K]; per value head the readout's coefficients, [R, Hv, window_coef_len]; from the
-    graph pool under CUDA-graph capture) and appends the row-shared records; the flush
-    launch folds the flush rows; the readout (`_gdn_window_readout_kernel`, readout_tiles
-    block_v x K tiles per program, num_warps: block_v and num_warps configure it, the flush
-    launch keeps
-    FLUSH_BLOCK_V rows on one warp) reads the plan instead of the cursor words and takes the
-    tile's products with the window as two tensor-core products. `dispatch.launch_config`
-    chooses; `benchmarks/kernels/bench_decode.py --families gdn --window 4 --knob
-    window_plan=0,1` measures. flush_precision: how flush rows fold their records into HP,
-    "serial" (record by record) or the WY form's products ("bf16x3", bf16 k records;
-    "tf32x3"; `flush.fold_tile`; tiles and key dims of >= 16). readout_precision
-    (window_plan): the planned readout's product of a bf16 LP tile with the keys, "tf32x3"
-    or "bf16x3" (`tiles.dot_bf16_parts`; HP and fp16 tiles take tf32x3), or "bf16x2" (the
-    keys' two larger parts, 16 bits: an LP tile's own rounding, 2^-9, dominates by far).
-    readout_tiles (window_plan): value tiles per readout program (a divisor of a key head's
-    v_per_k * cdiv(V, block_v) tiles that divides or is a multiple of a value head's
-    cdiv(V, block_v); 0: `auto_readout_tiles`), which load the plan row and split the keys
-    once; readout_stages: the pipelining of that program's tile loop. flush_stages: Triton's
-    num_stages for the launches of `_gdn_window_kernel`, the depth to which Triton pipelines
-    their loops that name none (3, Triton's default: the WY fold's loops then take 33 KiB of
-    shared memory per one-warp program at sm_90, 8 KiB with 1). flush_rows_read
-    (window_plan, with an LP copy): what the readout reads for flush rows, "hp" (the folded
+    "fused" (one launch; block_v, the value-dim tile; num_warps; heads_per_program, a
+    divisor of the value heads per key head; num_stages, the head loop's pipelining) or
+    "split" (plan, flush, readout launches). The split route's plan
+    (`_gdn_window_plan_kernel`, one program per (key head, row)) computes everything but
+    the checkpoint tile's products into scratch the step allocates (plan rows, [R,
+    PLAN_LEN] int32; the window's normalised keys and queries, [R, Hk, 2 BLOCK_W BLOCK_K];
+    per value head the readout's coefficients, [R, Hv, window_coef_len]; from the graph
+    pool under CUDA-graph capture), appends the row-shared records and lists the rows the
+    flush launch has work for; the flush launch folds the flush rows; the readout
+    (`_gdn_window_readout_kernel`, readout_tiles block_v x K tiles per program on num_warps;
+    block_v >= 16) reads the plan instead of the cursor words and takes the tile's products
+    with the window as two tensor-core products. `benchmarks/kernels/bench_decode.py
+    --families gdn --window 4 --route fused,split` measures. flush_precision: how flush
+    rows fold their records into HP, "serial" (record by record) or the WY form's products
+    ("bf16x3", bf16 k records; "tf32x3"; `flush.fold_tile`; tiles and key dims of >= 16).
+    readout_precision (split): the planned readout's product of a bf16 LP tile with the
+    keys, "tf32x3" or "bf16x3" (`tiles.dot_bf16_parts`; HP and fp16 tiles take tf32x3), or
+    "bf16x2" (the keys' two larger parts, 16 bits: an LP tile's own rounding, 2^-9,
+    dominates by far). readout_tiles (split): value tiles per readout program (a divisor of
+    a key head's v_per_k * cdiv(V, block_v) tiles that divides or is a multiple of a value
+    head's cdiv(V, block_v); 0: `auto_readout_tiles`), which load the plan row and split the
+    keys once; readout_stages: the pipelining of that program's tile loop. flush_stages:
+    Triton's num_stages for the fused launch and the flush launch, the depth to which Triton
+    pipelines their loops that name none (3, Triton's default: the WY fold's loops then take
+    33 KiB of shared memory per one-warp program at sm_90, 8 KiB with 1). flush_rows_read
+    (split, with an LP copy): what the readout reads for flush rows, "hp" (the folded
     checkpoint) or "lp" (the LP copy the flush launch wrote from it: LP rounding, as the
     other rows, for half of bf16 HP's bytes; then the flush launch also copies HP into a
     stale LP, a stock-route step's, so that every row reads LP and the readout is built
     without its HP branch). The defaults are the small-batch row of that table. The torch
     reference keeps a stale row reading HP until its next flush, so after a stock-route
-    step the two differ by LP rounding and the LP-stale cursor mark. The planned flush
-    launch is a persistent grid over the rows the plan lists (`_gdn_window_flush_list_kernel`;
-    flush_programs programs, 0: FLUSH_PROGRAMS_PER_SM / flush_warps per SM, 8 off CUDA;
-    flush_warps warps share a program's 16-row tile: one warp holds it in 255 registers
-    with 24 B of stack, two or four without, at sm_90).
+    step the two differ by LP rounding and the LP-stale cursor mark. The split route's
+    flush launch is a persistent grid over the rows the plan lists
+    (`_gdn_window_flush_list_kernel`; flush_programs programs, 0: FLUSH_PROGRAMS_PER_SM /
+    flush_warps per SM, 8 off CUDA; flush_warps warps share a program's 16-row tile: one
+    warp holds it in 255 registers with 24 B of stack, two or four without, at sm_90).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1313,9 +1256,8 @@ def gdn_window_decode(
             f"heads_per_program={heads_per_program} must divide the {Hv // Hk} "
             "value heads per key head"
         )
-    if window_plan and route != "split":
-        raise ValueError("window_plan runs with the split route")
-    if window_plan and block_v < 16:
+    split = route == "split"
+    if split and block_v < 16:
         raise ValueError(f"the planned readout takes value tiles of >= 16 rows, got {block_v}")
     if R == 0:
         return
@@ -1323,20 +1265,17 @@ def gdn_window_decode(
         raise ValueError(f"unknown flush_precision {flush_precision!r}")
     if flush_precision == "bf16x3" and cache.ring_k.dtype != torch.bfloat16:
         raise ValueError("flush_precision bf16x3 needs bf16 k records")
-    if (
-        flush_precision != "serial"
-        and min(pow2_block(K), FLUSH_BLOCK_V if window_plan else block_v) < 16
-    ):
+    if flush_precision != "serial" and min(pow2_block(K), FLUSH_BLOCK_V if split else block_v) < 16:
         raise ValueError("the WY flush takes value tiles and key dims of >= 16")
     if readout_precision not in ("tf32x3", "bf16x3", "bf16x2"):
         raise ValueError(f"unknown readout_precision {readout_precision!r}")
     if flush_rows_read not in ("hp", "lp"):
         raise ValueError(f"flush_rows_read must be 'hp' or 'lp', got {flush_rows_read!r}")
-    if flush_rows_read == "lp" and not window_plan:
-        raise ValueError("flush_rows_read 'lp' is the planned readout's (window_plan)")
+    if flush_rows_read == "lp" and not split:
+        raise ValueError("flush_rows_read 'lp' is the split route's")
     tiles = triton.cdiv(V, block_v)
-    if (readout_tiles != 1 or readout_stages > 1) and not window_plan:
-        raise ValueError("readout_tiles and readout_stages are the planned readout's")
+    if (readout_tiles != 1 or readout_stages > 1) and not split:
+        raise ValueError("readout_tiles and readout_stages are the split route's")
     if readout_tiles == 0:
         readout_tiles = auto_readout_tiles(Hv // Hk * tiles, Hv * tiles * R, tiles)
     if (
@@ -1363,9 +1302,8 @@ def gdn_window_decode(
     args = (cache, lp, beta, ring_v, q, k, v, a, b, A_log, dt_bias, state_indices)
     args += (query_start_loc, num_accepted_tokens, out, scale, null_block_id)
     args += (K, V, Hv // Hk, num_ring_rows, window, buffer_len)
-    if not window_plan:
-        for mode in (FUSED,) if route == "fused" else (FLUSH_ONLY, READOUT):
-            _launch(grid, mode, cfg, *args)
+    if not split:
+        _launch_fused(grid, cfg, *args)
         return
     bw, bk, bh = pow2_block(window, 1), pow2_block(K), pow2_block(buffer_len)
     # lp_only: every row reads LP (flush rows' as the flush launch writes it from the folded
@@ -1544,9 +1482,8 @@ def _launch_flush_list(
     )
 
 
-def _launch(
+def _launch_fused(
     grid,
-    mode,
     cfg,
     cache,
     lp,
@@ -1572,7 +1509,7 @@ def _launch(
     window,
     buffer_len,
 ) -> None:
-    """One launch of `_gdn_window_kernel` in `mode`."""
+    """The fused step's launch of `_gdn_window_kernel` (`gdn_window_decode`)."""
     _gdn_window_kernel[grid](
         cache.hp,
         lp,
@@ -1624,7 +1561,6 @@ def _launch(
         EXACT_FLUSH=cache.exact_flush,
         HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None,
-        MODE=mode,
         HEADS_PER_PROGRAM=cfg["heads_per_program"],
         NUM_STAGES=cfg["num_stages"],
         FOLD_EXACT=fold_exact(cache, cfg["flush_precision"]),
