@@ -2,7 +2,7 @@
 Plain decode (T = 1) runs the plan / flush / readout launches of `decode.py` instead (this
 step still runs T = 1 when a caller asks for it: benchmarks, tests).
 
-Three launch forms; `dispatch.py` picks one, the launcher here runs what it is given:
+Two launch forms; `dispatch.py` picks one, the launcher here runs what it is given:
 - "fused" (small batches): one program per (value-dim tile, value-head block, row), looping
   over value heads of one key head: the cursor plan, the ring's keys, their norms and Gram
   products with the window's keys and queries once per program; per value head it either
