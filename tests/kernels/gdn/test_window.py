@@ -110,9 +110,9 @@ def _check_reference(device, op, exact, lp, T, act=torch.float16, seed=4):
     )
 
 
-# The flush-only / fused flush in WY form (`flush.fold_tile`) and the planned readout's
-# bf16 products with an LP tile, at a geometry whose tiles a
-# product takes (K, V >= 16): (route, exact flush, LP dtype, T, activations, knobs).
+# The split route's flush list / the fused flush in WY form (`flush.fold_tile`) and the
+# planned readout's bf16 products with an LP tile, at a geometry whose tiles a product
+# takes (K, V >= 16): (route, exact flush, LP dtype, T, activations, knobs).
 TF32X3 = dict(flush_precision="tf32x3")
 BF16 = torch.bfloat16
 WY = dict(flush_precision="bf16x3", readout_precision="bf16x3")
