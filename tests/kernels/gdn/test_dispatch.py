@@ -36,9 +36,9 @@ POLICY = {
     "plain_bs256": (256, True, True, "replay", None),
     "hp_only_bs256": (256, True, False, "replay", None),
     "spec_bs16": (16, False, True, "fused", 1),
-    "spec_bs17": (17, False, True, "split", 1),
-    "spec_bs64": (64, False, False, "split", 1),  # one value head per flush program
-    "spec_bs64_lp": (64, False, True, "split", 1),
+    "spec_bs17": (17, False, True, "split", None),
+    "spec_bs64": (64, False, False, "split", None),
+    "spec_bs64_lp": (64, False, True, "split", None),
 }
 
 
@@ -101,8 +101,11 @@ def test_plan_launch(case):
     assert cfg["route"] == want
     if want == "stock":
         assert set(cfg) == {"route", "block_v", "num_warps"}
-    elif want in ("fused", "split"):  # a forced window form starts from its configuration
+    elif want == "fused":  # a forced window form starts from its configuration
         assert cfg["heads_per_program"] == 1 and cfg["num_stages"] == 1
+    elif want == "split":  # no head loop: its plan, flush and readout take other knobs
+        assert "heads_per_program" not in cfg and "num_stages" not in cfg
+        assert cfg["readout_tiles"] == 0 and cfg["flush_stages"] == 1
     for key, val in (launch or {}).items():
         assert cfg[key] == val
 

@@ -116,13 +116,9 @@ def _route_config(route: str, *, has_lp: bool = True, bf16_keys: bool = True) ->
         return dict(route="replay")
     if route not in KERNEL_ROUTES:
         raise ValueError(f"launch route must be one of {list(KERNEL_ROUTES)}, got {route!r}")
-    cfg = dict(
-        route=route,
-        block_v=16,
-        num_warps=1,
-        heads_per_program=1,
-        num_stages=1,
-    )
+    cfg = dict(route=route, block_v=16, num_warps=1)
+    if route == "fused":  # one value head per program, its head loop unpipelined
+        cfg.update(heads_per_program=1, num_stages=1)
     if route == "split":  # the planned readout's pipelined tile loop; the flush unpipelined
         cfg.update(readout_tiles=0, readout_stages=2, flush_stages=1)
     if route == "split" and has_lp:
