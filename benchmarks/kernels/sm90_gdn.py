@@ -374,19 +374,11 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
             )
         )
     kern_list = gdn_window._gdn_window_flush_list_kernel
-    for refresh, rows, warps in (
-        (False, 16, 1),
-        (True, 16, 1),
-        (True, 16, 2),
-        (True, 16, 4),
-        (True, 32, 2),
-        (True, 64, 4),
-    ):
+    for refresh in (False, True):  # one warp's 16-row tile (more warps were slower)
+        rows = gdn_window.FLUSH_BLOCK_V
         out.append(
             (
-                f"window {T} flush list, WY bf16x3{', refresh stale LP' if refresh else ''}"
-                f"{f', {rows} rows' if rows != 16 else ''}"
-                f"{f', {warps} warps' if warps > 1 else ''}",
+                f"window {T} flush list, WY bf16x3{', refresh stale LP' if refresh else ''}",
                 kern_list,
                 kernel_args(kern_list, torch.bfloat16, T),
                 dict(
@@ -404,7 +396,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     BLOCK_L=max(16, bh),
                     REFRESH_STALE=refresh,
                 ),
-                warps,
+                1,
             )
         )
     hp_only = dict(HAS_LP=False, FOLD_EXACT=False, FOLD="bf16x3")  # sums the cached d

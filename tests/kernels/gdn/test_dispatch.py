@@ -9,6 +9,7 @@ import torch
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.gdn import reference
 from vllm_replayssm.kernels.gdn.dispatch import (
+    FUSED_ROUTE_MAX_ROWS,
     STOCK_ROUTE_MAX_ROWS,
     STOCK_ROUTE_MAX_ROWS_HP_ONLY,
     chosen_route,
@@ -35,8 +36,10 @@ POLICY = {
     "hp_only_above_threshold": (STOCK_ROUTE_MAX_ROWS_HP_ONLY + 1, True, False, "replay", None),
     "plain_bs256": (256, True, True, "replay", None),
     "hp_only_bs256": (256, True, False, "replay", None),
-    "spec_bs16": (16, False, True, "fused", 1),
-    "spec_bs17": (17, False, True, "split", None),
+    "spec_bs1": (FUSED_ROUTE_MAX_ROWS, False, True, "fused", 1),
+    "spec_bs1_hp_only": (FUSED_ROUTE_MAX_ROWS, False, False, "fused", 1),
+    "spec_bs2": (FUSED_ROUTE_MAX_ROWS + 1, False, True, "split", None),
+    "spec_bs16": (16, False, True, "split", None),
     "spec_bs64": (64, False, False, "split", None),
     "spec_bs64_lp": (64, False, True, "split", None),
 }
@@ -74,7 +77,7 @@ def test_window_steps_fold_in_wy_form_with_bf16_keys(bf16_keys):
     wy = dict(flush_precision="bf16x3", readout_precision="bf16x2")  # 16-bit keys
     assert {k: split.get(k) for k in wy} == (wy if bf16_keys else dict.fromkeys(wy))
     for has_lp in (True, False):
-        fused = launch_config(8, plain=False, has_lp=has_lp, bf16_keys=bf16_keys)
+        fused = launch_config(1, plain=False, has_lp=has_lp, bf16_keys=bf16_keys)
         assert fused["route"] == "fused" and "readout_precision" not in fused
         want = "bf16x3" if bf16_keys and not has_lp else None
         assert fused.get("flush_precision") == want
@@ -84,10 +87,12 @@ def test_window_steps_fold_in_wy_form_with_bf16_keys(bf16_keys):
 ROUTES = {
     "auto_plain_small": ("auto", 4, True, None, "stock"),
     "auto_plain_large": ("auto", 64, True, None, "replay"),
-    "auto_spec": ("auto", 4, False, None, "fused"),
+    "auto_spec_one_row": ("auto", 1, False, None, "fused"),
+    "auto_spec": ("auto", 4, False, None, "split"),
     "replay_plain_small": ("replay", 4, True, None, "replay"),
     "stock_plain_large": ("stock", 64, True, None, "stock"),
-    "stock_spec_replays": ("stock", 4, False, None, "fused"),
+    "stock_spec_replays": ("stock", 4, False, None, "split"),
+    "override_fused": ("auto", 4, False, {"route": "fused"}, "fused"),
     "override_split": ("auto", 4, True, {"route": "split"}, "split"),
     "override_stock": ("replay", 4, True, {"route": "stock", "block_v": 8}, "stock"),
     "override_replay_knob": ("auto", 64, True, {"readout_warps": 2}, "replay"),

@@ -159,14 +159,6 @@ WY_ROWS = {
         BF16,
         dict(PLANNED_WY, flush_rows_read="lp", flush_programs=1),
     ),
-    "split-exact-bf16-T3-flush_warps2": (  # two warps share a flush program's tile
-        "split",
-        True,
-        BF16,
-        3,
-        BF16,
-        dict(PLANNED_WY, flush_rows_read="lp", flush_warps=2),
-    ),
     "split-exact-bf16-T3-flush_rows_hp": (  # flush rows read the folded HP
         "split",
         True,
@@ -269,11 +261,6 @@ GPU_VARIANTS = {
     "split-wy_flush_rows_hp": ("split", dict(PLANNED_WY, flush_rows_read="hp")),
     # 8 tiles per readout program as at bs 256 (`auto_readout_tiles` picks 1 for 8 rows)
     "split-wy_tiles8": ("split", dict(PLANNED_WY, readout_tiles=8)),
-    # two warps per flush program (four programs per SM)
-    "split-wy_flush_warps2": (
-        "split",
-        dict(PLANNED_WY, flush_rows_read="lp", flush_warps=2),
-    ),
     # the LP tile's product with 16-bit keys (here the output bound is 1e-4)
     "split-wy_keys16": (
         "split",

@@ -35,6 +35,13 @@ if TYPE_CHECKING:  # Triton modules are imported only where kernels run (GPUs)
 # from 16 (33.8 vs 36.1; at 12 rows 28.6 vs 27.9).
 STOCK_ROUTE_MAX_ROWS = 6
 STOCK_ROUTE_MAX_ROWS_HP_ONLY = 12
+# The window step's one launch ("fused") up to this many rows, the split route above. On the
+# H100 at T = 4 (122B geometry, µs per step and layer, fused / split, HP only and bf16 LP;
+# `kernels-h100-20261205-3997590-gdn-window4-small-bs-fused-split.json`): bs 1 14.0 / 16.9,
+# 17.2 / 18.3; bs 8 64.9 / 41.2, 75.2 / 39.4; bs 16 124.5 / 67.9, 147.0 / 63.6 (vLLM's
+# kernel 15.8, 68.8, 129.9). Linear fits of bs 1 and 8 cross below 2 rows (HP only ~1.8,
+# bf16 LP ~1.2); bs 2-7 are not measured.
+FUSED_ROUTE_MAX_ROWS = 1
 KERNEL_ROUTES = ("replay", "stock", "fused", "split")
 
 
@@ -52,8 +59,10 @@ def launch_config(
     (`kernels-h200-20261129-22b7412-stock-route-bs1-32.json`).
 
     Speculative decode (which the stock route cannot do): the window step, one warp per
-    program, fused up to 16 rows (16-row value tiles), else split (plan, flush, the planned
-    readout on 16-row value tiles, several per program), one value head per flush program.
+    program, fused up to FUSED_ROUTE_MAX_ROWS rows (16-row value tiles; up to 16 rows until
+    the H100 A/B of 3997590 put split 1.6-2.3x ahead at 8 and 16), else split (plan, flush,
+    the planned readout on 16-row value tiles, several per program), one value head per
+    flush program.
     With bf16 keys, split steps fold flush rows in WY form (bf16x3) and take the readout's
     LP products in bf16 (readout_precision bf16x2); fused steps fold in WY form HP only.
     Measured on the H200 at T = 4 against vLLM's kernel
@@ -104,7 +113,7 @@ def launch_config(
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
         return _route_config("stock" if num_rows <= limit else "replay")
-    route = "fused" if num_rows <= 16 else "split"
+    route = "fused" if num_rows <= FUSED_ROUTE_MAX_ROWS else "split"
     return _route_config(route, has_lp=has_lp, bf16_keys=bf16_keys)
 
 

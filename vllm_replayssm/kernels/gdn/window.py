@@ -3,16 +3,16 @@ Plain decode (T = 1) runs the plan / flush / readout launches of `decode.py` ins
 step still runs T = 1 when a caller asks for it: benchmarks, tests).
 
 Two launch forms; `dispatch.py` picks one, the launcher here runs what it is given:
-- "fused" (small batches): one program per (value-dim tile, value-head block, row), looping
-  over value heads of one key head: the cursor plan, the ring's keys, their norms and Gram
-  products with the window's keys and queries once per program; per value head it either
-  advances HP over the committed entries (flush rows; exact: the delta rule replayed
-  serially from HP over the cached k, v, g, beta; fold: weighted sum of cached corrected
-  values) and writes HP + LP, or reads LP (HP when LP is off); then window token i is read
-  out from checkpoint + history + the window's own corrected values (forward
-  substitution), and only records are written (d in fp32). The row's last program stores
-  the cursor words.
-- "split" (above 16 rows): the window plan (one program per (key head, row): plan rows, the
+- "fused" (one row, `dispatch.FUSED_ROUTE_MAX_ROWS`): one program per (value-dim tile,
+  value-head block, row), looping over value heads of one key head: the cursor plan, the
+  ring's keys, their norms and Gram products with the window's keys and queries once per
+  program; per value head it either advances HP over the committed entries (flush rows;
+  exact: the delta rule replayed serially from HP over the cached k, v, g, beta; fold:
+  weighted sum of cached corrected values) and writes HP + LP, or reads LP (HP when LP is
+  off); then window token i is read out from checkpoint + history + the window's own
+  corrected values (forward substitution), and only records are written (d in fp32). The
+  row's last program stores the cursor words.
+- "split" (more rows): the window plan (one program per (key head, row): plan rows, the
   window's normalised keys and queries, every readout coefficient, the row-shared records,
   the list of rows the flush launch has work for), the flush launch over that list, then
   the planned readout: one program per row and up to 8 value tiles of one key head (a
@@ -60,11 +60,13 @@ from vllm_replayssm.kernels.gdn.tiles import (
 )
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
-FLUSH_BLOCK_V = 16  # the split route's flush tile (value rows; one to four warps)
+FLUSH_BLOCK_V = 16  # the split route's flush tile (value rows of one warp's program)
 # Persistent one-warp flush programs per SM over the plan's row list: as many as its 255
-# registers let an SM hold (with flush_warps w, 8 / w programs of w warps). Four one-warp
-# programs were slower on the H100 at T = 4, bf16 LP, bs 256 (4B 364 -> 456 µs, 122B 666 ->
-# 819; `kernels-h100-20261205-37e4032-gdn-window4-flush-programs-keys.json`).
+# registers let an SM hold. Four one-warp programs were slower on the H100 at T = 4, bf16
+# LP, bs 256 (4B 364 -> 456 µs, 122B 666 -> 819;
+# `kernels-h100-20261205-37e4032-gdn-window4-flush-programs-keys.json`); so were programs
+# of two or four warps sharing the tile, four or two per SM (122B 646 -> 952 / 1,322 µs, 4B
+# 357 -> 510 / 696; `kernels-h100-20261205-3997590-gdn-window4-flush-warps-bf16.json`).
 FLUSH_PROGRAMS_PER_SM = 8
 
 
@@ -1186,7 +1188,6 @@ def gdn_window_decode(
     flush_stages: int = 3,
     flush_rows_read: str = "hp",
     flush_programs: int = 0,
-    flush_warps: int = 1,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1225,9 +1226,8 @@ def gdn_window_decode(
     reference keeps a stale row reading HP until its next flush, so after a stock-route
     step the two differ by LP rounding and the LP-stale cursor mark. The split route's
     flush launch is a persistent grid over the rows the plan lists
-    (`_gdn_window_flush_list_kernel`; flush_programs programs, 0: FLUSH_PROGRAMS_PER_SM /
-    flush_warps per SM, 8 off CUDA; flush_warps warps share a program's 16-row tile: one
-    warp holds it in 255 registers with 24 B of stack, two or four without, at sm_90).
+    (`_gdn_window_flush_list_kernel`; flush_programs one-warp programs, 0:
+    FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1367,15 +1367,12 @@ def gdn_window_decode(
         num_warps=1,
     )
 
-    if flush_warps not in (1, 2, 4):
-        raise ValueError(f"flush_warps must be 1, 2 or 4, got {flush_warps}")
     if flush_programs <= 0:
-        per_sm = max(1, FLUSH_PROGRAMS_PER_SM // flush_warps)
-        flush_programs = per_sm * num_sms(v.device) if v.is_cuda else 8
+        flush_programs = FLUSH_PROGRAMS_PER_SM * num_sms(v.device) if v.is_cuda else 8
     # block_v and num_warps are the readout's; the flush launch keeps its own tile
     _launch_flush_list(
         cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R,
-        num_ring_rows, buffer_len, flush_programs, flush_warps, lp_only, cfg,
+        num_ring_rows, buffer_len, flush_programs, lp_only, cfg,
     )  # fmt: skip
     _launch_readout(
         cache, lp, ring_v, v, out, qsl, plan, kq, coef, null_block_id, num_ring_rows,
@@ -1440,7 +1437,7 @@ def _launch_readout(
 
 def _launch_flush_list(
     cache, lp, beta, ring_v, plan, flush_rows, flush_count, K, V, Hk, R, num_ring_rows,
-    buffer_len, flush_programs, flush_warps, lp_only, cfg,
+    buffer_len, flush_programs, lp_only, cfg,
 ) -> None:  # fmt: skip
     """The planned step's flush launch over the plan's row list (`gdn_window_decode`)."""
     Hv = cache.hp.shape[1]
@@ -1477,7 +1474,7 @@ def _launch_flush_list(
         FOLD=cfg["flush_precision"],
         BLOCK_L=history_block(buffer_len),
         REFRESH_STALE=lp_only,
-        num_warps=flush_warps,
+        num_warps=1,
         num_stages=cfg["flush_stages"],
     )
 
