@@ -10,6 +10,7 @@ from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.kernels.gdn import reference
 from vllm_replayssm.kernels.gdn.dispatch import (
     FUSED_ROUTE_MAX_ROWS,
+    FUSED_ROUTE_MAX_ROWS_HP_ONLY,
     STOCK_ROUTE_MAX_ROWS,
     STOCK_ROUTE_MAX_ROWS_HP_ONLY,
     chosen_route,
@@ -37,8 +38,16 @@ POLICY = {
     "plain_bs256": (256, True, True, "replay", None),
     "hp_only_bs256": (256, True, False, "replay", None),
     "spec_bs1": (FUSED_ROUTE_MAX_ROWS, False, True, "fused", 1),
-    "spec_bs1_hp_only": (FUSED_ROUTE_MAX_ROWS, False, False, "fused", 1),
     "spec_bs2": (FUSED_ROUTE_MAX_ROWS + 1, False, True, "split", None),
+    # HP only the fused step reads twice the bytes per row and wins one row further
+    "spec_hp_only_at_threshold": (FUSED_ROUTE_MAX_ROWS_HP_ONLY, False, False, "fused", 1),
+    "spec_hp_only_above_threshold": (
+        FUSED_ROUTE_MAX_ROWS_HP_ONLY + 1,
+        False,
+        False,
+        "split",
+        None,
+    ),
     "spec_bs16": (16, False, True, "split", None),
     "spec_bs64": (64, False, False, "split", None),
     "spec_bs64_lp": (64, False, True, "split", None),
@@ -47,6 +56,7 @@ POLICY = {
 
 def test_hp_only_threshold_is_later():
     assert STOCK_ROUTE_MAX_ROWS < STOCK_ROUTE_MAX_ROWS_HP_ONLY
+    assert FUSED_ROUTE_MAX_ROWS < FUSED_ROUTE_MAX_ROWS_HP_ONLY
 
 
 @pytest.mark.parametrize("case", list(POLICY))

@@ -39,9 +39,12 @@ STOCK_ROUTE_MAX_ROWS_HP_ONLY = 12
 # H100 at T = 4 (122B geometry, µs per step and layer, fused / split, HP only and bf16 LP;
 # `kernels-h100-20261205-3997590-gdn-window4-small-bs-fused-split.json`): bs 1 14.0 / 16.9,
 # 17.2 / 18.3; bs 8 64.9 / 41.2, 75.2 / 39.4; bs 16 124.5 / 67.9, 147.0 / 63.6 (vLLM's
-# kernel 15.8, 68.8, 129.9). Linear fits of bs 1 and 8 cross below 2 rows (HP only ~1.8,
-# bf16 LP ~1.2); bs 2-7 are not measured.
+# kernel 15.8, 68.8, 129.9). At bs 2 / 4 (`…-cf5baf2-gdn-window4-bs1-4-fused-split.json`):
+# HP only 18.2 / 21.4 and 34.1 / 28.5, bf16 LP 21.1 / 20.9 and 39.5 / 26.3 (vLLM 22.1, 39.5).
+# So HP only (twice the checkpoint bytes per row, as for the stock route) runs fused one row
+# further; bs 3 is not measured.
 FUSED_ROUTE_MAX_ROWS = 1
+FUSED_ROUTE_MAX_ROWS_HP_ONLY = 2
 KERNEL_ROUTES = ("replay", "stock", "fused", "split")
 
 
@@ -59,8 +62,9 @@ def launch_config(
     (`kernels-h200-20261129-22b7412-stock-route-bs1-32.json`).
 
     Speculative decode (which the stock route cannot do): the window step, one warp per
-    program, fused up to FUSED_ROUTE_MAX_ROWS rows (16-row value tiles; up to 16 rows until
-    the H100 A/B of 3997590 put split 1.6-2.3x ahead at 8 and 16), else split (plan, flush,
+    program, fused up to FUSED_ROUTE_MAX_ROWS rows (HP only: FUSED_ROUTE_MAX_ROWS_HP_ONLY;
+    16-row value tiles; up to 16 rows until the H100 A/B of 3997590 put split 1.6-2.3x ahead
+    at 8 and 16), else split (plan, flush,
     the planned readout on 16-row value tiles, several per program), one value head per
     flush program.
     With bf16 keys, split steps fold flush rows in WY form (bf16x3) and take the readout's
@@ -113,7 +117,8 @@ def launch_config(
     if plain:
         limit = STOCK_ROUTE_MAX_ROWS if has_lp else STOCK_ROUTE_MAX_ROWS_HP_ONLY
         return _route_config("stock" if num_rows <= limit else "replay")
-    route = "fused" if num_rows <= FUSED_ROUTE_MAX_ROWS else "split"
+    limit = FUSED_ROUTE_MAX_ROWS if has_lp else FUSED_ROUTE_MAX_ROWS_HP_ONLY
+    route = "fused" if num_rows <= limit else "split"
     return _route_config(route, has_lp=has_lp, bf16_keys=bf16_keys)
 
 

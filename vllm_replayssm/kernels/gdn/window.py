@@ -3,7 +3,7 @@ Plain decode (T = 1) runs the plan / flush / readout launches of `decode.py` ins
 step still runs T = 1 when a caller asks for it: benchmarks, tests).
 
 Two launch forms; `dispatch.py` picks one, the launcher here runs what it is given:
-- "fused" (one row, `dispatch.FUSED_ROUTE_MAX_ROWS`): one program per (value-dim tile,
+- "fused" (one row, two HP only: `dispatch.FUSED_ROUTE_MAX_ROWS{,_HP_ONLY}`): one program per (value-dim tile,
   value-head block, row), looping over value heads of one key head: the cursor plan, the
   ring's keys, their norms and Gram products with the window's keys and queries once per
   program; per value head it either advances HP over the committed entries (flush rows;
