@@ -142,11 +142,21 @@ class StepRecorder:
 
         for name in MAMBA_UTILS_PHASES:
             timed(mamba_utils, name, name)
-        # On GPUs only (the e2e engines run without torch.compile there; on the CPU platform
-        # vLLM compiles the model, and a hook inside it changes what is compiled).
+        # On GPUs only (on the CPU platform vLLM compiles the model, and a hook inside it
+        # changes what is compiled). Under torch.compile on GPUs (compilation mode 3) Dynamo
+        # traces the layers' forward, and a host timer cannot be traced: the hook then calls
+        # the forward untimed (is_compiling is constant while tracing).
         if torch.cuda.is_available():
             for cls in (MambaMixer2, QwenGatedDeltaNetAttention):
-                timed(cls, "forward", "ssm_layers")
+                layer_forward = cls.forward
+                timed_forward = rec.host_timed(layer_forward, "ssm_layers")
+
+                def forward_timed(*args, _fn=layer_forward, _timed=timed_forward, **kwargs):
+                    if torch.compiler.is_compiling():
+                        return _fn(*args, **kwargs)
+                    return _timed(*args, **kwargs)
+
+                cls.forward = forward_timed
 
         model_forward = GPUModelRunner._model_forward
 
