@@ -71,7 +71,9 @@ def package_version(*names: str) -> str:
 
 
 def machine_info() -> dict:
-    """GPU, library versions, commit and date (UTC) of this run."""
+    """GPU, library versions, commit and date (UTC) of this run, and the VLLM_* environment
+    variables set (`VLLM_ENABLE_V1_MULTIPROCESSING=0` puts the engine core in the caller's
+    process, which changes what an e2e figure measures)."""
     import torch
 
     sha, dirty = git_commit()
@@ -85,6 +87,7 @@ def machine_info() -> dict:
         "commit": sha,
         "dirty": dirty,
         "cpu": cpu_info(),
+        "vllm_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")},
         "gpu": None,
     }
     if torch.cuda.is_available():

@@ -104,3 +104,11 @@ def test_cpu_info_reads_the_model_and_clock_and_times_the_probe(tmp_path):
     missing = common.cpu_info(tmp_path / "absent")
     assert missing["model"] is None and missing["mhz_mean"] is None
     assert common.machine_info()["cpu"]["python_probe_ms"] > 0.0
+
+
+def test_machine_info_records_vllm_env(monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    env = common.machine_info()["vllm_env"]
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_PLUGINS" not in env and all(k.startswith("VLLM_") for k in env)
