@@ -196,8 +196,9 @@ def test_gdn_spec_decode_on_gpu_wide_batches(runs, qwen_dir, qwen_prompts, capsy
     """24 requests at a time (the 12 P + G + P prompts and the same rotated by one token):
     twice the 12 rows of the test above. Both take the split route (window plan, flush
     launch over the listed rows, planned readout; only steps of one row, two HP only,
-    `dispatch.FUSED_ROUTE_MAX_ROWS{,_HP_ONLY}`, run the one-launch window step), here eagerly and as
-    FULL graphs of 24 rows (up to 16 rows ran the one-launch step until 3997590's A/B)."""
+    `dispatch.FUSED_ROUTE_MAX_ROWS{,_HP_ONLY}`, run the one-launch window step), here
+    eagerly and as FULL graphs of 24 rows (up to 16 rows ran the one-launch step until
+    3997590's A/B)."""
     prompts = qwen_prompts + [p[1:] + p[:1] for p in qwen_prompts]
     k, settings = GDN_CASES["k3_L4"]
     name = "qwen3_next (GPU) k3_L4, 24 rows"

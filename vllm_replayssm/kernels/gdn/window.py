@@ -3,14 +3,14 @@ Plain decode (T = 1) runs the plan / flush / readout launches of `decode.py` ins
 step still runs T = 1 when a caller asks for it: benchmarks, tests).
 
 Two launch forms; `dispatch.py` picks one, the launcher here runs what it is given:
-- "fused" (one row, two HP only: `dispatch.FUSED_ROUTE_MAX_ROWS{,_HP_ONLY}`): one program per (value-dim tile,
-  value-head block, row), looping over value heads of one key head: the cursor plan, the
-  ring's keys, their norms and Gram products with the window's keys and queries once per
-  program; per value head it either advances HP over the committed entries (flush rows;
-  exact: the delta rule replayed serially from HP over the cached k, v, g, beta; fold:
-  weighted sum of cached corrected values) and writes HP + LP, or reads LP (HP when LP is
-  off); then window token i is read out from checkpoint + history + the window's own
-  corrected values (forward substitution), and only records are written (d in fp32). The
+- "fused" (one row, two HP only: `dispatch.FUSED_ROUTE_MAX_ROWS{,_HP_ONLY}`): one program
+  per (value-dim tile, value-head block, row), looping over value heads of one key head: the
+  cursor plan, the ring's keys, their norms and Gram products with the window's keys and
+  queries once per program; per value head it either advances HP over the committed entries
+  (flush rows; exact: the delta rule replayed serially from HP over the cached k, v, g,
+  beta; fold: weighted sum of cached corrected values) and writes HP + LP, or reads LP (HP
+  when LP is off); then window token i is read out from checkpoint + history + the window's
+  own corrected values (forward substitution), and only records are written (d in fp32). The
   row's last program stores the cursor words.
 - "split" (more rows): the window plan (one program per (key head, row): plan rows, the
   window's normalised keys and queries, every readout coefficient, the row-shared records,
