@@ -42,7 +42,8 @@ STOCK_ROUTE_MAX_ROWS_HP_ONLY = 12
 # kernel 15.8, 68.8, 129.9). At bs 2 / 4 (`…-cf5baf2-gdn-window4-bs1-4-fused-split.json`):
 # HP only 18.2 / 21.4 and 34.1 / 28.5, bf16 LP 21.1 / 20.9 and 39.5 / 26.3 (vLLM 22.1, 39.5).
 # So HP only (twice the checkpoint bytes per row, as for the stock route) runs fused one row
-# further; bs 3 is not measured.
+# further. At bs 3 split wins both (`…-8180839-gdn-window4-bs2-3-fused-split.json`: HP only
+# 32.0 / 24.2, bf16 LP 37.4 / 24.2; bs 2 repeated: 18.0 / 20.1, 21.0 / 20.7).
 FUSED_ROUTE_MAX_ROWS = 1
 FUSED_ROUTE_MAX_ROWS_HP_ONLY = 2
 KERNEL_ROUTES = ("replay", "stock", "fused", "split")
