@@ -70,6 +70,11 @@ RUNNER_PHASES = (
     "_calc_spec_decode_metadata",
     "_model_forward",
 )
+# Runner phases also timed on the GPU (on GPUs: the span between CUDA events recorded before
+# and after the call on the current stream, so any wait for the host's launches inside the
+# call counts): under asynchronous scheduling a step's period exceeds its forward by what
+# else the GPU runs (sampling, rejection, vLLM's GPU ngram drafter) and by the time it idles.
+GPU_TIMED_PHASES = ("_sample", "propose_draft_token_ids")
 # Host-timed functions of vllm.v1.worker.mamba_utils (module attributes the runner calls
 # through the module): "align" mode's per-step state copies.
 MAMBA_UTILS_PHASES = ("preprocess_mamba",)
@@ -85,8 +90,10 @@ class StepRecorder:
         self.compiles: list[dict] = []
         self._cg: tuple | None = None
         self._host: dict[str, float] = {}
-        self._events: list = []
-        self._pending: list[tuple[int, list]] = []  # (step index, CUDA events) to resolve
+        self._events: list = []  # the model forward's CUDA event pairs this step
+        self._phase_events: list = []  # (phase, start, end) of GPU_TIMED_PHASES this step
+        # (step index, forward event pairs, phase events) to resolve after the generate
+        self._pending: list[tuple[int, list, list]] = []
         self._gc_t0: float | None = None
         self._gc_s = 0.0  # collections since the last recorded step: seconds, generations
         self._gc_gens: list[int] = []
@@ -138,6 +145,10 @@ class StepRecorder:
         for name in RUNNER_PHASES:
             if hasattr(GPUModelRunner, name) and name != "_model_forward":
                 timed(GPUModelRunner, name, name)
+                if name in GPU_TIMED_PHASES and torch.cuda.is_available():
+                    setattr(
+                        GPUModelRunner, name, rec.gpu_timed(getattr(GPUModelRunner, name), name)
+                    )
         from vllm.v1.worker import mamba_utils
 
         for name in MAMBA_UTILS_PHASES:
@@ -192,7 +203,7 @@ class StepRecorder:
                 # The scheduler's per-request work after a step (vLLM's prefix-caching
                 # bookkeeping included): host time of the engine core, outside the runner.
                 self.scheduler.update_from_output = rec.host_timed(update, "update_from_output")
-                rec._cg, rec._host, rec._events = None, {}, []
+                rec._cg, rec._host, rec._events, rec._phase_events = None, {}, [], []
                 t0 = time.perf_counter()
                 try:
                     return step(self)
@@ -223,6 +234,22 @@ class StepRecorder:
 
         return hook
 
+    def gpu_timed(self, fn: Any, key: str) -> Any:
+        """`fn` between two CUDA events on the current stream, the pair kept for the current
+        step's phase_gpu_ms[key] (resolved after the generate, `resolve_gpu_times`)."""
+        import torch
+
+        def hook(*args, **kwargs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                end.record()
+                self._phase_events.append((key, start, end))
+
+        return hook
+
     def record(self, so: Any, wall_s: float, start_s: float | None = None) -> None:
         """One step: `so` is the scheduler output, `wall_s` the step call's wall time and
         `start_s` its start (perf_counter), from which the period since the previous step of
@@ -239,8 +266,9 @@ class StepRecorder:
             and prev["start_s"] is not None
         ):
             period = (start_s - prev["start_s"]) * 1e3
-        if self._events:  # resolved after the generate (the GPU may still be running them)
-            self._pending.append((len(self.steps), self._events))
+        if self._events or self._phase_events:  # resolved after the generate (the GPU may
+            # still be running them)
+            self._pending.append((len(self.steps), self._events, self._phase_events))
         if self._gc_gens:
             self._host["gc"] = self._gc_s
         gc_gens, self._gc_s, self._gc_gens = self._gc_gens, 0.0, []
@@ -255,6 +283,7 @@ class StepRecorder:
                 "drafts": {str(k): drafts.count(k) for k in sorted(set(drafts))},
                 "cudagraph": self._cg[0] if self._cg else None,
                 "forward_gpu_ms": None,
+                "phase_gpu_ms": {},  # GPU_TIMED_PHASES, filled in with forward_gpu_ms
                 "host_ms": {k: v * 1e3 for k, v in self._host.items()},
                 "gc_generations": gc_gens,  # the collections charged to host_ms["gc"]
             }
@@ -267,8 +296,12 @@ class StepRecorder:
         import torch
 
         torch.cuda.synchronize()
-        for i, events in self._pending:
-            self.steps[i]["forward_gpu_ms"] = sum(a.elapsed_time(b) for a, b in events)
+        for i, events, phase_events in self._pending:
+            if events:
+                self.steps[i]["forward_gpu_ms"] = sum(a.elapsed_time(b) for a, b in events)
+            gpu = self.steps[i]["phase_gpu_ms"]
+            for key, a, b in phase_events:
+                gpu[key] = gpu.get(key, 0.0) + a.elapsed_time(b)
         self._pending = []
 
     def summary(self) -> dict:
@@ -289,6 +322,10 @@ class StepRecorder:
                     ),
                     "host_ms_median": {
                         k: statistics.median(s["host_ms"].get(k, 0.0) for s in group) for k in keys
+                    },
+                    "phase_gpu_ms_median": {
+                        k: statistics.median(s.get("phase_gpu_ms", {}).get(k, 0.0) for s in group)
+                        for k in sorted({k for s in group for k in s.get("phase_gpu_ms", {})})
                     },
                     # sums show what the medians hide: rare long pauses (a full collection)
                     "host_ms_sum": {k: sum(s["host_ms"].get(k, 0.0) for s in group) for k in keys},
@@ -480,6 +517,7 @@ def table(modes: list[dict]) -> str:
                 continue
             for cg, g in s["by_cudagraph_mode"].items():
                 host = g["host_ms_median"]
+                gpu = g.get("phase_gpu_ms_median", {})
                 rows.append(
                     [
                         m["mode"],
@@ -489,6 +527,8 @@ def table(modes: list[dict]) -> str:
                         f"{g['wall_ms_median']:.1f}",
                         "-" if g["period_ms_median"] is None else f"{g['period_ms_median']:.1f}",
                         f"{g['forward_gpu_ms_median']:.1f}",
+                        f"{gpu.get('_sample', 0.0):.1f}",
+                        f"{gpu.get('propose_draft_token_ids', 0.0):.1f}",
                         f"{host.get('ssm_layers', 0.0):.1f}",
                         f"{host.get('_prepare_inputs', 0.0):.1f}",
                         f"{host.get('_bookkeeping_sync', 0.0):.1f}",
@@ -508,6 +548,8 @@ def table(modes: list[dict]) -> str:
         "step ms (median)",
         "period ms",
         "forward GPU ms",
+        "sample GPU ms",
+        "drafter GPU ms",
         "SSM layers host ms",
         "prepare_inputs ms",
         "bookkeeping ms",

@@ -80,17 +80,34 @@ def test_gpu_times_are_filled_in_after_the_generate(monkeypatch):
     rec = StepRecorder()
     rec.phase = "full0"
     rec._events = [(Event(0.0), Event(3.0)), (Event(5.0), Event(6.5))]
+    rec._phase_events = [("_sample", Event(7.0), Event(7.5)), ("_sample", Event(8.0), Event(8.25))]
     rec.record(_scheduled([1], [0]), 0.01, start_s=1.0)
     rec._events = []
+    rec._phase_events = [("propose_draft_token_ids", Event(9.0), Event(11.0))]
     rec.record(_scheduled([1], [0]), 0.01, start_s=1.01)
-    assert [s["forward_gpu_ms"] for s in rec.steps] == [None, None]
+    rec._phase_events = []
+    rec.record(_scheduled([1], [0]), 0.01, start_s=1.02)
+    assert [s["forward_gpu_ms"] for s in rec.steps] == [None, None, None]
+    assert all(s["phase_gpu_ms"] == {} for s in rec.steps)
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # nothing runs here
     rec.resolve_gpu_times()
-    assert [s["forward_gpu_ms"] for s in rec.steps] == [pytest.approx(4.5), None]
+    assert [s["forward_gpu_ms"] for s in rec.steps] == [pytest.approx(4.5), None, None]
+    # phase spans add up per phase within a step
+    assert [s["phase_gpu_ms"] for s in rec.steps] == [
+        {"_sample": pytest.approx(0.75)},
+        {"propose_draft_token_ids": pytest.approx(2.0)},
+        {},
+    ]
     rec.resolve_gpu_times()  # nothing pending: a no-op
     assert rec.steps[0]["forward_gpu_ms"] == pytest.approx(4.5)
+    graphs = rec.summary()["full0"]["by_cudagraph_mode"]["None"]
+    # a step without a phase counts as 0 in that phase's median
+    assert graphs["phase_gpu_ms_median"] == {
+        "_sample": pytest.approx(0.0),
+        "propose_draft_token_ids": pytest.approx(0.0),
+    }
 
 
 def test_arguments_are_checked():
@@ -275,3 +292,20 @@ def test_each_child_runs_on_its_devices(tmp_path, monkeypatch, interleave):
     child = seen["on_spec"][0]
     assert child.modes == ["on_spec"] and child.device_sets == ["1,2"]
     assert child.gpu_memory_utilization == 0.8
+
+
+def test_the_table_shows_the_gpu_phases_of_full_generates():
+    from benchmarks.e2e.steps_decode import table
+
+    rec = StepRecorder()
+    rec.phase = "full0"
+    rec._cg, rec._host = ("FULL", 8), {"_prepare_inputs": 0.002}
+    rec.record(_scheduled([4, 4], [3, 3]), 0.03, start_s=1.0)
+    rec.steps[0]["forward_gpu_ms"] = 25.0
+    rec.steps[0]["phase_gpu_ms"] = {"_sample": 1.25, "propose_draft_token_ids": 3.5}
+    text = table([{"mode": "on_spec", "summary": rec.summary()}])
+    head, row = text.splitlines()[0], text.splitlines()[-1]
+    assert "sample GPU ms" in head and "drafter GPU ms" in head
+    cells = row.split()
+    assert cells[:4] == ["on_spec", "full0", "FULL", "1"]
+    assert cells[6:9] == ["25.0", "1.2", "3.5"]  # forward, sampling, drafter
