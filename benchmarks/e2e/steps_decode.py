@@ -15,7 +15,8 @@ Per engine step it records:
   of `step_with_batch_queue` under asynchronous scheduling, and the period since the previous
   step's start (the step time that sets the throughput when steps overlap);
 - the CUDA-graph runtime mode vLLM's dispatcher chose (FULL, PIECEWISE or NONE);
-- GPU time of the model forward (CUDA events around `GPUModelRunner._model_forward`);
+- GPU time of the model forward (CUDA events around `GPUModelRunner._model_forward`), and
+  the GPU span of sampling and drafting (`GPU_TIMED_PHASES`);
 - host time of the model runner's phases (`_prepare_inputs`, `_build_attention_metadata`,
   `_sample`, `_bookkeeping_sync`, `propose_draft_token_ids`, ...), and on GPUs of the SSM
   layers' forward (eager steps only: a graph replay runs no Python);
