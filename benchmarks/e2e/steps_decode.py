@@ -160,15 +160,9 @@ class StepRecorder:
         # the forward untimed (is_compiling is constant while tracing).
         if torch.cuda.is_available():
             for cls in (MambaMixer2, QwenGatedDeltaNetAttention):
-                layer_forward = cls.forward
-                timed_forward = rec.host_timed(layer_forward, "ssm_layers")
-
-                def forward_timed(*args, _fn=layer_forward, _timed=timed_forward, **kwargs):
-                    if torch.compiler.is_compiling():
-                        return _fn(*args, **kwargs)
-                    return _timed(*args, **kwargs)
-
-                cls.forward = forward_timed
+                cls.forward = untimed_while_compiling(
+                    cls.forward, rec.host_timed(cls.forward, "ssm_layers")
+                )
 
         model_forward = GPUModelRunner._model_forward
 
@@ -339,6 +333,20 @@ class StepRecorder:
                 "by_cudagraph_mode": by_mode,
             }
         return out
+
+
+def untimed_while_compiling(fn: Any, timed: Any) -> Any:
+    """`timed` (`fn` with a host timer) when called eagerly, `fn` itself while Dynamo traces
+    the caller: a host timer cannot be traced (torch.compiler.is_compiling is a constant
+    there, so the traced graph holds `fn` alone)."""
+    import torch
+
+    def hook(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        return timed(*args, **kwargs)
+
+    return hook
 
 
 def _median(values: Any) -> float | None:
