@@ -91,10 +91,10 @@ class StepRecorder:
         self.compiles: list[dict] = []
         self._cg: tuple | None = None
         self._host: dict[str, float] = {}
-        self._events: list = []  # the model forward's CUDA event pairs this step
-        self._phase_events: list = []  # (phase, start, end) of GPU_TIMED_PHASES this step
-        # (step index, forward event pairs, phase events) to resolve after the generate
-        self._pending: list[tuple[int, list, list]] = []
+        # (phase, start, end) CUDA events of the forward and GPU_TIMED_PHASES this step
+        self._phase_events: list = []
+        # (step index, its phase events) to resolve after the generate
+        self._pending: list[tuple[int, list]] = []
         self._gc_t0: float | None = None
         self._gc_s = 0.0  # collections since the last recorded step: seconds, generations
         self._gc_gens: list[int] = []
@@ -164,24 +164,10 @@ class StepRecorder:
                     cls.forward, rec.host_timed(cls.forward, "ssm_layers")
                 )
 
-        model_forward = GPUModelRunner._model_forward
-
-        def forward_hook(self, *args, **kwargs):
-            if not torch.cuda.is_available():
-                return model_forward(self, *args, **kwargs)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            t0 = time.perf_counter()
-            try:
-                return model_forward(self, *args, **kwargs)
-            finally:
-                rec._host["_model_forward"] = (
-                    rec._host.get("_model_forward", 0.0) + time.perf_counter() - t0
-                )
-                end.record()
-                rec._events.append((start, end))
-
-        GPUModelRunner._model_forward = forward_hook
+        # The forward: host time and its GPU span (forward_gpu_ms), on GPUs only.
+        if torch.cuda.is_available():
+            host_forward = rec.host_timed(GPUModelRunner._model_forward, "_model_forward")
+            GPUModelRunner._model_forward = rec.gpu_timed(host_forward, "_model_forward")
 
         def step_hooked(step):
             def step_hook(self):
@@ -198,7 +184,7 @@ class StepRecorder:
                 # The scheduler's per-request work after a step (vLLM's prefix-caching
                 # bookkeeping included): host time of the engine core, outside the runner.
                 self.scheduler.update_from_output = rec.host_timed(update, "update_from_output")
-                rec._cg, rec._host, rec._events, rec._phase_events = None, {}, [], []
+                rec._cg, rec._host, rec._phase_events = None, {}, []
                 t0 = time.perf_counter()
                 try:
                     return step(self)
@@ -231,7 +217,8 @@ class StepRecorder:
 
     def gpu_timed(self, fn: Any, key: str) -> Any:
         """`fn` between two CUDA events on the current stream, the pair kept for the current
-        step's phase_gpu_ms[key] (resolved after the generate, `resolve_gpu_times`)."""
+        step's phase_gpu_ms[key] (forward_gpu_ms for the model forward; resolved after the
+        generate, `resolve_gpu_times`)."""
         import torch
 
         def hook(*args, **kwargs):
@@ -261,9 +248,8 @@ class StepRecorder:
             and prev["start_s"] is not None
         ):
             period = (start_s - prev["start_s"]) * 1e3
-        if self._events or self._phase_events:  # resolved after the generate (the GPU may
-            # still be running them)
-            self._pending.append((len(self.steps), self._events, self._phase_events))
+        if self._phase_events:  # resolved after the generate (the GPU may still run them)
+            self._pending.append((len(self.steps), self._phase_events))
         if self._gc_gens:
             self._host["gc"] = self._gc_s
         gc_gens, self._gc_s, self._gc_gens = self._gc_gens, 0.0, []
@@ -291,12 +277,13 @@ class StepRecorder:
         import torch
 
         torch.cuda.synchronize()
-        for i, events, phase_events in self._pending:
-            if events:
-                self.steps[i]["forward_gpu_ms"] = sum(a.elapsed_time(b) for a, b in events)
-            gpu = self.steps[i]["phase_gpu_ms"]
+        for i, phase_events in self._pending:
+            step, gpu = self.steps[i], self.steps[i]["phase_gpu_ms"]
             for key, a, b in phase_events:
-                gpu[key] = gpu.get(key, 0.0) + a.elapsed_time(b)
+                if key == "_model_forward":
+                    step["forward_gpu_ms"] = (step["forward_gpu_ms"] or 0.0) + a.elapsed_time(b)
+                else:
+                    gpu[key] = gpu.get(key, 0.0) + a.elapsed_time(b)
         self._pending = []
 
     def summary(self) -> dict:

@@ -79,10 +79,13 @@ def test_gpu_times_are_filled_in_after_the_generate(monkeypatch):
 
     rec = StepRecorder()
     rec.phase = "full0"
-    rec._events = [(Event(0.0), Event(3.0)), (Event(5.0), Event(6.5))]
-    rec._phase_events = [("_sample", Event(7.0), Event(7.5)), ("_sample", Event(8.0), Event(8.25))]
+    rec._phase_events = [
+        ("_model_forward", Event(0.0), Event(3.0)),
+        ("_model_forward", Event(5.0), Event(6.5)),
+        ("_sample", Event(7.0), Event(7.5)),
+        ("_sample", Event(8.0), Event(8.25)),
+    ]
     rec.record(_scheduled([1], [0]), 0.01, start_s=1.0)
-    rec._events = []
     rec._phase_events = [("propose_draft_token_ids", Event(9.0), Event(11.0))]
     rec.record(_scheduled([1], [0]), 0.01, start_s=1.01)
     rec._phase_events = []
