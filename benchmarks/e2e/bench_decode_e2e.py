@@ -658,7 +658,8 @@ def resolved_settings(llm: Any) -> dict:
                 "enable_prefix_caching",
             ),
         ),
-        ("compilation_config", ("mode", "cudagraph_mode")),
+        # the captured sizes as vLLM rounded them (to multiples of 1 + k under spec decoding)
+        ("compilation_config", ("mode", "cudagraph_mode", "cudagraph_capture_sizes")),
     ):
         sub = getattr(cfg, section, None)
         for key in keys:

@@ -197,3 +197,17 @@ def test_mark_worker_exit(saved, rc, error, note):
     bench.mark_worker_exit(saved, rc, [1, 256])
     assert saved["error"] == error
     assert ("worker_note" in saved) == note
+
+
+def test_resolved_settings_record_the_captured_sizes_as_vllm_rounded_them():
+    from vllm.config import CompilationConfig
+
+    comp = CompilationConfig(cudagraph_capture_sizes=[6, 8, 1024], max_cudagraph_capture_size=1024)
+    comp.adjust_cudagraph_sizes_for_spec_decode(4, 1)  # what vLLM does for k = 3 drafts
+    llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(compilation_config=comp))
+    )
+    got = bench.resolved_settings(llm)
+    assert got["compilation.cudagraph_capture_sizes"] == str(comp.cudagraph_capture_sizes)
+    assert all(size % 4 == 0 for size in comp.cudagraph_capture_sizes)
+    assert 1024 in comp.cudagraph_capture_sizes
