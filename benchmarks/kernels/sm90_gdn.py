@@ -220,22 +220,29 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     # flush_block_v / flush_warps; bf16x3 is the GPU default with bf16 k records).
     # The exact flush recomputes d from HP with an LP copy, and sums the cached d without one
     # (`flush.gdn_flush`'s recompute).
-    for rows, warps, precision, lp in (
-        (64, 4, "bf16x3", torch.bfloat16),
-        (64, 4, "tf32x3", torch.bfloat16),
-        (64, 8, "bf16x3", torch.bfloat16),
-        (32, 4, "bf16x3", torch.bfloat16),
-        (32, 4, "tf32x3", torch.bfloat16),
-        (32, 2, "bf16x3", torch.bfloat16),
-        (16, 1, "bf16x3", torch.bfloat16),
-        (64, 4, "bf16x3", None),
-        (32, 2, "bf16x3", None),
-        (16, 1, "bf16x3", None),
+    # chunk: the flush's block_k (0: the whole tile in registers; 32 / 64: key chunks).
+    for rows, warps, precision, lp, chunk in (
+        (64, 4, "bf16x3", torch.bfloat16, 0),
+        (64, 4, "tf32x3", torch.bfloat16, 0),
+        (64, 8, "bf16x3", torch.bfloat16, 0),
+        (32, 4, "bf16x3", torch.bfloat16, 0),
+        (32, 4, "tf32x3", torch.bfloat16, 0),
+        (32, 2, "bf16x3", torch.bfloat16, 0),
+        (16, 1, "bf16x3", torch.bfloat16, 0),
+        (16, 1, "bf16x3", torch.bfloat16, 32),
+        (16, 1, "bf16x3", torch.bfloat16, 64),
+        (64, 4, "bf16x3", None, 0),
+        (32, 2, "bf16x3", None, 0),
+        (16, 1, "bf16x3", None, 0),
+        (16, 2, "bf16x3", None, 0),  # the HP-only default
+        (16, 2, "bf16x3", None, 32),
+        (16, 1, "bf16x3", None, 32),
     ):
         kind = "recompute" if lp is not None else "sum d, HP only"
+        chunks = f", key chunks of {chunk}" if chunk else ""
         out.append(
             (
-                f"flush {rows} x {K} {precision} {kind}",
+                f"flush {rows} x {K} {precision} {kind}{chunks}",
                 flush._gdn_flush_kernel,
                 kernel_args(flush._gdn_flush_kernel, lp),
                 dict(
@@ -247,6 +254,7 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     BLOCK_V=rows,
                     BLOCK_K=K,
                     BLOCK_L=BL,
+                    CHUNK_K=chunk,
                     HAS_LP=lp is not None,
                     LP_IS_FP16=False,
                     EXACT_FLUSH=True,
