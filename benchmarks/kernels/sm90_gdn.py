@@ -382,11 +382,14 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
             )
         )
     kern_list = gdn_window._gdn_window_flush_list_kernel
-    for refresh in (False, True):  # one warp's 16-row tile (more warps were slower)
+    # one warp's 16-row tile (more warps were slower); chunk: flush_block_k (0: whole tile)
+    for refresh, chunk in ((False, 0), (True, 0), (True, 32), (True, 64)):
         rows = gdn_window.FLUSH_BLOCK_V
+        chunks = f", key chunks of {chunk}" if chunk else ""
         out.append(
             (
-                f"window {T} flush list, WY bf16x3{', refresh stale LP' if refresh else ''}",
+                f"window {T} flush list, WY bf16x3{', refresh stale LP' if refresh else ''}"
+                f"{chunks}",
                 kern_list,
                 kernel_args(kern_list, torch.bfloat16, T),
                 dict(
@@ -403,6 +406,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     FOLD="bf16x3",
                     BLOCK_L=max(16, bh),
                     REFRESH_STALE=refresh,
+                    CHUNK_K=chunk,
                 ),
                 1,
             )

@@ -322,13 +322,15 @@ def wy_flush_chunked(
     CHUNK_K: tl.constexpr,
     BLOCK_L: tl.constexpr,
     PRECISION: tl.constexpr,
+    READOUT: tl.constexpr = True,
 ):
     """One flush item (a row's [BLOCK_V, head_k_dim] HP tile of one value head) walked in
     key chunks of CHUNK_K columns, so that no whole tile is held: a flush row (flush != 0)
     is folded as `wy_fold_tile` folds it, over ring entries [fo, fo + fn), and HP (and LP)
     written; a stale row is only read. Returns (sk, sq), [BLOCK_V] fp32: the resulting
     tile's products with k̂_t and q̂_t (p_kn, p_qn: [head_k_dim] fp32), for
-    `readout_from_dots`.
+    `readout_from_dots` (READOUT False: the window step's flush, which reads nothing out:
+    zeros, p_kn and p_qn unused).
 
     Recomputing the corrected values (RECOMPUTE_D) takes two passes over the HP tile: the
     first sums S0 kᵀ, the keys' squared norms and their Gram matrix chunk by chunk, the
@@ -420,10 +422,11 @@ def wy_flush_chunked(
                     m_vk,
                     LP_IS_FP16,
                 )
-            kn = tl.load(p_kn + o_k, mask=m_k, other=0.0)
-            qn = tl.load(p_qn + o_k, mask=m_k, other=0.0)
-            sk += tl.sum(S * kn[None, :], axis=1)
-            sq += tl.sum(S * qn[None, :], axis=1)
+            if READOUT:
+                kn = tl.load(p_kn + o_k, mask=m_k, other=0.0)
+                qn = tl.load(p_qn + o_k, mask=m_k, other=0.0)
+                sk += tl.sum(S * kn[None, :], axis=1)
+                sq += tl.sum(S * qn[None, :], axis=1)
     else:
         for c0 in tl.range(0, BLOCK_K, CHUNK_K, num_stages=1):
             o_k = c0 + o_c

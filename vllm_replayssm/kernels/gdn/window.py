@@ -47,7 +47,7 @@ from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_conti
 from vllm_replayssm.kernels.common.streams import num_sms
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
-from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
+from vllm_replayssm.kernels.gdn.flush import flush_chunk_k, fold_tile, recomputes_d
 from vllm_replayssm.kernels.gdn.plan import history_block
 from vllm_replayssm.kernels.gdn.tiles import (
     beta_gate,
@@ -57,6 +57,7 @@ from vllm_replayssm.kernels.gdn.tiles import (
     history_weights,
     l2norm_rows,
     log_decay,
+    wy_flush_chunked,
 )
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
@@ -467,6 +468,7 @@ def _gdn_window_flush_list_kernel(
     FOLD: tl.constexpr,
     BLOCK_L: tl.constexpr,
     REFRESH_STALE: tl.constexpr,
+    CHUNK_K: tl.constexpr = 0,
 ):
     """The planned window step's flush over the plan's list (`_gdn_window_plan_kernel`):
     a persistent grid, each program taking (listed row, value head, BLOCK_V
@@ -501,39 +503,83 @@ def _gdn_window_flush_list_kernel(
             + o_v[:, None] * stride_lp_v
             + o_k[None, :] * stride_lp_k
         )
-        if tl.load(p_plan + T_PLAN_FLUSH) != 0:
-            _flush_head(
-                p_hp,
-                p_lp,
-                ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-                ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-                ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
-                ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
-                ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
-                tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
-                tl.load(p_plan + T_PLAN_FOLD_COUNT),
-                num_ring_rows,
-                o_v,
-                o_k,
-                m_v,
-                m_k,
-                m_vk,
-                stride_rg_row,
-                stride_rbeta_row,
-                stride_rk_row,
-                stride_rk_k,
-                stride_rd_row,
-                stride_rd_v,
-                stride_rv_row,
-                stride_rv_v,
-                HAS_LP,
-                LP_IS_FP16,
-                FOLD_EXACT,
-                FOLD,
-                BLOCK_L,
-            )
-        elif REFRESH_STALE:  # listed without a flush: the row's LP is stale
-            store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
+        if CHUNK_K > 0:  # in key chunks (`tiles.wy_flush_chunked`)
+            if tl.load(p_plan + T_PLAN_FLUSH) != 0:
+                wy_flush_chunked(
+                    hp_ptr + slot * stride_hp_slot + h * stride_hp_head,
+                    lp_ptr + slot * stride_lp_slot + h * stride_lp_head,
+                    hp_ptr,  # (no readout: p_kn, p_qn unused)
+                    hp_ptr,
+                    ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+                    ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+                    ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
+                    ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
+                    ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
+                    1,
+                    tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
+                    tl.load(p_plan + T_PLAN_FOLD_COUNT),
+                    num_ring_rows,
+                    o_v,
+                    m_v,
+                    head_k_dim,
+                    stride_hp_v,
+                    stride_hp_k,
+                    stride_lp_v,
+                    stride_lp_k,
+                    stride_rg_row,
+                    stride_rbeta_row,
+                    stride_rk_row,
+                    stride_rk_k,
+                    stride_rd_row,
+                    stride_rd_v,
+                    stride_rv_row,
+                    stride_rv_v,
+                    HAS_LP,
+                    LP_IS_FP16,
+                    FOLD_EXACT,
+                    BLOCK_V,
+                    BLOCK_K,
+                    CHUNK_K,
+                    BLOCK_L,
+                    FOLD,
+                    False,
+                )
+            elif REFRESH_STALE:  # listed without a flush: the row's LP is stale
+                store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
+        else:
+            if tl.load(p_plan + T_PLAN_FLUSH) != 0:
+                _flush_head(
+                    p_hp,
+                    p_lp,
+                    ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+                    ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+                    ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
+                    ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
+                    ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
+                    tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
+                    tl.load(p_plan + T_PLAN_FOLD_COUNT),
+                    num_ring_rows,
+                    o_v,
+                    o_k,
+                    m_v,
+                    m_k,
+                    m_vk,
+                    stride_rg_row,
+                    stride_rbeta_row,
+                    stride_rk_row,
+                    stride_rk_k,
+                    stride_rd_row,
+                    stride_rd_v,
+                    stride_rv_row,
+                    stride_rv_v,
+                    HAS_LP,
+                    LP_IS_FP16,
+                    FOLD_EXACT,
+                    FOLD,
+                    BLOCK_L,
+                )
+            elif REFRESH_STALE:  # listed without a flush: the row's LP is stale
+                store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
 
 
 @triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
@@ -1188,6 +1234,7 @@ def gdn_window_decode(
     flush_stages: int = 3,
     flush_rows_read: str = "hp",
     flush_programs: int = 0,
+    flush_block_k: int = 0,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1227,7 +1274,9 @@ def gdn_window_decode(
     step the two differ by LP rounding and the LP-stale cursor mark. The split route's
     flush launch is a persistent grid over the rows the plan lists
     (`_gdn_window_flush_list_kernel`; flush_programs one-warp programs, 0:
-    FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA).
+    FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA); flush_block_k (split, WY folds): 0 holds a
+    flush item's whole HP tile, a power of two >= 16 walks it in key chunks
+    (`tiles.wy_flush_chunked`, as `flush.gdn_flush`'s block_k; not yet measured on a GPU).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1273,6 +1322,9 @@ def gdn_window_decode(
         raise ValueError(f"flush_rows_read must be 'hp' or 'lp', got {flush_rows_read!r}")
     if flush_rows_read == "lp" and not split:
         raise ValueError("flush_rows_read 'lp' is the split route's")
+    chunk_k = flush_chunk_k(flush_block_k, K, flush_precision)
+    if chunk_k and not split:
+        raise ValueError("flush_block_k is the split route's")
     tiles = triton.cdiv(V, block_v)
     if (readout_tiles != 1 or readout_stages > 1) and not split:
         raise ValueError("readout_tiles and readout_stages are the split route's")
@@ -1294,6 +1346,7 @@ def gdn_window_decode(
         num_stages=num_stages,
         flush_precision=flush_precision,
         flush_stages=flush_stages,
+        flush_chunk_k=chunk_k,
     )
     grid = (triton.cdiv(V, block_v), Hv // heads_per_program, R)
     lp = cache.lp if cache.lp is not None else cache.hp
@@ -1474,6 +1527,7 @@ def _launch_flush_list(
         FOLD=cfg["flush_precision"],
         BLOCK_L=history_block(buffer_len),
         REFRESH_STALE=lp_only,
+        CHUNK_K=cfg["flush_chunk_k"],
         num_warps=1,
         num_stages=cfg["flush_stages"],
     )
