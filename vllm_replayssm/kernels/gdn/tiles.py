@@ -344,14 +344,7 @@ def wy_flush_chunked(
     sk = tl.zeros([BLOCK_V], dtype=tl.float32)
     sq = tl.zeros([BLOCK_V], dtype=tl.float32)
     if flush != 0:
-        o_l = tl.arange(0, BLOCK_L)
-        m_l = o_l < fn
-        rows = fo + o_l
-        rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-        g = tl.load(p_rg + rows * stride_rg_row, mask=m_l, other=0.0)
-        rows_next = tl.where(rows + 1 >= num_ring_rows, rows + 1 - num_ring_rows, rows + 1)
-        g_next = tl.load(p_rg + rows_next * stride_rg_row, mask=o_l + 1 < fn, other=0.0)
-        lam = tl.cumsum(g_next, axis=0, reverse=True)  # as in _wy_records
+        rows, m_l, g, lam = _wy_record_gates(p_rg, fo, fn, num_ring_rows, stride_rg_row, BLOCK_L)
         decay = tl.exp(tl.sum(g, axis=0))
         # pass 1: the keys' squared norms and, recomputing d, S0 kᵀ and the Gram matrix
         ksq = tl.zeros([BLOCK_L], dtype=tl.float32)
@@ -462,16 +455,7 @@ def _wy_records(
     rnorm); k raw [BLOCK_L, BLOCK_K], k_op the products' operand (bf16x3: k itself, else
     the normalised fp32 keys), rnorm the keys' 1 / ‖k‖ (wy_fold_tile's record loads, apart
     from its products)."""
-    o_l = tl.arange(0, BLOCK_L)
-    m_l = o_l < fn
-    rows = fo + o_l
-    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    g = tl.load(p_rg + rows * stride_rg_row, mask=m_l, other=0.0)
-    # Λ_j = Σ_{l>j} g_l summed from the end (no difference of long prefix sums): the decay
-    # of record j to the fold's end, accurate to u |Λ_j| where its weight e^{Λ_j} is large.
-    rows_next = tl.where(rows + 1 >= num_ring_rows, rows + 1 - num_ring_rows, rows + 1)
-    g_next = tl.load(p_rg + rows_next * stride_rg_row, mask=o_l + 1 < fn, other=0.0)
-    lam = tl.cumsum(g_next, axis=0, reverse=True)  # [BLOCK_L]
+    rows, m_l, g, lam = _wy_record_gates(p_rg, fo, fn, num_ring_rows, stride_rg_row, BLOCK_L)
     k = tl.load(
         p_rk + rows[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
         mask=m_l[:, None] & m_k[None, :],
@@ -485,6 +469,23 @@ def _wy_records(
     else:
         k_op = k32 * rnorm[:, None]
     return rows, m_l, g, lam, k, k_op, rnorm
+
+
+@triton.jit
+def _wy_record_gates(p_rg, fo, fn, num_ring_rows, stride_rg_row, BLOCK_L: tl.constexpr):
+    """A WY fold's ring rows over entries [fo, fo + fn) and their gates: (rows, m_l, g, Λ),
+    [BLOCK_L] each."""
+    o_l = tl.arange(0, BLOCK_L)
+    m_l = o_l < fn
+    rows = fo + o_l
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+    g = tl.load(p_rg + rows * stride_rg_row, mask=m_l, other=0.0)
+    # Λ_j = Σ_{l>j} g_l summed from the end (no difference of long prefix sums): the decay
+    # of record j to the fold's end, accurate to u |Λ_j| where its weight e^{Λ_j} is large.
+    rows_next = tl.where(rows + 1 >= num_ring_rows, rows + 1 - num_ring_rows, rows + 1)
+    g_next = tl.load(p_rg + rows_next * stride_rg_row, mask=o_l + 1 < fn, other=0.0)
+    lam = tl.cumsum(g_next, axis=0, reverse=True)
+    return rows, m_l, g, lam
 
 
 @triton.jit
