@@ -242,7 +242,7 @@ def _gdn_flush_kernel(
         beta = tl.load(p_coef + 2 * BLOCK_L + T_COEF_BETA)
         kq = tl.load(p_coef + 2 * BLOCK_L + T_COEF_KQ)
         p_kq = kq_ptr + r64 * stride_kq_row + hk * stride_kq_head
-        if CHUNK_K == 0:  # (chunked, each chunk loads its part)
+        if CHUNK_K == 0:  # (in key chunks each chunk loads its part)
             kn = tl.load(p_kq + o_k, mask=m_k, other=0.0)
             qn = tl.load(p_kq + stride_kq_which + o_k, mask=m_k, other=0.0)
         o_v = (item % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)

@@ -473,9 +473,10 @@ def _gdn_window_flush_list_kernel(
     """The planned window step's flush over the plan's list (`_gdn_window_plan_kernel`):
     a persistent grid, each program taking (listed row, value head, BLOCK_V
     value tile) items in turn. A flush row's tile is folded over its plan row's fold region
-    (`_flush_head`: HP and LP written); with REFRESH_STALE a listed row that does not flush
-    has a stale LP, which gets its HP tile. Unlisted rows cost nothing (a grid over every
-    (tile, head, row) would spend a program on each)."""
+    (`_flush_head`: HP and LP written; CHUNK_K > 0: in key chunks of that many columns,
+    `tiles.wy_flush_chunked`); with REFRESH_STALE a listed row that does not flush has a
+    stale LP, which gets its HP tile. Unlisted rows cost nothing (a grid over every (tile,
+    head, row) would spend a program on each)."""
     pid = tl.program_id(0)
     items_per_row: tl.constexpr = num_v_heads * tiles_per_head
     total = tl.load(flush_count_ptr) * items_per_row
