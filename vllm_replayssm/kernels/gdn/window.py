@@ -504,8 +504,8 @@ def _gdn_window_flush_list_kernel(
             + o_v[:, None] * stride_lp_v
             + o_k[None, :] * stride_lp_k
         )
-        if CHUNK_K > 0:  # in key chunks (`tiles.wy_flush_chunked`)
-            if tl.load(p_plan + T_PLAN_FLUSH) != 0:
+        if tl.load(p_plan + T_PLAN_FLUSH) != 0:
+            if CHUNK_K > 0:  # in key chunks (`tiles.wy_flush_chunked`)
                 wy_flush_chunked(
                     hp_ptr + slot * stride_hp_slot + h * stride_hp_head,
                     lp_ptr + slot * stride_lp_slot + h * stride_lp_head,
@@ -545,10 +545,7 @@ def _gdn_window_flush_list_kernel(
                     FOLD,
                     False,
                 )
-            elif REFRESH_STALE:  # listed without a flush: the row's LP is stale
-                store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
-        else:
-            if tl.load(p_plan + T_PLAN_FLUSH) != 0:
+            else:
                 _flush_head(
                     p_hp,
                     p_lp,
@@ -579,8 +576,8 @@ def _gdn_window_flush_list_kernel(
                     FOLD,
                     BLOCK_L,
                 )
-            elif REFRESH_STALE:  # listed without a flush: the row's LP is stale
-                store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
+        elif REFRESH_STALE:  # listed without a flush: the row's LP is stale
+            store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
 
 
 @triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
