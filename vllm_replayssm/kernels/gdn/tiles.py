@@ -4,17 +4,12 @@
 advance of one value head's checkpoint tile over committed ring entries, record by record
 (`advance_tile`) or in chunked WY form with tensor-core products (`wy_fold_tile`)."""
 
-import os
-
 import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import softplus
-
-# Triton's interpreter takes bf16 dot operands as raw bits, so under it the bf16 products
-# run on their exact fp32 values (the same sums: a bf16 x bf16 product is exact in fp32).
-_BF16_DOT_AS_FP32 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+from vllm_replayssm.kernels.common.triton_dots import bf16_parts, dot16
 
 
 @triton.jit
@@ -164,49 +159,11 @@ def _dot3(a, b, acc, PRECISION: tl.constexpr):
     WY fold spills none at 64 x 128)."""
     if PRECISION == "bf16x3":
         a_hi, a_mid, a_lo = bf16_parts(a)
-        acc = _bf16_dot(a_lo, b, acc)
-        acc = _bf16_dot(a_mid, b, acc)
-        acc = _bf16_dot(a_hi, b, acc)
+        acc = dot16(a_lo, b, acc)
+        acc = dot16(a_mid, b, acc)
+        acc = dot16(a_hi, b, acc)
     else:
         acc = tl.dot(a, b.to(tl.float32), acc=acc, input_precision=PRECISION)
-    return acc
-
-
-@triton.jit
-def _bf16_dot(a, b, acc):
-    """acc + a @ b of bf16 a and b (fp32 accumulation)."""
-    if _BF16_DOT_AS_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc=acc, input_precision="ieee")
-    return tl.dot(a, b, acc=acc)
-
-
-@triton.jit
-def bf16_parts(x):
-    """x (fp32) as hi + mid + lo, three bf16 parts that carry its 24 bits."""
-    hi = x.to(tl.bfloat16)
-    mid = (x - hi.to(tl.float32)).to(tl.bfloat16)
-    lo = (x - hi.to(tl.float32) - mid.to(tl.float32)).to(tl.bfloat16)
-    return hi, mid, lo
-
-
-@triton.jit
-def dot_bf16_parts(a, b_hi, b_mid, b_lo, acc):
-    """acc + a @ b at fp32 accuracy for a bf16 `a` (exact: an LP tile) and an fp32 `b` given
-    as its bf16 parts (`bf16_parts`, split once for many tiles), in three bf16 products
-    (smallest part first): a third of tf32x3's tensor-core time (half-rate tf32 products,
-    and no split of the large operand)."""
-    acc = _bf16_dot(a, b_lo, acc)
-    acc = _bf16_dot(a, b_mid, acc)
-    acc = _bf16_dot(a, b_hi, acc)
-    return acc
-
-
-@triton.jit
-def dot_bf16_parts2(a, b_hi, b_mid, acc):
-    """`dot_bf16_parts` with the two larger parts of b: b to 16 significant bits (relative
-    error below 2^-16), for a bf16 `a` whose own rounding (2^-9) dominates: an LP tile."""
-    acc = _bf16_dot(a, b_mid, acc)
-    acc = _bf16_dot(a, b_hi, acc)
     return acc
 
 
@@ -368,7 +325,7 @@ def wy_flush_chunked(
                 )
                 if PRECISION == "bf16x3":
                     P = _dot3(S, tl.trans(k), P, PRECISION)
-                    gram = _bf16_dot(k, tl.trans(k), gram)
+                    gram = dot16(k, tl.trans(k), gram)
                 else:
                     P = _dot3(S, tl.trans(k32), P, PRECISION)
                     gram = tl.dot(k32, tl.trans(k32), acc=gram, input_precision=PRECISION)
@@ -494,7 +451,7 @@ def _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L: tl.constexpr, PRECISION: tl.co
     Γ_i} (k̂_i · k̂_j) for i < j (Γ_j − Γ_i = Λ_i − Λ_j), from the raw k records (bf16x3:
     exact products, then the norms) or the normalised k_op."""
     if PRECISION == "bf16x3":  # exact products
-        gram = _bf16_dot(k, tl.trans(k), tl.zeros([BLOCK_L, BLOCK_L], dtype=tl.float32))
+        gram = dot16(k, tl.trans(k), tl.zeros([BLOCK_L, BLOCK_L], dtype=tl.float32))
         gram = gram * rnorm[:, None] * rnorm[None, :]
     else:
         gram = tl.dot(k_op, tl.trans(k_op), input_precision=PRECISION)

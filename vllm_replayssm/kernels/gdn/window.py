@@ -47,13 +47,11 @@ from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_conti
 from vllm_replayssm.kernels.common.streams import num_sms
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
+from vllm_replayssm.kernels.common.triton_dots import bf16_parts, dot_bf16_parts, dot_bf16_parts2
 from vllm_replayssm.kernels.gdn.flush import flush_chunk_k, fold_tile, recomputes_d
 from vllm_replayssm.kernels.gdn.plan import history_block
 from vllm_replayssm.kernels.gdn.tiles import (
     beta_gate,
-    bf16_parts,
-    dot_bf16_parts,
-    dot_bf16_parts2,
     history_weights,
     l2norm_rows,
     log_decay,
@@ -1254,7 +1252,7 @@ def gdn_window_decode(
     rows fold their records into HP, "serial" (record by record) or the WY form's products
     ("bf16x3", bf16 k records; "tf32x3"; `flush.fold_tile`; tiles and key dims of >= 16).
     readout_precision (split): the planned readout's product of a bf16 LP tile with the
-    keys, "tf32x3" or "bf16x3" (`tiles.dot_bf16_parts`; HP and fp16 tiles take tf32x3), or
+    keys, "tf32x3" or "bf16x3" (`triton_dots.dot_bf16_parts`; HP and fp16 tiles take tf32x3), or
     "bf16x2" (the keys' two larger parts, 16 bits: an LP tile's own rounding, 2^-9,
     dominates by far). readout_tiles (split): value tiles per readout program (a divisor of
     a key head's v_per_k * cdiv(V, block_v) tiles that divides or is a multiple of a value
