@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -286,14 +287,25 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
         **coef,
         "num_ring_rows": ring,
     }
-    for ck, rows in (("*fp32", 8), ("*bf16", 16)):
+    # The readout's sums: elementwise products and warp reductions (the default), or
+    # tensor-core products (`readout_products="dot"`: bf16 LP against bf16 C one bf16
+    # product, an fp32 tile its three bf16 parts in 32-column chunks).
+    readouts = (
+        ("*fp32", 8, "fma", N),
+        ("*bf16", 16, "fma", N),
+        ("*fp32", 16, "bf16x3", 32),
+        ("*bf16", 16, "dot16", N),
+        ("*bf16", 32, "dot16", N),
+    )
+    for ck, rows, products, block_k in readouts:
         args = {**ptrs, **common, "ckpt_ptr": ck, "meta_ptr": "*i32", "null_block_id": 0}
         args.update(_strides("ck", PAGE, P * N, N, 1))
         for key in ("ring_B_ptr", *[k for k in args if k.startswith("stride_rB_")]):
             args.pop(key)
+        tag = "" if products == "fma" else f" {products}"
         out.append(
             (
-                f"readout window {T} {rows} x {N} {ck[1:]}",
+                f"readout window {T} {rows} x {N} {ck[1:]}{tag}",
                 readout._mamba2_readout_window_kernel,
                 args,
                 dict(
@@ -304,6 +316,9 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
                     BLOCK_P=rows,
                     BLOCK_N=N,
                     BLOCK_L=L,
+                    PRODUCTS=products,
+                    BLOCK_K=block_k,
+                    DOT_T=max(16, bt),
                     **{k: v for k, v in win.items() if k != "OFF_D"},
                 ),
                 1,
@@ -362,10 +377,10 @@ def main() -> None:
             constexprs,
             num_warps=warps,
             num_stages=1,
-            tag="_".join(name.split()[:2]),
+            tag=re.sub(r"\W+", "_", name),
             out_dir=args.out_dir,
         )
-        print(f"{name:34s} warps={warps}", json.dumps({k: row.get(k) for k in KEYS}))
+        print(f"{name:42s} warps={warps}", json.dumps({k: row.get(k) for k in KEYS}))
 
 
 if __name__ == "__main__":

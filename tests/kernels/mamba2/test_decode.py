@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 
-from vllm_replayssm.kernels.mamba2 import decode, dispatch, stock_route
+from vllm_replayssm.kernels.mamba2 import decode, dispatch, readout, stock_route
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch
 from vllm_replayssm.layout import Mamba2Geometry
 
@@ -45,6 +45,22 @@ SCENARIOS = {
     "spec_T3": dict(L=5, T=3),  # the plan / flush / readout launches for windows
     "spec_T2_lp_fp16_churn": dict(L=4, T=2, lp=torch.float16, churn=True),
     "spec_T4_L16_lp_bf16": dict(L=16, T=4, lp=torch.bfloat16),  # the production shape
+    # The window readout in tensor-core products, one row per product kind: an fp32 tile
+    # against fp32 C (tf32x3), bf16 LP and bf16 C (dot16), an fp32 tile against bf16 C
+    # (bf16x3), fp16 LP and fp16 C with churn (dot16); T = 3: masked token slots.
+    "spec_T3_dot": dict(L=5, T=3, knobs=dict(readout_products="dot")),
+    "spec_T4_L16_lp_bf16_dot": dict(
+        L=16, T=4, lp=torch.bfloat16, act=torch.bfloat16, knobs=dict(readout_products="dot")
+    ),
+    "spec_T4_act_bf16_dot": dict(L=8, T=4, act=torch.bfloat16, knobs=dict(readout_products="dot")),
+    "spec_T2_lp_fp16_churn_dot": dict(
+        L=4,
+        T=2,
+        lp=torch.float16,
+        act=torch.float16,
+        churn=True,
+        knobs=dict(readout_products="dot"),
+    ),
 }
 
 
@@ -68,13 +84,19 @@ def test_kernel_matches_naive(case, device):
 
 
 # Lockstep with the torch reference: outputs, cursor words (exact), records, HP and LP.
-LOCKSTEP_BASE = dict(lp=None, T=1, stock_share=0.0)
+# out_tol None: `out_tolerance`; the window readout's tensor-core products from an fp32
+# tile are held to 1e-6 (fp32-accurate: a bf16x3 product without its low part is 5e-6 off).
+LOCKSTEP_BASE = dict(lp=None, T=1, stock_share=0.0, act=torch.float16, knobs={}, out_tol=None)
+DOT = dict(readout_products="dot")
 LOCKSTEP = {
     "base": {},
     "lp_fp16": dict(lp=torch.float16),
     "lp_bf16": dict(lp=torch.bfloat16),
     "spec_T3": dict(T=3),
     "stock_route_steps_lp_bf16": dict(lp=torch.bfloat16, stock_share=0.4),  # stale LP
+    "spec_T3_dot": dict(T=3, knobs=DOT, out_tol=1e-6),  # fp32 tile, fp16 C: tf32x3
+    "spec_T3_act_bf16_dot": dict(T=3, act=torch.bfloat16, knobs=DOT, out_tol=1e-6),  # bf16x3
+    "spec_T3_lp_fp16_dot": dict(T=3, lp=torch.float16, knobs=DOT),  # dot16
 }
 
 
@@ -83,13 +105,13 @@ def test_kernel_matches_reference_buffers(case, device):
     c = {**LOCKSTEP_BASE, **LOCKSTEP[case]}
     check_kernel_matches_reference(
         lambda op: Mamba2Family(
-            GEOMS["tp_groups"], act_dtype=torch.float16, device=device, decode_op=op, seed=4
+            GEOMS["tp_groups"], act_dtype=c["act"], device=device, decode_op=op, seed=4
         ),
-        _op(),
+        _op(**c["knobs"]),
         L=4,
         T=c["T"],
         lp=c["lp"],
-        out_tol=out_tolerance(c["lp"], device),
+        out_tol=c["out_tol"] or out_tolerance(c["lp"], device),
         stock_route_op=stock_route.mamba2_stock_route_decode if c["stock_share"] else None,
         stock_share=c["stock_share"],
     )
@@ -132,6 +154,25 @@ def test_dispatch_routes(device):
     assert dispatch.choose_route("replay", 1, plain=True) == "replay"
     with pytest.raises(ValueError, match="route must be one of"):
         dispatch.choose_route("fused", 1, plain=True)
+
+
+def test_window_readout_products():
+    """The window readout's product kind by tile and C dtypes, and the refusals: unknown
+    names, "dot" for plain decode, tiles below a tensor-core product's 16 rows."""
+    wp = readout.window_products
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    assert wp("fma", fp32, bf16, 8, plain=True) == "fma"
+    assert wp("dot", bf16, bf16, 16, plain=False) == "dot16"
+    assert wp("dot", fp16, fp16, 16, plain=False) == "dot16"
+    assert wp("dot", fp32, bf16, 16, plain=False) == "bf16x3"
+    assert wp("dot", fp32, fp16, 16, plain=False) == "tf32x3"
+    assert wp("dot", bf16, fp16, 32, plain=False) == "tf32x3"
+    with pytest.raises(ValueError, match="one of"):
+        wp("mma", bf16, bf16, 16, plain=False)
+    with pytest.raises(ValueError, match="speculative windows only"):
+        wp("dot", bf16, bf16, 16, plain=True)
+    with pytest.raises(ValueError, match="readout_block_p >= 16, got 8"):
+        wp("dot", bf16, bf16, 8, plain=False)
 
 
 def test_scratch_too_small_is_refused(device):
@@ -223,6 +264,30 @@ def test_real_geometry_lockstep_on_gpu(lp, T):
         out_tol=out_tolerance(lp, "cuda"),
         requests=6,
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
+def test_real_geometry_window_dot_readout_on_gpu(lp):
+    """The window readout in tensor-core products at Nemotron-3 Super, T = 4: lockstep with
+    the torch reference (bf16 activations: bf16x3 for HP, one bf16 product for the LP tile)
+    and the float64 oracle."""
+    op = _op(readout_products="dot")
+    check_kernel_matches_reference(
+        lambda o: Mamba2Family(
+            REAL["nemotron3_super"], act_dtype=torch.bfloat16, device="cuda", decode_op=o, seed=4
+        ),
+        op,
+        L=16,
+        T=4,
+        lp=lp,
+        out_tol=out_tolerance(lp, "cuda"),
+        requests=6,
+    )
+    fam = Mamba2Family(
+        REAL["nemotron3_super"], act_dtype=torch.bfloat16, device="cuda", seed=1, decode_op=op
+    )
+    check_scenario(fam, L=16, T=4, lp=lp, spec=True, requests=8, cycles=2)
 
 
 @pytest.mark.gpu

@@ -42,6 +42,7 @@ def launch_config(
     ckpt_itemsize: int,
     device: torch.device,
     window: int = 1,
+    readout_products: str = "fma",
 ) -> dict:
     """Launch knobs of the plan / flush / readout launches.
 
@@ -56,11 +57,17 @@ def launch_config(
     Nemotron-3 Super, `benchmarks/kernels/sm90_mamba2.py`): the readout tile halved (16 x
     128 bf16: 128 registers; 8 x 128 fp32: 80), the flush tile 32 rows (64 rows: 255
     registers and a 40-byte stack; 32: 141, no spill), the plan on four warps (its
-    [heads, window, history] coefficient blocks: 96 registers)."""
+    [heads, window, history] coefficient blocks: 96 registers). readout_products "dot"
+    (tensor-core products, windows only; not yet measured on a GPU) keeps the full tile
+    (32 x 128 bf16: 70 registers, 736 SASS instructions against 1,688 for half the tile
+    with "fma"; 16 x 128 fp32: 80)."""
     block_p = TILE_BYTES // (triton.next_power_of_2(dstate) * ckpt_itemsize)
-    if window > 1:
+    if window > 1 and readout_products == "fma":
         block_p //= 2
-    block_p = max(8, min(block_p, triton.next_power_of_2(headdim)))
+    # a tensor-core product's smallest M is 16 rows
+    block_p = max(
+        16 if readout_products == "dot" else 8, min(block_p, triton.next_power_of_2(headdim))
+    )
     flush_p = max(16, min(64 if window == 1 else 32, triton.next_power_of_2(headdim)))
     if device.type == "cuda":
         programs = 2 * num_sms(device)
@@ -75,6 +82,7 @@ def launch_config(
         flush_programs=min(programs, flush_items),
         plan_warps=1 if window == 1 else 4,
         overlap=device.type == "cuda",
+        readout_products=readout_products,
     )
 
 
@@ -102,7 +110,8 @@ def mamba2_replay_decode(
 
     scratch: `Mamba2Scratch` for at least R rows and this window; None allocates one per
     call (tests; not for CUDA graphs). knobs override `launch_config` (readout_block_p,
-    readout_warps, flush_block_p, flush_warps, flush_programs, plan_warps, dot_precision).
+    readout_warps, readout_products, flush_block_p, flush_warps, flush_programs, plan_warps,
+    overlap, dot_precision).
     """
     H, P = x.shape[1], x.shape[2]
     N = B.shape[2]
@@ -133,7 +142,8 @@ def mamba2_replay_decode(
             f"{H} heads, buffer_len {buffer_len}, window {window}"
         )
     ckpt = cache.lp if cache.lp is not None else cache.hp
-    cfg = launch_config(R, H, P, N, ckpt.element_size(), x.device, window=window)
+    products = knobs.get("readout_products", "fma")
+    cfg = launch_config(R, H, P, N, ckpt.element_size(), x.device, window, products)
     unknown = set(knobs) - set(cfg) - {"dot_precision"}
     if unknown:
         raise ValueError(f"unknown decode knobs {sorted(unknown)}")
@@ -182,6 +192,7 @@ def mamba2_replay_decode(
             null_block_id=null_block_id,
             block_p=cfg["readout_block_p"],
             num_warps=cfg["readout_warps"],
+            products=cfg["readout_products"],
             **windows,
             **common,
         )

@@ -36,6 +36,7 @@ from vllm_replayssm.kernels.common.plan_row import (
 )
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
 from vllm_replayssm.kernels.common.triton_cursor import row_tokens
+from vllm_replayssm.kernels.common.triton_dots import bf16_parts, dot16, dot_bf16_parts
 from vllm_replayssm.kernels.mamba2.plan import (
     Mamba2Scratch,
     coef_offsets,
@@ -194,6 +195,120 @@ def read_window(
         tl.store(p_out + i * stride_out_tok, y, mask=m_p & (i < q))
 
 
+@triton.jit
+def _records_dot(x, w, acc):
+    """acc + x @ w at fp32 accuracy for records x (the activations' dtype, exact) and fp32
+    coefficients w: bf16 records against w's three bf16 parts, other records in tf32x3
+    (fp16 and fp32 values split as tf32 carry every bit of an fp16 record)."""
+    if x.dtype == tl.bfloat16:
+        w_hi, w_mid, w_lo = bf16_parts(w)
+        return dot_bf16_parts(x, w_hi, w_mid, w_lo, acc)
+    return tl.dot(x.to(tl.float32), w, acc=acc, input_precision="tf32x3")
+
+
+@triton.jit
+def read_window_dot(
+    p_s,
+    p_rx,
+    rows,
+    n,
+    p_x,
+    p_C,
+    p_coef,
+    p_out,
+    q,
+    o_p,
+    m_p,
+    s_strides,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_x_tok,
+    stride_x_dim,
+    stride_C_tok,
+    stride_C_dstate,
+    stride_out_tok,
+    stride_out_dim,
+    dstate: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    DOT_T: tl.constexpr,
+    OFF_W: tl.constexpr,
+    OFF_S: tl.constexpr,
+    PRODUCTS: tl.constexpr,
+):
+    """`read_window` in tensor-core products: every window token of one (row, head, tile)
+    at once, as the columns i < q of
+
+        Y = (S0 Cᵀ) diag(scale) + X_hᵀ W_h + X_wᵀ W_w       [BLOCK_P, DOT_T]
+
+    S0 [BLOCK_P, dstate] the tile at p_s (s_strides: its dim and dstate strides), read in
+    BLOCK_K-column chunks; Cᵀ [dstate, DOT_T] the window's C (p_C: token 0's, this group);
+    X_hᵀ [BLOCK_P, BLOCK_L] the history records at ring rows `rows` (the first n); X_wᵀ
+    [BLOCK_P, DOT_T] the window's x (p_x: token 0's, this head); W_h, W_w and scale the
+    plan's coefficients (history l / window j by token i). The tile's products: "dot16"
+    (a 16-bit tile and C of one dtype: exact products), "bf16x3" (an fp32 tile against
+    bf16 C: the tile's three bf16 parts), "tf32x3" (any other pair); the records' products
+    by `_records_dot`; every term fp32-accurate. Unlike `read_window`, no cross-lane
+    reductions: at T = 4 those were 368 of the bf16 readout's 1,688 sm_90 instructions."""
+    stride_s_dim, stride_s_dstate = s_strides
+    o_d = tl.arange(0, DOT_T)
+    m_d = o_d < q
+    m_c = o_d < BLOCK_T  # the coefficient row's token slots
+    o_j = tl.arange(0, BLOCK_L)
+    y = tl.zeros([BLOCK_P, DOT_T], dtype=tl.float32)
+    for kc in tl.static_range(BLOCK_N // BLOCK_K):
+        o_k = kc * BLOCK_K + tl.arange(0, BLOCK_K)
+        m_k = o_k < dstate
+        s = tl.load(
+            p_s + o_p[:, None] * stride_s_dim + o_k[None, :] * stride_s_dstate,
+            mask=m_p[:, None] & m_k[None, :],
+            other=0.0,
+        )  # [BLOCK_P, BLOCK_K]
+        c_t = tl.load(
+            p_C + o_d[None, :] * stride_C_tok + o_k[:, None] * stride_C_dstate,
+            mask=m_k[:, None] & m_d[None, :],
+            other=0.0,
+        )  # [BLOCK_K, DOT_T]
+        if PRODUCTS == "dot16":
+            y = dot16(s, c_t, y)
+        elif PRODUCTS == "bf16x3":
+            s_hi, s_mid, s_lo = bf16_parts(s)
+            y = dot16(s_lo, c_t, y)
+            y = dot16(s_mid, c_t, y)
+            y = dot16(s_hi, c_t, y)
+        else:
+            y = tl.dot(s.to(tl.float32), c_t.to(tl.float32), acc=y, input_precision="tf32x3")
+    y = y * tl.load(p_coef + OFF_S + o_d, mask=m_c, other=0.0)[None, :]
+    x_h = tl.load(
+        p_rx + rows[None, :] * stride_rx_row + o_p[:, None] * stride_rx_dim,
+        mask=m_p[:, None] & (o_j < n)[None, :],
+        other=0.0,
+    )  # [BLOCK_P, BLOCK_L]
+    w_h = tl.load(
+        p_coef + o_d[None, :] * BLOCK_L + o_j[:, None], mask=m_c[None, :], other=0.0
+    )  # [BLOCK_L, DOT_T]
+    y = _records_dot(x_h, w_h, y)
+    x_w = tl.load(
+        p_x + o_d[None, :] * stride_x_tok + o_p[:, None] * stride_x_dim,
+        mask=m_p[:, None] & m_d[None, :],
+        other=0.0,
+    )  # [BLOCK_P, DOT_T]
+    w_w = tl.load(
+        p_coef + OFF_W + o_d[None, :] * BLOCK_T + o_d[:, None],
+        mask=m_c[:, None] & m_c[None, :],
+        other=0.0,
+    )  # [DOT_T (token j), DOT_T (token i)]
+    y = _records_dot(x_w, w_w, y)
+    tl.store(
+        p_out + o_d[None, :] * stride_out_tok + o_p[:, None] * stride_out_dim,
+        y,
+        mask=m_p[:, None] & m_d[None, :],
+    )
+
+
 @triton.jit(do_not_specialize_on_alignment=ROW_INDEX_ARGS)
 def _mamba2_readout_window_kernel(
     ckpt_ptr,
@@ -240,6 +355,9 @@ def _mamba2_readout_window_kernel(
     OFF_W: tl.constexpr,
     OFF_S: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    PRODUCTS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_T: tl.constexpr,
 ):
     pid = tl.program_id(0)
     r = tl.program_id(1)
@@ -286,46 +404,83 @@ def _mamba2_readout_window_kernel(
     if read_hp != 0:
         return
     slot = slot32.to(tl.int64)
-    S0 = tl.load(
-        ckpt_ptr
-        + slot * stride_ck_slot
-        + h * stride_ck_head
-        + o_p[:, None] * stride_ck_dim
-        + o_n[None, :] * stride_ck_dstate,
-        mask=m_p[:, None] & m_n[None, :],
-        other=0.0,
-    )  # [BLOCK_P, BLOCK_N]
-    rows = o + o_j
-    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-    p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
-    x_h = tl.load(
-        p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-        mask=(o_j < n)[:, None] & m_p[None, :],
-        other=0.0,
-    ).to(tl.float32)  # [BLOCK_L, BLOCK_P]
-    read_window(
-        S0,
-        coef_ptr + r64 * stride_coef_row + h * stride_coef_head,
-        x_h,
-        x_w.to(tl.float32),
-        C_ptr,
-        p_out,
-        bos,
-        q,
-        g,
-        o_n,
-        m_n,
-        m_p,
-        stride_C_tok,
-        stride_C_group,
-        stride_C_dstate,
-        stride_out_tok,
-        WINDOW,
-        BLOCK_T,
-        BLOCK_L,
-        OFF_W,
-        OFF_S,
-    )
+    if PRODUCTS == "fma":
+        S0 = tl.load(
+            ckpt_ptr
+            + slot * stride_ck_slot
+            + h * stride_ck_head
+            + o_p[:, None] * stride_ck_dim
+            + o_n[None, :] * stride_ck_dstate,
+            mask=m_p[:, None] & m_n[None, :],
+            other=0.0,
+        )  # [BLOCK_P, BLOCK_N]
+        rows = o + o_j
+        rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+        p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
+        x_h = tl.load(
+            p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+            mask=(o_j < n)[:, None] & m_p[None, :],
+            other=0.0,
+        ).to(tl.float32)  # [BLOCK_L, BLOCK_P]
+        read_window(
+            S0,
+            coef_ptr + r64 * stride_coef_row + h * stride_coef_head,
+            x_h,
+            x_w.to(tl.float32),
+            C_ptr,
+            p_out,
+            bos,
+            q,
+            g,
+            o_n,
+            m_n,
+            m_p,
+            stride_C_tok,
+            stride_C_group,
+            stride_C_dstate,
+            stride_out_tok,
+            WINDOW,
+            BLOCK_T,
+            BLOCK_L,
+            OFF_W,
+            OFF_S,
+        )
+    else:  # tensor-core products (`read_window_dot`)
+        rows = o + o_j
+        rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+        p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
+        read_window_dot(
+            ckpt_ptr + slot * stride_ck_slot + h * stride_ck_head,
+            p_rx,
+            rows,
+            n,
+            x_ptr + bos * stride_x_tok + h * stride_x_head,
+            C_ptr + bos * stride_C_tok + g * stride_C_group,
+            coef_ptr + r64 * stride_coef_row + h * stride_coef_head,
+            out_ptr + bos * stride_out_tok + h * stride_out_head,
+            q,
+            o_p,
+            m_p,
+            (stride_ck_dim, stride_ck_dstate),
+            stride_rx_row,
+            stride_rx_dim,
+            stride_x_tok,
+            stride_x_dim,
+            stride_C_tok,
+            stride_C_dstate,
+            stride_out_tok,
+            stride_out_dim,
+            dstate,
+            BLOCK_P,
+            BLOCK_N,
+            BLOCK_K,
+            BLOCK_L,
+            BLOCK_T,
+            DOT_T,
+            OFF_W,
+            OFF_S,
+            PRODUCTS,
+        )
     w_rows = first + o_t
     w_rows = tl.where(w_rows >= num_ring_rows, w_rows - num_ring_rows, w_rows)
     tl.store(
@@ -350,16 +505,22 @@ def mamba2_readout(
     num_warps: int,
     window: int = 1,
     query_start_loc: torch.Tensor | None = None,
+    products: str = "fma",
 ) -> None:
     """Launch the readout for num_rows rows after `mamba2_plan` (alongside `mamba2_flush`).
 
     Reads LP (HP when LP is off), ring_x history, the plan; writes out [num_tokens, H, P]
     for rows that read neither HP nor a NULL slot (zeros for NULL rows), their x records
     and every row's cursor words. window / query_start_loc: as given to the plan.
+    products: how a speculative window's readout forms its sums, "fma" (elementwise
+    products and warp reductions, `read_window`) or "dot" (tensor-core products,
+    `read_window_dot`; block_p >= 16); plain decode takes "fma" only.
     """
     H, P = x.shape[1], x.shape[2]
     G, N = C.shape[1], C.shape[2]
     ckpt = cache.lp if cache.lp is not None else cache.hp
+    plain = window == 1 and query_start_loc is None
+    tile_products = window_products(products, ckpt.dtype, C.dtype, block_p, plain)
     tiles = triton.cdiv(P, block_p)
     args = (
         *ckpt.stride(),
@@ -398,5 +559,35 @@ def mamba2_readout(
         OFF_W=off_w,
         OFF_S=off_s,
         IS_VARLEN=query_start_loc is not None,
+        PRODUCTS=tile_products,
+        # An fp32 tile's three bf16 parts live at once: 32-column chunks (sm_90 at 16 x 128:
+        # 80 registers; 64 columns spill 8 bytes).
+        BLOCK_K=shapes["BLOCK_N"] if ckpt.element_size() == 2 else min(32, shapes["BLOCK_N"]),
+        DOT_T=max(16, window_block(window)),
         **shapes,
     )
+
+
+READOUT_PRODUCTS = ("fma", "dot")
+
+
+def window_products(
+    products: str, tile_dtype: torch.dtype, c_dtype: torch.dtype, block_p: int, plain: bool
+) -> str:
+    """The window readout's PRODUCTS constexpr for the `products` knob: "fma", or with
+    "dot" the tile's product by its dtypes: "dot16" (a 16-bit tile and C of one dtype),
+    "bf16x3" (an fp32 tile, bf16 C), "tf32x3" (any other pair). Refuses "dot" for plain
+    decode and for tiles of fewer than 16 rows (a tensor-core product's smallest M)."""
+    if products not in READOUT_PRODUCTS:
+        raise ValueError(f"readout products must be one of {READOUT_PRODUCTS}, got {products!r}")
+    if products == "fma":
+        return "fma"
+    if plain:
+        raise ValueError('readout products "dot" applies to speculative windows only')
+    if block_p < 16:
+        raise ValueError(f'readout products "dot" needs readout_block_p >= 16, got {block_p}')
+    if tile_dtype == c_dtype and tile_dtype in (torch.bfloat16, torch.float16):
+        return "dot16"
+    if tile_dtype == torch.float32 and c_dtype == torch.bfloat16:
+        return "bf16x3"
+    return "tf32x3"
