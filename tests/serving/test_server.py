@@ -169,7 +169,11 @@ def test_streamed_tokens_equal_unstreamed(client):
         )
     )
     streamed = [t for c in chunks for t in (c.choices[0].model_extra.get("token_ids") or [])]
-    assert len(chunks) >= 12  # one event per token
+    # Streamed, not sent at once. Not one event per token: vLLM's RequestOutputCollector
+    # merges a request's deltas when the server's consumer falls behind the engine (11
+    # events for 12 tokens on a loaded 2-core CI host), so no count above 2 is promised.
+    assert len(chunks) >= 2
+    assert all(c.choices[0].model_extra.get("token_ids") for c in chunks[:-1])
     assert streamed == plain.choices[0].model_extra["token_ids"]
     assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
 
