@@ -336,29 +336,35 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
     }
     for key in ("stride_meta_slot", "stride_meta_word"):
         args.pop(key)
-    out.append(
-        (
-            f"flush window {T} 32 x {N} bf16x3",
-            flush._mamba2_flush_window_kernel,
-            args,
-            dict(
-                NUM_HEADS=H,
-                HEADS_PER_GROUP=H // G,
-                TILES_PER_HEAD=P // 32,
-                headdim=P,
-                dstate=N,
-                BLOCK_P=32,
-                BLOCK_N=N,
-                BLOCK_L=L,
-                HAS_LP=True,
-                LP_IS_FP16=False,
-                DOT_PRECISION="bf16x3",
-                OFF_D=off_d,
-                **win,
-            ),
-            4,
+    # The window's readout from the folded tile: "fma" (the default) or tensor-core products
+    # (`flush_products="dot"`: the fp32 tile's bf16 parts against bf16 C).
+    for products in ("fma", "bf16x3"):
+        tag = "" if products == "fma" else " dot"
+        out.append(
+            (
+                f"flush window {T} 32 x {N} bf16x3{tag}",
+                flush._mamba2_flush_window_kernel,
+                args,
+                dict(
+                    NUM_HEADS=H,
+                    HEADS_PER_GROUP=H // G,
+                    TILES_PER_HEAD=P // 32,
+                    headdim=P,
+                    dstate=N,
+                    BLOCK_P=32,
+                    BLOCK_N=N,
+                    BLOCK_L=L,
+                    HAS_LP=True,
+                    LP_IS_FP16=False,
+                    DOT_PRECISION="bf16x3",
+                    OFF_D=off_d,
+                    PRODUCTS=products,
+                    DOT_T=max(16, bt),
+                    **win,
+                ),
+                4,
+            )
         )
-    )
     return out
 
 

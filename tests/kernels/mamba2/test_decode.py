@@ -29,6 +29,8 @@ def _op(**knobs):
     return functools.partial(decode.mamba2_replay_decode, **knobs)
 
 
+DOT = dict(readout_products="dot", flush_products="dot")
+
 # Decode scenarios against the float64 oracle (outputs every step, materialised states).
 SCENARIO_BASE = dict(geom="tiny", L=4, T=1, lp=None, act=torch.float32, churn=False, knobs={})
 SCENARIOS = {
@@ -45,21 +47,21 @@ SCENARIOS = {
     "spec_T3": dict(L=5, T=3),  # the plan / flush / readout launches for windows
     "spec_T2_lp_fp16_churn": dict(L=4, T=2, lp=torch.float16, churn=True),
     "spec_T4_L16_lp_bf16": dict(L=16, T=4, lp=torch.bfloat16),  # the production shape
-    # The window readout in tensor-core products, one row per product kind: an fp32 tile
-    # against fp32 C (tf32x3), bf16 LP and bf16 C (dot16), an fp32 tile against bf16 C
-    # (bf16x3), fp16 LP and fp16 C with churn (dot16); T = 3: masked token slots.
-    "spec_T3_dot": dict(L=5, T=3, knobs=dict(readout_products="dot")),
-    "spec_T4_L16_lp_bf16_dot": dict(
-        L=16, T=4, lp=torch.bfloat16, act=torch.bfloat16, knobs=dict(readout_products="dot")
-    ),
-    "spec_T4_act_bf16_dot": dict(L=8, T=4, act=torch.bfloat16, knobs=dict(readout_products="dot")),
+    # The window's readouts (the readout launch's and the flush's) in tensor-core products,
+    # one row per product kind of the readout's tile: an fp32 tile against fp32 C (tf32x3),
+    # bf16 LP and bf16 C (dot16), an fp32 tile against bf16 C (bf16x3), fp16 LP and fp16
+    # C with churn (dot16); the flush's fp32 tile takes tf32x3 or bf16x3; T = 3: masked
+    # token slots.
+    "spec_T3_dot": dict(L=5, T=3, knobs=DOT),
+    "spec_T4_L16_lp_bf16_dot": dict(L=16, T=4, lp=torch.bfloat16, act=torch.bfloat16, knobs=DOT),
+    "spec_T4_act_bf16_dot": dict(L=8, T=4, act=torch.bfloat16, knobs=DOT),
     "spec_T2_lp_fp16_churn_dot": dict(
         L=4,
         T=2,
         lp=torch.float16,
         act=torch.float16,
         churn=True,
-        knobs=dict(readout_products="dot"),
+        knobs=DOT,
     ),
 }
 
@@ -84,10 +86,9 @@ def test_kernel_matches_naive(case, device):
 
 
 # Lockstep with the torch reference: outputs, cursor words (exact), records, HP and LP.
-# out_tol None: `out_tolerance`; the window readout's tensor-core products from an fp32
+# out_tol None: `out_tolerance`; the window readouts' tensor-core products from an fp32
 # tile are held to 1e-6 (fp32-accurate: a bf16x3 product without its low part is 5e-6 off).
 LOCKSTEP_BASE = dict(lp=None, T=1, stock_share=0.0, act=torch.float16, knobs={}, out_tol=None)
-DOT = dict(readout_products="dot")
 LOCKSTEP = {
     "base": {},
     "lp_fp16": dict(lp=torch.float16),
@@ -269,10 +270,10 @@ def test_real_geometry_lockstep_on_gpu(lp, T):
 @pytest.mark.gpu
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 def test_real_geometry_window_dot_readout_on_gpu(lp):
-    """The window readout in tensor-core products at Nemotron-3 Super, T = 4: lockstep with
-    the torch reference (bf16 activations: bf16x3 for HP, one bf16 product for the LP tile)
-    and the float64 oracle."""
-    op = _op(readout_products="dot")
+    """The window's readouts in tensor-core products at Nemotron-3 Super, T = 4: lockstep
+    with the torch reference (bf16 activations: bf16x3 for HP tiles, one bf16 product for
+    the LP tile) and the float64 oracle."""
+    op = _op(**DOT)
     check_kernel_matches_reference(
         lambda o: Mamba2Family(
             REAL["nemotron3_super"], act_dtype=torch.bfloat16, device="cuda", decode_op=o, seed=4

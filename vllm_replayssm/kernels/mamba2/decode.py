@@ -60,7 +60,8 @@ def launch_config(
     [heads, window, history] coefficient blocks: 96 registers). readout_products "dot"
     (tensor-core products, windows only; not yet measured on a GPU) keeps the full tile
     (32 x 128 bf16: 70 registers, 736 SASS instructions against 1,688 for half the tile
-    with "fma"; 16 x 128 fp32: 80)."""
+    with "fma"; 16 x 128 fp32: 80); flush_products "dot" the same for the window's readout
+    from the folded tile in the flush (not yet measured either)."""
     block_p = TILE_BYTES // (triton.next_power_of_2(dstate) * ckpt_itemsize)
     if window > 1 and readout_products == "fma":
         block_p //= 2
@@ -83,6 +84,7 @@ def launch_config(
         plan_warps=1 if window == 1 else 4,
         overlap=device.type == "cuda",
         readout_products=readout_products,
+        flush_products="fma",
     )
 
 
@@ -110,8 +112,8 @@ def mamba2_replay_decode(
 
     scratch: `Mamba2Scratch` for at least R rows and this window; None allocates one per
     call (tests; not for CUDA graphs). knobs override `launch_config` (readout_block_p,
-    readout_warps, readout_products, flush_block_p, flush_warps, flush_programs, plan_warps,
-    overlap, dot_precision).
+    readout_warps, readout_products, flush_block_p, flush_warps, flush_programs,
+    flush_products, plan_warps, overlap, dot_precision).
     """
     H, P = x.shape[1], x.shape[2]
     N = B.shape[2]
@@ -179,6 +181,7 @@ def mamba2_replay_decode(
                 num_warps=cfg["flush_warps"],
                 num_programs=cfg["flush_programs"],
                 dot_precision=cfg.get("dot_precision"),
+                products=cfg["flush_products"],
                 **windows,
                 **common,
             )

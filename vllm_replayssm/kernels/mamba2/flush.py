@@ -43,7 +43,12 @@ from vllm_replayssm.kernels.mamba2.plan import (
     history_block,
     window_block,
 )
-from vllm_replayssm.kernels.mamba2.readout import read_window
+from vllm_replayssm.kernels.mamba2.readout import (
+    finish_window_dot,
+    read_window,
+    window_products,
+    window_tile_dot,
+)
 
 
 @triton.jit
@@ -314,6 +319,8 @@ def _mamba2_flush_window_kernel(
     LP_IS_FP16: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    PRODUCTS: tl.constexpr,
+    DOT_T: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -390,38 +397,77 @@ def _mamba2_flush_window_kernel(
                 LP_IS_FP16,
                 DOT_PRECISION,
             )
-            x_h = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # the history is folded
+            if PRODUCTS == "fma":
+                x_h = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # the history is folded
         else:  # stale LP: read out from HP and the history, as the readout would from LP
+            if PRODUCTS == "fma":
+                rows = o + o_j
+                rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+                x_h = tl.load(
+                    p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+                    mask=(o_j < n)[:, None] & m_p[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+        if PRODUCTS == "fma":
+            read_window(
+                S,
+                p_coef,
+                x_h,
+                x_w.to(tl.float32),
+                C_ptr,
+                out_ptr + bos * stride_out_tok + h * stride_out_head + o_p * stride_out_dim,
+                bos,
+                q,
+                g,
+                o_n,
+                m_n,
+                m_p,
+                stride_C_tok,
+                stride_C_group,
+                stride_C_dstate,
+                stride_out_tok,
+                WINDOW,
+                BLOCK_T,
+                BLOCK_L,
+                OFF_W,
+                OFF_S,
+            )
+        else:  # tensor-core products from the tile in registers (`readout.read_window_dot`)
+            o_d = tl.arange(0, DOT_T)
+            c_t = tl.load(
+                C_ptr
+                + (bos + o_d[None, :]) * stride_C_tok
+                + g * stride_C_group
+                + o_n[:, None] * stride_C_dstate,
+                mask=m_n[:, None] & (o_d < q)[None, :],
+                other=0.0,
+            )  # [BLOCK_N, DOT_T]
+            y = window_tile_dot(S, c_t, tl.zeros([BLOCK_P, DOT_T], dtype=tl.float32), PRODUCTS)
             rows = o + o_j
             rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-            x_h = tl.load(
-                p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-                mask=(o_j < n)[:, None] & m_p[None, :],
-                other=0.0,
-            ).to(tl.float32)
-        read_window(
-            S,
-            p_coef,
-            x_h,
-            x_w.to(tl.float32),
-            C_ptr,
-            out_ptr + bos * stride_out_tok + h * stride_out_head + o_p * stride_out_dim,
-            bos,
-            q,
-            g,
-            o_n,
-            m_n,
-            m_p,
-            stride_C_tok,
-            stride_C_group,
-            stride_C_dstate,
-            stride_out_tok,
-            WINDOW,
-            BLOCK_T,
-            BLOCK_L,
-            OFF_W,
-            OFF_S,
-        )
+            finish_window_dot(
+                y,
+                p_rx,
+                rows,
+                n,  # 0 for a flush row: the plan's history after the fold
+                x_ptr + bos * stride_x_tok + h * stride_x_head,
+                p_coef,
+                out_ptr + bos * stride_out_tok + h * stride_out_head,
+                q,
+                o_p,
+                m_p,
+                stride_rx_row,
+                stride_rx_dim,
+                stride_x_tok,
+                stride_x_dim,
+                stride_out_tok,
+                stride_out_dim,
+                BLOCK_L,
+                BLOCK_T,
+                DOT_T,
+                OFF_W,
+                OFF_S,
+            )
         w_rows = first + o_t
         w_rows = tl.where(w_rows >= num_ring_rows, w_rows - num_ring_rows, w_rows)
         tl.store(
@@ -446,13 +492,16 @@ def mamba2_flush(
     dot_precision: str | None = None,
     window: int = 1,
     query_start_loc: torch.Tensor | None = None,
+    products: str = "fma",
 ) -> None:
     """Launch the flush over the plan's HP list (after `mamba2_plan`, before
     `mamba2_readout`): HP and LP of flush rows written; out [num_tokens, H, P] and the x
     records written for the listed rows. num_programs: the persistent grid (any size >= 1).
     dot_precision of the fold: "bf16x3" (bf16 records on a GPU; the default there),
     "tf32x3" (the default otherwise: Triton's interpreter multiplies bf16 dot operands as
-    raw bits) or "ieee". window / query_start_loc: as given to the plan."""
+    raw bits) or "ieee". window / query_start_loc: as given to the plan. products: how a
+    speculative window reads its tokens out of the folded fp32 tile, as
+    `readout.mamba2_readout` takes it ("fma" or "dot"; plain decode "fma" only)."""
     if dot_precision is None:
         bf16_records = cache.ring_B.dtype == torch.bfloat16
         dot_precision = "bf16x3" if bf16_records and x.is_cuda else "tf32x3"
@@ -461,6 +510,8 @@ def mamba2_flush(
     H, P = x.shape[1], x.shape[2]
     G, N = C.shape[1], C.shape[2]
     lp = cache.lp if cache.lp is not None else cache.hp
+    plain = window == 1 and query_start_loc is None
+    tile_products = window_products(products, torch.float32, C.dtype, block_p, plain)
     tiles = triton.cdiv(P, block_p)
     tensors = (
         cache.hp,
@@ -502,7 +553,7 @@ def mamba2_flush(
         num_warps=num_warps,
     )
     grid = (max(1, num_programs),)
-    if window == 1 and query_start_loc is None:  # plain decode (the window layout at T = 1)
+    if plain:  # plain decode (the window layout at T = 1)
         _mamba2_flush_kernel[grid](*tensors, *args, **shapes)
         return
     off_w, off_s, off_d = coef_offsets(buffer_len, window)
@@ -516,5 +567,7 @@ def mamba2_flush(
         OFF_S=off_s,
         OFF_D=off_d,
         IS_VARLEN=query_start_loc is not None,
+        PRODUCTS=tile_products,
+        DOT_T=max(16, window_block(window)),
         **shapes,
     )

@@ -256,8 +256,6 @@ def read_window_dot(
     stride_s_dim, stride_s_dstate = s_strides
     o_d = tl.arange(0, DOT_T)
     m_d = o_d < q
-    m_c = o_d < BLOCK_T  # the coefficient row's token slots
-    o_j = tl.arange(0, BLOCK_L)
     y = tl.zeros([BLOCK_P, DOT_T], dtype=tl.float32)
     for kc in tl.static_range(BLOCK_N // BLOCK_K):
         o_k = kc * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -272,15 +270,78 @@ def read_window_dot(
             mask=m_k[:, None] & m_d[None, :],
             other=0.0,
         )  # [BLOCK_K, DOT_T]
-        if PRODUCTS == "dot16":
-            y = dot16(s, c_t, y)
-        elif PRODUCTS == "bf16x3":
-            s_hi, s_mid, s_lo = bf16_parts(s)
-            y = dot16(s_lo, c_t, y)
-            y = dot16(s_mid, c_t, y)
-            y = dot16(s_hi, c_t, y)
-        else:
-            y = tl.dot(s.to(tl.float32), c_t.to(tl.float32), acc=y, input_precision="tf32x3")
+        y = window_tile_dot(s, c_t, y, PRODUCTS)
+    finish_window_dot(
+        y,
+        p_rx,
+        rows,
+        n,
+        p_x,
+        p_coef,
+        p_out,
+        q,
+        o_p,
+        m_p,
+        stride_rx_row,
+        stride_rx_dim,
+        stride_x_tok,
+        stride_x_dim,
+        stride_out_tok,
+        stride_out_dim,
+        BLOCK_L,
+        BLOCK_T,
+        DOT_T,
+        OFF_W,
+        OFF_S,
+    )
+
+
+@triton.jit
+def window_tile_dot(s, c_t, y, PRODUCTS: tl.constexpr):
+    """y + s @ c_t: a checkpoint tile's columns s [BLOCK_P, K] against the window's C
+    [K, DOT_T] (`read_window_dot`'s PRODUCTS: "dot16", "bf16x3" or "tf32x3")."""
+    if PRODUCTS == "dot16":
+        y = dot16(s, c_t, y)
+    elif PRODUCTS == "bf16x3":
+        s_hi, s_mid, s_lo = bf16_parts(s)
+        y = dot16(s_lo, c_t, y)
+        y = dot16(s_mid, c_t, y)
+        y = dot16(s_hi, c_t, y)
+    else:
+        y = tl.dot(s.to(tl.float32), c_t.to(tl.float32), acc=y, input_precision="tf32x3")
+    return y
+
+
+@triton.jit
+def finish_window_dot(
+    y,
+    p_rx,
+    rows,
+    n,
+    p_x,
+    p_coef,
+    p_out,
+    q,
+    o_p,
+    m_p,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_x_tok,
+    stride_x_dim,
+    stride_out_tok,
+    stride_out_dim,
+    BLOCK_L: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    DOT_T: tl.constexpr,
+    OFF_W: tl.constexpr,
+    OFF_S: tl.constexpr,
+):
+    """Finish `read_window_dot` from y = S0 Cᵀ ([BLOCK_P, DOT_T]): scale the columns, add
+    the history records' and the window's terms and store the tokens i < q."""
+    o_d = tl.arange(0, DOT_T)
+    m_d = o_d < q
+    m_c = o_d < BLOCK_T  # the coefficient row's token slots
+    o_j = tl.arange(0, BLOCK_L)
     y = y * tl.load(p_coef + OFF_S + o_d, mask=m_c, other=0.0)[None, :]
     x_h = tl.load(
         p_rx + rows[None, :] * stride_rx_row + o_p[:, None] * stride_rx_dim,
