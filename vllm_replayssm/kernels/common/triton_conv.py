@@ -133,7 +133,7 @@ def spec_conv_update_triton(
     """`layers/conv.spec_conv_update` (same arguments and effects) in one launch; block_d
     channels per program, num_warps per program. Defaults from the launch-shape sweep on the
     H200 (`benchmarks/kernels/bench_conv.py`, T = 4, µs per layer and step against vLLM's
-    `causal_conv1d_update`; `conv-spec-h200-20261203-bf5a250-launch-shapes.json`): two
+    `causal_conv1d_update`; `conv-spec-h200-20261203-bf5a250-launch-shapes.json.gz`): two
     channels per thread win, 256 channels on four warps or 128 on two alike (bs 256
     Qwen3-Next 37.8 / 38.0 against 49.3 for the former 128 on one warp, vLLM 25.7;
     Nemotron-3 Super 46.1 / 46.1 against 60.7, vLLM 31.9; bs 64 13.3 against 15.7 and 14.8
