@@ -13,9 +13,10 @@ a stale row reads out from HP and its history as the readout launch would. LP ne
 HP. The readout launch skips these rows.
 
 Speculative windows (`_mamba2_flush_window_kernel`): the same fold, then every window
-token is read out from the folded tile (`readout.read_window`). Its stale-LP branch mirrors
-the plain launch's; no speculative layer meets it (the stock route, which leaves LP stale,
-steps plain decode only).
+token is read out from the folded tile (`readout.read_window`, or with products "dot" as
+tensor-core products: `readout.window_tile_dot`, `readout.finish_window_dot`). Its
+stale-LP branch mirrors the plain launch's; no speculative layer meets it (the stock route,
+which leaves LP stale, steps plain decode only).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ and reads out every window token i from it (`read_window`):
 
     y_i = scale_i * (S0 . C_i) + sum_l coef_il x_l + sum_{j <= i} coef_ij x'_j
 
-x'_j the window's own x, whose records it appends.
+x'_j the window's own x, whose records it appends. With products "dot" (`read_window_dot`)
+all tokens come from one block of tensor-core products instead of per-token reductions.
 """
 
 from __future__ import annotations
@@ -197,9 +198,9 @@ def read_window(
 
 @triton.jit
 def _records_dot(x, w, acc):
-    """acc + x @ w at fp32 accuracy for records x (the activations' dtype, exact) and fp32
-    coefficients w: bf16 records against w's three bf16 parts, other records in tf32x3
-    (fp16 and fp32 values split as tf32 carry every bit of an fp16 record)."""
+    """acc + x @ w at fp32 accuracy for records x (the activations' dtype) and fp32
+    coefficients w: exact bf16 records against w's three bf16 parts, other records (fp16,
+    fp32) in tf32x3."""
     if x.dtype == tl.bfloat16:
         w_hi, w_mid, w_lo = bf16_parts(w)
         return dot_bf16_parts(x, w_hi, w_mid, w_lo, acc)
