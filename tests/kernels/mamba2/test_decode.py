@@ -53,6 +53,8 @@ SCENARIOS = {
     # C with churn (dot16); the flush's fp32 tile takes tf32x3 or bf16x3; T = 3: masked
     # token slots.
     "spec_T3_dot": dict(L=5, T=3, knobs=DOT),
+    # a register cap on the window flush (the interpreter ignores it; the GPU test runs it)
+    "spec_T3_flush_maxnreg": dict(L=5, T=3, knobs=dict(flush_maxnreg=128)),
     "spec_T4_L16_lp_bf16_dot": dict(L=16, T=4, lp=torch.bfloat16, act=torch.bfloat16, knobs=DOT),
     "spec_T4_act_bf16_dot": dict(L=8, T=4, act=torch.bfloat16, knobs=DOT),
     "spec_T2_lp_fp16_churn_dot": dict(
@@ -176,6 +178,44 @@ def test_window_readout_products():
         wp("dot", bf16, bf16, 8, plain=False)
 
 
+@pytest.mark.parametrize(
+    "knobs, match",
+    [
+        (dict(flush_maxnreg=-1), "flush_maxnreg must be >= 0"),
+        (dict(readout_products="dot"), "speculative windows only"),
+        (dict(flush_products="mma"), "one of"),
+    ],
+    ids=["negative_register_cap", "plain_dot_readout", "unknown_flush_products"],
+)
+def test_bad_launch_knobs_are_refused_before_any_launch(knobs, match, device):
+    """A bad knob is refused before the plan launch: the page (cursor words, records,
+    checkpoint) stays as it was."""
+    fam = Mamba2Family(GEOMS["tiny"], device=device, seed=1)
+    cache = fam.cache(fam.specs(4, 1, None), 4)
+    tok = fam.tokens(2, torch.Generator().manual_seed(0))
+    out = torch.empty(fam.out_shape(2), device=device)
+    before = {k: v.clone() for k, v in cache._asdict().items() if v is not None}
+    with pytest.raises(ValueError, match=match):
+        decode.mamba2_replay_decode(
+            cache,
+            tok["x"],
+            tok["dt"],
+            fam.params["A"],
+            tok["B"],
+            tok["C"],
+            fam.params["D"],
+            fam.params["dt_bias"],
+            torch.tensor([1, 2], device=device),
+            out,
+            buffer_len=4,
+            window=1,
+            **knobs,
+        )
+    after = cache._asdict()
+    for k, v in before.items():  # bit for bit: never-written pages may hold NaN
+        assert torch.equal(v.view(torch.uint8), after[k].contiguous().view(torch.uint8)), k
+
+
 def test_scratch_too_small_is_refused(device):
     fam = Mamba2Family(GEOMS["tiny"], device=device, seed=1)
     specs = fam.specs(4, 1, None)
@@ -267,13 +307,19 @@ def test_real_geometry_lockstep_on_gpu(lp, T):
     )
 
 
+# Window launch knobs not on by default, on the GPU: the readouts in tensor-core products;
+# the flush capped at 128 registers with four programs per SM.
+WINDOW_KNOBS = {"dot": DOT, "flush_maxnreg128": dict(flush_maxnreg=128, flush_programs=528)}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("knobs", list(WINDOW_KNOBS))
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
-def test_real_geometry_window_dot_readout_on_gpu(lp):
-    """The window's readouts in tensor-core products at Nemotron-3 Super, T = 4: lockstep
-    with the torch reference (bf16 activations: bf16x3 for HP tiles, one bf16 product for
-    the LP tile) and the float64 oracle."""
-    op = _op(**DOT)
+def test_real_geometry_window_knobs_on_gpu(lp, knobs):
+    """The window step with launch knobs that are not the defaults at Nemotron-3 Super,
+    T = 4: lockstep with the torch reference (bf16 activations; with products "dot":
+    bf16x3 for HP tiles, one bf16 product for the LP tile) and the float64 oracle."""
+    op = _op(**WINDOW_KNOBS[knobs])
     check_kernel_matches_reference(
         lambda o: Mamba2Family(
             REAL["nemotron3_super"], act_dtype=torch.bfloat16, device="cuda", decode_op=o, seed=4

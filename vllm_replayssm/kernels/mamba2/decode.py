@@ -28,7 +28,7 @@ from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.streams import beside, num_sms
 from vllm_replayssm.kernels.mamba2.flush import mamba2_flush
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, mamba2_plan
-from vllm_replayssm.kernels.mamba2.readout import mamba2_readout
+from vllm_replayssm.kernels.mamba2.readout import mamba2_readout, window_products
 from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
 
 TILE_BYTES = 8192  # checkpoint bytes per readout program
@@ -61,7 +61,10 @@ def launch_config(
     (tensor-core products, windows only; not yet measured on a GPU) keeps the full tile
     (32 x 128 bf16: 70 registers, 736 SASS instructions against 1,688 for half the tile
     with "fma"; 16 x 128 fp32: 80); flush_products "dot" the same for the window's readout
-    from the folded tile in the flush (not yet measured either)."""
+    from the folded tile in the flush (not yet measured either). flush_maxnreg caps the
+    flush's registers (0: none): the window flush's 141 fit three programs per SM, capped
+    at 128 (no spill at sm_90; 96 spills 40 bytes) four, with the grid to match (not yet
+    measured; the default grid is two per SM)."""
     block_p = TILE_BYTES // (triton.next_power_of_2(dstate) * ckpt_itemsize)
     if window > 1 and readout_products == "fma":
         block_p //= 2
@@ -85,6 +88,7 @@ def launch_config(
         overlap=device.type == "cuda",
         readout_products=readout_products,
         flush_products="fma",
+        flush_maxnreg=0,
     )
 
 
@@ -113,7 +117,7 @@ def mamba2_replay_decode(
     scratch: `Mamba2Scratch` for at least R rows and this window; None allocates one per
     call (tests; not for CUDA graphs). knobs override `launch_config` (readout_block_p,
     readout_warps, readout_products, flush_block_p, flush_warps, flush_programs,
-    flush_products, plan_warps, overlap, dot_precision).
+    flush_products, flush_maxnreg, plan_warps, overlap, dot_precision).
     """
     H, P = x.shape[1], x.shape[2]
     N = B.shape[2]
@@ -150,6 +154,12 @@ def mamba2_replay_decode(
     if unknown:
         raise ValueError(f"unknown decode knobs {sorted(unknown)}")
     cfg.update(knobs)
+    # Launch knobs are checked before the plan launch mutates the cursor words and rings.
+    plain = window == 1 and query_start_loc is None
+    window_products(cfg["readout_products"], ckpt.dtype, C.dtype, cfg["readout_block_p"], plain)
+    window_products(cfg["flush_products"], torch.float32, C.dtype, cfg["flush_block_p"], plain)
+    if cfg["flush_maxnreg"] < 0:
+        raise ValueError(f"flush_maxnreg must be >= 0, got {cfg['flush_maxnreg']}")
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
     windows = dict(window=window, query_start_loc=query_start_loc)
     mamba2_plan(
@@ -182,6 +192,7 @@ def mamba2_replay_decode(
                 num_programs=cfg["flush_programs"],
                 dot_precision=cfg.get("dot_precision"),
                 products=cfg["flush_products"],
+                maxnreg=cfg["flush_maxnreg"],
                 **windows,
                 **common,
             )

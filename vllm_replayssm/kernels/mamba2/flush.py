@@ -494,6 +494,7 @@ def mamba2_flush(
     window: int = 1,
     query_start_loc: torch.Tensor | None = None,
     products: str = "fma",
+    maxnreg: int = 0,
 ) -> None:
     """Launch the flush over the plan's HP list (after `mamba2_plan`, before
     `mamba2_readout`): HP and LP of flush rows written; out [num_tokens, H, P] and the x
@@ -502,7 +503,11 @@ def mamba2_flush(
     "tf32x3" (the default otherwise: Triton's interpreter multiplies bf16 dot operands as
     raw bits) or "ieee". window / query_start_loc: as given to the plan. products: how a
     speculative window reads its tokens out of the folded fp32 tile, as
-    `readout.mamba2_readout` takes it ("fma" or "dot"; plain decode "fma" only)."""
+    `readout.mamba2_readout` takes it ("fma" or "dot"; plain decode "fma" only). maxnreg:
+    a cap on the program's registers (Triton's launch option; 0: the compiler's choice),
+    so that more programs of the persistent grid fit on an SM."""
+    if maxnreg < 0:
+        raise ValueError(f"maxnreg must be >= 0, got {maxnreg}")
     if dot_precision is None:
         bf16_records = cache.ring_B.dtype == torch.bfloat16
         dot_precision = "bf16x3" if bf16_records and x.is_cuda else "tf32x3"
@@ -552,6 +557,7 @@ def mamba2_flush(
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
         DOT_PRECISION=dot_precision,
         num_warps=num_warps,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     grid = (max(1, num_programs),)
     if plain:  # plain decode (the window layout at T = 1)
