@@ -176,6 +176,8 @@ def test_window_readout_products():
         wp("dot", bf16, bf16, 16, plain=True)
     with pytest.raises(ValueError, match="readout_block_p >= 16, got 8"):
         wp("dot", bf16, bf16, 8, plain=False)
+    with pytest.raises(ValueError, match="flush_block_p >= 16, got 8"):
+        wp("dot", fp32, bf16, 8, plain=False, launch="flush")
 
 
 @pytest.mark.parametrize(
@@ -183,7 +185,7 @@ def test_window_readout_products():
     [
         (dict(flush_maxnreg=-1), "flush_maxnreg must be >= 0"),
         (dict(readout_products="dot"), "speculative windows only"),
-        (dict(flush_products="mma"), "one of"),
+        (dict(flush_products="mma"), "flush_products must be one of"),
     ],
     ids=["negative_register_cap", "plain_dot_readout", "unknown_flush_products"],
 )

@@ -157,7 +157,9 @@ def mamba2_replay_decode(
     # Launch knobs are checked before the plan launch mutates the cursor words and rings.
     plain = window == 1 and query_start_loc is None
     window_products(cfg["readout_products"], ckpt.dtype, C.dtype, cfg["readout_block_p"], plain)
-    window_products(cfg["flush_products"], torch.float32, C.dtype, cfg["flush_block_p"], plain)
+    window_products(
+        cfg["flush_products"], torch.float32, C.dtype, cfg["flush_block_p"], plain, "flush"
+    )
     if cfg["flush_maxnreg"] < 0:
         raise ValueError(f"flush_maxnreg must be >= 0, got {cfg['flush_maxnreg']}")
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)

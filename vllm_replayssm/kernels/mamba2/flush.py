@@ -517,7 +517,7 @@ def mamba2_flush(
     G, N = C.shape[1], C.shape[2]
     lp = cache.lp if cache.lp is not None else cache.hp
     plain = window == 1 and query_start_loc is None
-    tile_products = window_products(products, torch.float32, C.dtype, block_p, plain)
+    tile_products = window_products(products, torch.float32, C.dtype, block_p, plain, "flush")
     tiles = triton.cdiv(P, block_p)
     tensors = (
         cache.hp,

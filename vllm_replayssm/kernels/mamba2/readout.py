@@ -634,20 +634,26 @@ READOUT_PRODUCTS = ("fma", "dot")
 
 
 def window_products(
-    products: str, tile_dtype: torch.dtype, c_dtype: torch.dtype, block_p: int, plain: bool
+    products: str,
+    tile_dtype: torch.dtype,
+    c_dtype: torch.dtype,
+    block_p: int,
+    plain: bool,
+    launch: str = "readout",
 ) -> str:
-    """The window readout's PRODUCTS constexpr for the `products` knob: "fma", or with
-    "dot" the tile's product by its dtypes: "dot16" (a 16-bit tile and C of one dtype),
-    "bf16x3" (an fp32 tile, bf16 C), "tf32x3" (any other pair). Refuses "dot" for plain
-    decode and for tiles of fewer than 16 rows (a tensor-core product's smallest M)."""
+    """The window readout's PRODUCTS constexpr for the `products` knob of a launch
+    ("readout" or "flush", for the messages): "fma", or with "dot" the tile's product by its
+    dtypes: "dot16" (a 16-bit tile and C of one dtype), "bf16x3" (an fp32 tile, bf16 C),
+    "tf32x3" (any other pair). Refuses "dot" for plain decode and for tiles of fewer than
+    16 rows (a tensor-core product's smallest M)."""
     if products not in READOUT_PRODUCTS:
-        raise ValueError(f"readout products must be one of {READOUT_PRODUCTS}, got {products!r}")
+        raise ValueError(f"{launch}_products must be one of {READOUT_PRODUCTS}, got {products!r}")
     if products == "fma":
         return "fma"
     if plain:
-        raise ValueError('readout products "dot" applies to speculative windows only')
+        raise ValueError(f'{launch}_products "dot" applies to speculative windows only')
     if block_p < 16:
-        raise ValueError(f'readout products "dot" needs readout_block_p >= 16, got {block_p}')
+        raise ValueError(f'{launch}_products "dot" needs {launch}_block_p >= 16, got {block_p}')
     if tile_dtype == c_dtype and tile_dtype in (torch.bfloat16, torch.float16):
         return "dot16"
     if tile_dtype == torch.float32 and c_dtype == torch.bfloat16:
