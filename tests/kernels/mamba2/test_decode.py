@@ -53,8 +53,6 @@ SCENARIOS = {
     # C with churn (dot16); the flush's fp32 tile takes tf32x3 or bf16x3; T = 3: masked
     # token slots.
     "spec_T3_dot": dict(L=5, T=3, knobs=DOT),
-    # a register cap on the window flush (the interpreter ignores it; the GPU test runs it)
-    "spec_T3_flush_maxnreg": dict(L=5, T=3, knobs=dict(flush_maxnreg=128)),
     "spec_T4_L16_lp_bf16_dot": dict(L=16, T=4, lp=torch.bfloat16, act=torch.bfloat16, knobs=DOT),
     "spec_T4_act_bf16_dot": dict(L=8, T=4, act=torch.bfloat16, knobs=DOT),
     "spec_T2_lp_fp16_churn_dot": dict(
@@ -65,6 +63,8 @@ SCENARIOS = {
         churn=True,
         knobs=DOT,
     ),
+    # a register cap on the window flush (the interpreter ignores it; the GPU test runs it)
+    "spec_T3_flush_maxnreg": dict(L=5, T=3, knobs=dict(flush_maxnreg=128)),
 }
 
 
