@@ -194,25 +194,9 @@ def test_bad_launch_knobs_are_refused_before_any_launch(knobs, match, device):
     checkpoint) stays as it was."""
     fam = Mamba2Family(GEOMS["tiny"], device=device, seed=1)
     cache = fam.cache(fam.specs(4, 1, None), 4)
-    tok = fam.tokens(2, torch.Generator().manual_seed(0))
-    out = torch.empty(fam.out_shape(2), device=device)
     before = {k: v.clone() for k, v in cache._asdict().items() if v is not None}
     with pytest.raises(ValueError, match=match):
-        decode.mamba2_replay_decode(
-            cache,
-            tok["x"],
-            tok["dt"],
-            fam.params["A"],
-            tok["B"],
-            tok["C"],
-            fam.params["D"],
-            fam.params["dt_bias"],
-            torch.tensor([1, 2], device=device),
-            out,
-            buffer_len=4,
-            window=1,
-            **knobs,
-        )
+        _plain_step(fam, cache, [1, 2], **knobs)
     after = cache._asdict()
     for k, v in before.items():  # bit for bit: never-written pages may hold NaN
         assert torch.equal(v.view(torch.uint8), after[k].contiguous().view(torch.uint8)), k
@@ -220,27 +204,31 @@ def test_bad_launch_knobs_are_refused_before_any_launch(knobs, match, device):
 
 def test_scratch_too_small_is_refused(device):
     fam = Mamba2Family(GEOMS["tiny"], device=device, seed=1)
-    specs = fam.specs(4, 1, None)
-    cache = fam.cache(specs, 4)
-    tok = fam.tokens(3, torch.Generator().manual_seed(0))
-    out = torch.empty(fam.out_shape(3), device=device)
+    cache = fam.cache(fam.specs(4, 1, None), 4)
     small = Mamba2Scratch.allocate(2, fam.geom.nheads, 4, device)
     with pytest.raises(ValueError, match="too small"):
-        decode.mamba2_replay_decode(
-            cache,
-            tok["x"],
-            tok["dt"],
-            fam.params["A"],
-            tok["B"],
-            tok["C"],
-            fam.params["D"],
-            fam.params["dt_bias"],
-            torch.tensor([1, 2, 3], device=device),
-            out,
-            buffer_len=4,
-            window=1,
-            scratch=small,
-        )
+        _plain_step(fam, cache, [1, 2, 3], scratch=small)
+
+
+def _plain_step(fam, cache, slots: list[int], **kwargs) -> None:
+    """One plain decode step (buffer_len 4) of the kernels on `slots` with fresh tokens."""
+    device = cache.hp.device
+    tok = fam.tokens(len(slots), torch.Generator().manual_seed(0))
+    decode.mamba2_replay_decode(
+        cache,
+        tok["x"],
+        tok["dt"],
+        fam.params["A"],
+        tok["B"],
+        tok["C"],
+        fam.params["D"],
+        fam.params["dt_bias"],
+        torch.tensor(slots, device=device),
+        torch.empty(fam.out_shape(len(slots)), device=device),
+        buffer_len=4,
+        window=1,
+        **kwargs,
+    )
 
 
 def _strided_column(slots: list[int], width: int, device) -> torch.Tensor:

@@ -30,6 +30,17 @@ def bf16_parts(x):
 
 
 @triton.jit
+def dot_split3(a, b, acc):
+    """acc + a @ b at fp32 accuracy for an fp32 `a` and an exact bf16 `b`: a's three bf16
+    parts (`bf16_parts`, formed before the products) against b, smallest part first."""
+    a_hi, a_mid, a_lo = bf16_parts(a)
+    acc = dot16(a_lo, b, acc)
+    acc = dot16(a_mid, b, acc)
+    acc = dot16(a_hi, b, acc)
+    return acc
+
+
+@triton.jit
 def dot_bf16_parts(a, b_hi, b_mid, b_lo, acc):
     """acc + a @ b at fp32 accuracy for a bf16 `a` (exact: an LP tile) and an fp32 `b` given
     as its bf16 parts (`bf16_parts`, split once for many tiles), in three bf16 products

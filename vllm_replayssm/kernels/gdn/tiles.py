@@ -9,7 +9,7 @@ import triton.language as tl
 
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import softplus
-from vllm_replayssm.kernels.common.triton_dots import bf16_parts, dot16
+from vllm_replayssm.kernels.common.triton_dots import dot16, dot_split3
 
 
 @triton.jit
@@ -158,10 +158,7 @@ def _dot3(a, b, acc, PRECISION: tl.constexpr):
     parts are formed before the products, smallest first (fewer live registers: the exact
     WY fold spills none at 64 x 128)."""
     if PRECISION == "bf16x3":
-        a_hi, a_mid, a_lo = bf16_parts(a)
-        acc = dot16(a_lo, b, acc)
-        acc = dot16(a_mid, b, acc)
-        acc = dot16(a_hi, b, acc)
+        acc = dot_split3(a, b, acc)
     else:
         acc = tl.dot(a, b.to(tl.float32), acc=acc, input_precision=PRECISION)
     return acc

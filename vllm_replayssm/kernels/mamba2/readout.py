@@ -37,7 +37,12 @@ from vllm_replayssm.kernels.common.plan_row import (
 )
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
 from vllm_replayssm.kernels.common.triton_cursor import row_tokens
-from vllm_replayssm.kernels.common.triton_dots import bf16_parts, dot16, dot_bf16_parts
+from vllm_replayssm.kernels.common.triton_dots import (
+    bf16_parts,
+    dot16,
+    dot_bf16_parts,
+    dot_split3,
+)
 from vllm_replayssm.kernels.mamba2.plan import (
     Mamba2Scratch,
     coef_offsets,
@@ -304,10 +309,7 @@ def window_tile_dot(s, c_t, y, PRODUCTS: tl.constexpr):
     if PRODUCTS == "dot16":
         y = dot16(s, c_t, y)
     elif PRODUCTS == "bf16x3":
-        s_hi, s_mid, s_lo = bf16_parts(s)
-        y = dot16(s_lo, c_t, y)
-        y = dot16(s_mid, c_t, y)
-        y = dot16(s_hi, c_t, y)
+        y = dot_split3(s, c_t, y)
     else:
         y = tl.dot(s.to(tl.float32), c_t.to(tl.float32), acc=y, input_precision="tf32x3")
     return y
