@@ -468,6 +468,9 @@ def _mamba2_readout_window_kernel(
     if read_hp != 0:
         return
     slot = slot32.to(tl.int64)
+    rows = o + o_j
+    rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+    p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
     if PRODUCTS == "fma":
         S0 = tl.load(
             ckpt_ptr
@@ -478,9 +481,6 @@ def _mamba2_readout_window_kernel(
             mask=m_p[:, None] & m_n[None, :],
             other=0.0,
         )  # [BLOCK_P, BLOCK_N]
-        rows = o + o_j
-        rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-        p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
         x_h = tl.load(
             p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
             mask=(o_j < n)[:, None] & m_p[None, :],
@@ -510,9 +510,6 @@ def _mamba2_readout_window_kernel(
             OFF_S,
         )
     else:  # tensor-core products (`read_window_dot`)
-        rows = o + o_j
-        rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-        p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
         read_window_dot(
             ckpt_ptr + slot * stride_ck_slot + h * stride_ck_head,
             p_rx,
