@@ -30,6 +30,8 @@ def _op(**knobs):
 
 
 DOT = dict(readout_products="dot", flush_products="dot")
+# The products windows took before tensor cores became their default (decode.launch_config).
+FMA = dict(readout_products="fma", flush_products="fma")
 
 # Decode scenarios against the float64 oracle (outputs every step, materialised states).
 SCENARIO_BASE = dict(geom="tiny", L=4, T=1, lp=None, act=torch.float32, churn=False, knobs={})
@@ -44,9 +46,13 @@ SCENARIOS = {
     "churn": dict(churn=True),  # rows join and leave: fresh pages, NULL rows, new slots
     "one_flush_program": dict(knobs=dict(flush_programs=1)),  # the persistent loop
     "readout_block_p_8": dict(knobs=dict(readout_block_p=8)),  # several tiles per head
-    "spec_T3": dict(L=5, T=3),  # the plan / flush / readout launches for windows
+    # the plan / flush / readout launches for windows, default products ("dot" readouts,
+    # the flush's "dot" with an LP copy) and "fma"
+    "spec_T3": dict(L=5, T=3),
+    "spec_T3_fma": dict(L=5, T=3, knobs=FMA),
     "spec_T2_lp_fp16_churn": dict(L=4, T=2, lp=torch.float16, churn=True),
     "spec_T4_L16_lp_bf16": dict(L=16, T=4, lp=torch.bfloat16),  # the production shape
+    "spec_T4_L16_lp_bf16_fma": dict(L=16, T=4, lp=torch.bfloat16, knobs=FMA),
     # The window's readouts (the readout launch's and the flush's) in tensor-core products,
     # one row per product kind of the readout's tile: an fp32 tile against fp32 C (tf32x3),
     # bf16 LP and bf16 C (dot16), an fp32 tile against bf16 C (bf16x3), fp16 LP and fp16
@@ -96,6 +102,7 @@ LOCKSTEP = {
     "lp_fp16": dict(lp=torch.float16),
     "lp_bf16": dict(lp=torch.bfloat16),
     "spec_T3": dict(T=3),
+    "spec_T3_fma": dict(T=3, knobs=FMA),
     "stock_route_steps_lp_bf16": dict(lp=torch.bfloat16, stock_share=0.4),  # stale LP
     "spec_T3_dot": dict(T=3, knobs=DOT, out_tol=1e-6),  # fp32 tile, fp16 C: tf32x3
     "spec_T3_act_bf16_dot": dict(T=3, act=torch.bfloat16, knobs=DOT, out_tol=1e-6),  # bf16x3
@@ -297,17 +304,22 @@ def test_real_geometry_lockstep_on_gpu(lp, T):
     )
 
 
-# Window launch knobs not on by default, on the GPU: the readouts in tensor-core products;
-# the flush capped at 128 registers with four programs per SM.
-WINDOW_KNOBS = {"dot": DOT, "flush_maxnreg128": dict(flush_maxnreg=128, flush_programs=528)}
+# Window launch knobs not on by default, on the GPU: the readouts in elementwise products;
+# both in tensor-core products (the flush's is the default with an LP copy only); the flush
+# capped at 128 registers with four programs per SM.
+WINDOW_KNOBS = {
+    "fma": FMA,
+    "dot": DOT,
+    "flush_maxnreg128": dict(flush_maxnreg=128, flush_programs=528),
+}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("knobs", list(WINDOW_KNOBS))
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 def test_real_geometry_window_knobs_on_gpu(lp, knobs):
-    """The window step with launch knobs that are not the defaults at Nemotron-3 Super,
-    T = 4: lockstep with the torch reference (bf16 activations; with products "dot":
+    """The window step with launch knobs that are not (all) the defaults at Nemotron-3
+    Super, T = 4: lockstep with the torch reference (bf16 activations; with products "dot":
     bf16x3 for HP tiles, one bf16 product for the LP tile) and the float64 oracle."""
     op = _op(**WINDOW_KNOBS[knobs])
     check_kernel_matches_reference(

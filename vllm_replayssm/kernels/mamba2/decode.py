@@ -42,7 +42,7 @@ def launch_config(
     ckpt_itemsize: int,
     device: torch.device,
     window: int = 1,
-    readout_products: str = "fma",
+    readout_products: str | None = None,
 ) -> dict:
     """Launch knobs of the plan / flush / readout launches.
 
@@ -53,22 +53,25 @@ def launch_config(
     (benchmarks/results/kernels-h200-20261201-*): readout 16 or 32 rows and one warp
     within 1% of each other, two warps 2-7% slower; flush 64 rows x 4 warps and 32 x 2
     best, 8 warps 13% slower, 264-1056 programs alike; the overlap 2-8% faster.
-    Speculative windows (not yet measured on a GPU; sm_90 compile report at T = 4,
-    Nemotron-3 Super, `benchmarks/kernels/sm90_mamba2.py`): the readout tile halved (16 x
-    128 bf16: 128 registers; 8 x 128 fp32: 80), the flush tile 32 rows (64 rows: 255
-    registers and a 40-byte stack; 32: 141, no spill), the plan on four warps (its
-    [heads, window, history] coefficient blocks: 96 registers). readout_products "dot"
-    (tensor-core products, windows only) keeps the full tile (32 x 128 bf16: 70 registers,
-    736 SASS instructions against 1,688 for half the tile with "fma"; 16 x 128 fp32: 80);
-    flush_products "dot" the same for the window's readout from the folded tile in the
-    flush. Both are faster on an H100 (fbc1225, Super T = 4 bs 256, µs per step and layer,
-    readout / flush products, `kernels-h100-20261206-fbc1225-mamba2-window4-readout-
-    products.json`): bf16 LP fma/fma 803, dot/dot 628; HP only fma/fma 805, dot/fma 724,
-    dot/dot 758. They become the defaults (dot readouts; the flush's dot with an LP copy)
-    once their GPU test (`test_real_geometry_window_knobs_on_gpu`) has passed.
+    Speculative windows (sm_90 compile report at T = 4, Nemotron-3 Super,
+    `benchmarks/kernels/sm90_mamba2.py`): the flush tile 32 rows (64 rows: 255 registers
+    and a 40-byte stack; 32: 141, no spill), the plan on four warps (its [heads, window,
+    history] coefficient blocks: 96 registers). Windows take their products on tensor
+    cores by default (readout_products None: "dot" for windows, "fma" for plain decode,
+    which refuses "dot"): the readout keeps the full tile (32 x 128 bf16: 70 registers, 736
+    SASS instructions, against 1,688 for the half tile that "fma" takes, 16 x 128 bf16 at
+    128 registers; fp32 16 x 128: 80), and the flush reads the window out of its folded
+    tile the same way (flush_products "dot"), with an LP copy only. H100 at fbc1225, Super
+    T = 4, bs 256, µs per step and layer, readout / flush products
+    (`kernels-h100-20261206-fbc1225-mamba2-window4-readout-products.json`): bf16 LP
+    fma/fma 803, dot/fma 781, fma/dot 753, dot/dot 628; HP only fma/fma 805, dot/fma 724,
+    dot/dot 758, fma/dot 893. GPU test of both products at 874c28c
+    (`pytest-gpu-h100-20261206-874c28c-mamba2-window-knobs.log`).
     flush_maxnreg caps the flush's registers (0: none): the window flush's 141 fit three
     programs per SM, capped at 128 (no spill at sm_90; 96 spills 40 bytes) four, with the
     grid to match (not yet measured; the default grid is two per SM)."""
+    if readout_products is None:
+        readout_products = "dot" if window > 1 else "fma"
     block_p = TILE_BYTES // (triton.next_power_of_2(dstate) * ckpt_itemsize)
     if window > 1 and readout_products == "fma":
         block_p //= 2
@@ -91,7 +94,7 @@ def launch_config(
         plan_warps=1 if window == 1 else 4,
         overlap=device.type == "cuda",
         readout_products=readout_products,
-        flush_products="fma",
+        flush_products="dot" if window > 1 and ckpt_itemsize < 4 else "fma",
         flush_maxnreg=0,
     )
 
@@ -152,7 +155,7 @@ def mamba2_replay_decode(
             f"{H} heads, buffer_len {buffer_len}, window {window}"
         )
     ckpt = cache.lp if cache.lp is not None else cache.hp
-    products = knobs.get("readout_products", "fma")
+    products = knobs.get("readout_products")
     cfg = launch_config(R, H, P, N, ckpt.element_size(), x.device, window, products)
     unknown = set(knobs) - set(cfg) - {"dot_precision"}
     if unknown:
