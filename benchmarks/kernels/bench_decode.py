@@ -395,7 +395,6 @@ GDN_ROUTE_KNOBS = {
         "flush_stages",
         "flush_rows_read",
         "flush_programs",
-        "flush_block_k",
     },
 }
 

@@ -220,29 +220,23 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     # flush_block_v / flush_warps; bf16x3 is the GPU default with bf16 k records).
     # The exact flush recomputes d from HP with an LP copy, and sums the cached d without one
     # (`flush.gdn_flush`'s recompute).
-    # chunk: the flush's block_k (0: the whole tile in registers; 32 / 64: key chunks).
-    for rows, warps, precision, lp, chunk in (
-        (64, 4, "bf16x3", torch.bfloat16, 0),
-        (64, 4, "tf32x3", torch.bfloat16, 0),
-        (64, 8, "bf16x3", torch.bfloat16, 0),
-        (32, 4, "bf16x3", torch.bfloat16, 0),
-        (32, 4, "tf32x3", torch.bfloat16, 0),
-        (32, 2, "bf16x3", torch.bfloat16, 0),
-        (16, 1, "bf16x3", torch.bfloat16, 0),
-        (16, 1, "bf16x3", torch.bfloat16, 32),
-        (16, 1, "bf16x3", torch.bfloat16, 64),
-        (64, 4, "bf16x3", None, 0),
-        (32, 2, "bf16x3", None, 0),
-        (16, 1, "bf16x3", None, 0),
-        (16, 2, "bf16x3", None, 0),  # the HP-only default
-        (16, 2, "bf16x3", None, 32),
-        (16, 1, "bf16x3", None, 32),
+    for rows, warps, precision, lp in (
+        (64, 4, "bf16x3", torch.bfloat16),
+        (64, 4, "tf32x3", torch.bfloat16),
+        (64, 8, "bf16x3", torch.bfloat16),
+        (32, 4, "bf16x3", torch.bfloat16),
+        (32, 4, "tf32x3", torch.bfloat16),
+        (32, 2, "bf16x3", torch.bfloat16),
+        (16, 1, "bf16x3", torch.bfloat16),
+        (64, 4, "bf16x3", None),
+        (32, 2, "bf16x3", None),
+        (16, 1, "bf16x3", None),
+        (16, 2, "bf16x3", None),  # the HP-only default
     ):
         kind = "recompute" if lp is not None else "sum d, HP only"
-        chunks = f", key chunks of {chunk}" if chunk else ""
         out.append(
             (
-                f"flush {rows} x {K} {precision} {kind}{chunks}",
+                f"flush {rows} x {K} {precision} {kind}",
                 flush._gdn_flush_kernel,
                 kernel_args(flush._gdn_flush_kernel, lp),
                 dict(
@@ -254,7 +248,6 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
                     BLOCK_V=rows,
                     BLOCK_K=K,
                     BLOCK_L=BL,
-                    CHUNK_K=chunk,
                     HAS_LP=lp is not None,
                     LP_IS_FP16=False,
                     EXACT_FLUSH=True,
@@ -382,14 +375,11 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
             )
         )
     kern_list = gdn_window._gdn_window_flush_list_kernel
-    # one warp's 16-row tile (more warps were slower); chunk: flush_block_k (0: whole tile)
-    for refresh, chunk in ((False, 0), (True, 0), (True, 32), (True, 64)):
+    for refresh in (False, True):  # one warp's 16-row tile (more warps were slower)
         rows = gdn_window.FLUSH_BLOCK_V
-        chunks = f", key chunks of {chunk}" if chunk else ""
         out.append(
             (
-                f"window {T} flush list, WY bf16x3{', refresh stale LP' if refresh else ''}"
-                f"{chunks}",
+                f"window {T} flush list, WY bf16x3{', refresh stale LP' if refresh else ''}",
                 kern_list,
                 kernel_args(kern_list, torch.bfloat16, T),
                 dict(
@@ -406,7 +396,6 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
                     FOLD="bf16x3",
                     BLOCK_L=max(16, bh),
                     REFRESH_STALE=refresh,
-                    CHUNK_K=chunk,
                 ),
                 1,
             )

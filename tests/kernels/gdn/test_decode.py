@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 
-from vllm_replayssm.kernels.gdn import decode, flush, readout
+from vllm_replayssm.kernels.gdn import decode, readout
 from vllm_replayssm.kernels.gdn import stock_route as gdn_stock
 from vllm_replayssm.kernels.gdn.plan import GDNScratch
 from vllm_replayssm.layout import GDNGeometry
@@ -29,9 +29,6 @@ from .test_reference import GEOMS
 GEOMS = {
     **GEOMS,
     "one_v_per_k": GDNGeometry(num_k_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8),
-    # a key block of 64 (K = 40): four 16-column chunks for the flush's key chunks, the last
-    # two partly or wholly past K
-    "wide_k": GDNGeometry(num_k_heads=1, num_v_heads=2, head_k_dim=40, head_v_dim=16),
 }
 
 
@@ -74,20 +71,6 @@ SCENARIOS = {
     "readout_tile_loop": dict(geom="qwen35_122b", knobs=dict(readout_block_v=8, readout_tiles=4)),
     "readout_tile_loop_churn": dict(churn=True, knobs=dict(readout_tiles=2)),
     "uneven_readout_tiles": dict(geom="uneven", knobs=dict(readout_tiles=3)),
-    # the flush walking its tiles in key chunks (`flush.gdn_flush`'s block_k): HP only it
-    # sums the cached d, with an LP copy it recomputes them (two passes), fold mode sums
-    "flush_key_chunks": dict(geom="wide_k", knobs=dict(flush_block_k=16)),
-    "flush_key_chunks_lp_bf16": dict(
-        geom="wide_k", lp=torch.bfloat16, knobs=dict(flush_block_k=16)
-    ),
-    "flush_key_chunks_fold": dict(geom="wide_k", exact=False, knobs=dict(flush_block_k=16)),
-    # the GPU's products (bf16 keys as exact operands, the interpreter's dots in fp32)
-    "flush_key_chunks_bf16x3": dict(
-        geom="wide_k",
-        act=torch.bfloat16,
-        lp=torch.bfloat16,
-        knobs=dict(flush_block_k=16, dot_precision="bf16x3"),
-    ),
 }
 
 
@@ -167,31 +150,18 @@ def test_kernel_matches_naive(case, device):
 
 
 @pytest.mark.parametrize(
-    "exact, knobs, geom",
-    [
-        (True, {}, "qwen3_next"),
-        (False, {}, "qwen3_next"),
-        (True, dict(flush_recompute=1), "qwen3_next"),
-        (True, dict(flush_recompute=1, flush_block_k=16), "wide_k"),
-        (True, dict(flush_recompute=1, flush_block_k=16, dot_precision="bf16x3"), "wide_k"),
-    ],
-    ids=[
-        "exact",
-        "fold",
-        "exact_recompute",
-        "exact_recompute_key_chunks",
-        "exact_recompute_key_chunks_bf16x3",
-    ],
+    "exact, knobs",
+    [(True, {}), (False, {}), (True, dict(flush_recompute=1))],
+    ids=["exact", "fold", "exact_recompute"],
 )
-def test_hp_only_replay_is_fp32_accurate(exact, knobs, geom, device):
+def test_hp_only_replay_is_fp32_accurate(exact, knobs, device):
     """The point of fp32 corrected values: HP-only replay with bf16 activations stays within
     1e-5 of the float64 oracle in every step (bf16 d records were ~1e-3 off). exact: the
     default exact flush without an LP copy, which sums the cached d (the delta rule from HP
     up to reassociation); exact_recompute: the same flush recomputing them from HP over the
-    cached k, v, g, β (`flush.gdn_flush`'s recompute, what an LP copy needs), in one piece
-    or in key chunks."""
+    cached k, v, g, β (`flush.gdn_flush`'s recompute, what an LP copy needs)."""
     fam = GDNFamily(
-        GEOMS[geom],
+        GEOMS["qwen3_next"],
         act_dtype=torch.bfloat16,
         exact_flush=exact,
         decode_op=_op(**knobs),
@@ -202,17 +172,13 @@ def test_hp_only_replay_is_fp32_accurate(exact, knobs, geom, device):
 
 
 # Lockstep with the torch reference: outputs, cursor words (exact), records, HP and LP.
-LOCKSTEP_BASE = dict(geom="qwen35_122b", lp=None, exact=True, stock_share=0.0, knobs={})
+LOCKSTEP_BASE = dict(lp=None, exact=True, stock_share=0.0, knobs={})
 LOCKSTEP = {
     "base": {},
     "lp_fp16": dict(lp=torch.float16),
     "lp_bf16": dict(lp=torch.bfloat16),
     "fold": dict(exact=False),
     "stock_route_steps_lp_bf16": dict(lp=torch.bfloat16, stock_share=0.4),  # stale LP rows
-    # the flush in key chunks, recomputing d, with stale LP rows read from HP in chunks
-    "flush_key_chunks_lp_bf16": dict(
-        geom="wide_k", lp=torch.bfloat16, stock_share=0.4, knobs=dict(flush_block_k=16)
-    ),
 }
 
 
@@ -222,7 +188,7 @@ def test_kernel_matches_reference_buffers(case, device):
     lp = c["lp"]
     check_kernel_matches_reference(
         lambda op: GDNFamily(
-            GEOMS[c["geom"]],
+            GEOMS["qwen35_122b"],
             act_dtype=torch.float16,
             device=device,
             exact_flush=c["exact"],
@@ -301,24 +267,6 @@ def test_scratch_too_small_is_refused(device):
         _decode_three_rows(device, None, 2)
 
 
-@pytest.mark.parametrize(
-    "block_k, K, precision, chunk",
-    [(0, 128, "bf16x3", 0), (32, 128, "bf16x3", 32), (64, 40, "tf32x3", 0), (16, 40, "ieee", 16)],
-)
-def test_flush_key_chunk(block_k, K, precision, chunk):
-    """block_k 0, or one that covers the key block, holds the whole tile; others chunk it."""
-    assert flush.flush_chunk_k(block_k, K, precision) == chunk
-
-
-@pytest.mark.parametrize(
-    "block_k, precision, match",
-    [(24, "bf16x3", "power of two"), (8, "bf16x3", "power of two"), (32, "serial", "serial")],
-)
-def test_flush_key_chunk_refusals(block_k, precision, match):
-    with pytest.raises(ValueError, match=match):
-        flush.flush_chunk_k(block_k, 128, precision)
-
-
 REAL = {
     "qwen35_4b": GDNGeometry(16, 32, 128, 128),
     "qwen35_122b": GDNGeometry(16, 64, 128, 128),
@@ -359,37 +307,6 @@ def test_real_geometry_readout_tile_loop_on_gpu(geom, lp, tiles):
         decode_op=_op(readout_tiles=tiles),
     )
     check_scenario(fam, L=16, T=1, lp=lp, spec=False, requests=8, cycles=2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("geom", list(REAL))
-@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
-@pytest.mark.parametrize("block_k", [32, 64])
-def test_real_geometry_flush_key_chunks_on_gpu(geom, lp, block_k):
-    """The flush walking its tiles in key chunks (bf16x3 products on the raw keys)."""
-    fam = GDNFamily(
-        REAL[geom],
-        act_dtype=torch.bfloat16,
-        device="cuda",
-        seed=14,
-        decode_op=_op(flush_block_k=block_k),
-    )
-    check_scenario(fam, L=16, T=1, lp=lp, spec=False, requests=8, cycles=2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("geom", list(REAL))
-@pytest.mark.parametrize("block_k", [32, 64])
-def test_real_geometry_flush_key_chunks_fp32_accurate_on_gpu(geom, block_k):
-    """HP only with the recomputing flush forced, in key chunks: still within 1e-5."""
-    fam = GDNFamily(
-        REAL[geom],
-        act_dtype=torch.bfloat16,
-        device="cuda",
-        seed=15,
-        decode_op=_op(flush_recompute=1, flush_block_k=block_k),
-    )
-    check_scenario(fam, L=16, T=1, lp=None, spec=False, requests=8, cycles=2, out_tol=1e-5)
 
 
 @pytest.mark.gpu

@@ -87,12 +87,12 @@ def test_kernel_matches_reference_buffers(row, device):
     _check_reference(device, _op(row["route"]), row["flush"], row["lp"], row["T"], seed=4)
 
 
-def _check_reference(device, op, exact, lp, T, act=torch.float16, seed=4, geom=None):
+def _check_reference(device, op, exact, lp, T, act=torch.float16, seed=4):
     """The kernel step `op` against the torch reference on the same buffers, at a geometry
-    whose tiles a tensor-core product takes (K, V >= 16; default qwen35_122b's)."""
+    whose tiles a tensor-core product takes (K, V >= 16)."""
     check_kernel_matches_reference(
         lambda decode_op: GDNFamily(
-            geom or GEOMS["qwen35_122b"],
+            GEOMS["qwen35_122b"],
             act_dtype=act,
             device=device,
             exact_flush=exact,
@@ -184,56 +184,6 @@ def test_wy_flush_matches_reference_buffers(row, device):
     _check_reference(device, _op(route, **knobs), exact, lp, T, act=act, seed=5)
 
 
-# The flush list walking its items in key chunks (flush_block_k; `tiles.wy_flush_chunked`)
-# at K = 40: four 16-column chunks, the last two partly or wholly past K. (exact flush, LP
-# dtype, T, knobs): with an LP copy the exact flush recomputes d, HP only it sums them.
-WIDE_K = GDNGeometry(num_k_heads=1, num_v_heads=2, head_k_dim=40, head_v_dim=16)
-CHUNKED = dict(PLANNED_WY, flush_block_k=16)
-KEY_CHUNK_ROWS = {
-    "exact-bf16-T3": (True, BF16, 3, dict(CHUNKED, flush_rows_read="lp")),
-    "exact-none-T3": (True, None, 3, CHUNKED),
-    "fold-bf16-T2": (False, BF16, 2, dict(CHUNKED, flush_rows_read="lp")),
-    "exact-bf16-T3-tf32x3": (  # the interpreter's products on the keys in fp32
-        True,
-        BF16,
-        3,
-        dict(CHUNKED, flush_rows_read="lp", flush_precision="tf32x3"),
-    ),
-}
-
-
-@pytest.mark.parametrize("row", list(KEY_CHUNK_ROWS))
-def test_flush_key_chunks_match_reference_buffers(row, device):
-    exact, lp, T, knobs = KEY_CHUNK_ROWS[row]
-    _check_reference(device, _op("split", **knobs), exact, lp, T, act=BF16, seed=6, geom=WIDE_K)
-
-
-def test_flush_key_chunks_match_naive(device):
-    """Against the float64 oracle, with rows that join and leave."""
-    fam = GDNFamily(
-        WIDE_K,
-        act_dtype=BF16,
-        decode_op=_op("split", **dict(CHUNKED, flush_rows_read="lp")),
-        device=device,
-        seed=7,
-    )
-    check_scenario(fam, L=5, T=3, lp=BF16, spec=True, churn=True, requests=3, cycles=3, seed=7)
-
-
-@pytest.mark.parametrize(
-    "route, knobs, match",
-    [
-        ("fused", dict(WY, flush_block_k=16), "split route"),
-        ("split", dict(flush_precision="serial", flush_block_k=16), "serial"),
-        ("split", dict(WY, flush_block_k=24), "power of two"),
-    ],
-)
-def test_flush_key_chunks_refusals(route, knobs, match, device):
-    fam = GDNFamily(WIDE_K, act_dtype=BF16, decode_op=_op(route, **knobs), device=device, seed=1)
-    with pytest.raises(ValueError, match=match):
-        check_scenario(fam, L=4, T=2, lp=BF16, spec=True, requests=2, cycles=1)
-
-
 @pytest.mark.parametrize(
     "row",
     table({"flush": {"exact": True, "fold": False}, "lp": {"none": None, "bf16": torch.bfloat16}}),
@@ -277,19 +227,18 @@ def test_stock_route_interleaved(row, device):
     )
 
 
-@pytest.mark.parametrize("block_k", [0, 16], ids=["whole", "key_chunks"])
 @pytest.mark.parametrize("lp", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_planned_lp_only_refreshes_stale_lp(lp, block_k, device):
+def test_planned_lp_only_refreshes_stale_lp(lp, device):
     """The planned route reading LP for every row (flush_rows_read "lp": the readout built
     without its HP branch) between stock-route steps, which leave LP stale: the flush launch
     must copy HP into a stale LP before the readout reads it, or the outputs are off by the
     whole LP-vs-HP difference (`check_mixed_routes`)."""
     fam = GDNFamily(
-        WIDE_K if block_k else GEOMS["qwen3_next"],
+        GEOMS["qwen3_next"],
         act_dtype=torch.bfloat16,
         device=device,
         seed=11,
-        decode_op=_op("split", **dict(PLANNED_WY, flush_rows_read="lp", flush_block_k=block_k)),
+        decode_op=_op("split", **dict(PLANNED_WY, flush_rows_read="lp")),
         stock_route_op=gdn_stock.gdn_stock_route_decode,
     )
     check_mixed_routes(fam, L=4, lp=lp, stock_share=0.5)
@@ -317,8 +266,6 @@ GPU_VARIANTS = {
         "split",
         dict(PLANNED_WY, flush_rows_read="lp", readout_precision="bf16x2"),
     ),
-    # the flush list in key chunks (`flush_block_k`)
-    "split-wy_key_chunks32": ("split", dict(PLANNED_WY, flush_rows_read="lp", flush_block_k=32)),
 }
 
 

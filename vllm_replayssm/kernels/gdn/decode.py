@@ -97,9 +97,6 @@ def launch_config(
         flush_block_v=flush_v,
         flush_warps=flush_warps,
         flush_programs=min(programs, flush_items),
-        # 0: an item's whole HP tile in registers (255 with an LP copy); 32 / 64 walk it in key
-        # chunks (`flush.gdn_flush`'s block_k), not yet measured on a GPU
-        flush_block_k=0,
         plan_warps=1,
         overlap=device.type == "cuda",
         flush_recompute=None,
@@ -132,9 +129,8 @@ def gdn_replay_decode(
     scratch: `GDNScratch` for at least R rows (plain decode); None allocates one per call
     (tests; not for CUDA graphs). knobs override `launch_config` (plain decode:
     readout_block_v, readout_warps, readout_tiles, flush_block_v, flush_warps,
-    flush_programs, flush_block_k, plan_warps, overlap, flush_recompute, dot_precision) or
-    set the window step's (speculative: route, block_v, num_warps, heads_per_program,
-    num_stages).
+    flush_programs, plan_warps, overlap, flush_recompute, dot_precision) or set the window
+    step's (speculative: route, block_v, num_warps, heads_per_program, num_stages).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -210,7 +206,6 @@ def gdn_replay_decode(
                 num_programs=cfg["flush_programs"],
                 dot_precision=cfg.get("dot_precision"),
                 recompute=recompute,
-                block_k=cfg["flush_block_k"],
                 **common,
             )
         gdn_readout(

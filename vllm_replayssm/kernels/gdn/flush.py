@@ -40,9 +40,7 @@ from vllm_replayssm.kernels.gdn.plan import (
 )
 from vllm_replayssm.kernels.gdn.tiles import (
     advance_tile,
-    readout_from_dots,
     readout_tile,
-    wy_flush_chunked,
     wy_fold_tile,
 )
 
@@ -207,7 +205,6 @@ def _gdn_flush_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_L: tl.constexpr,
-    CHUNK_K: tl.constexpr,
     HAS_LP: tl.constexpr,
     LP_IS_FP16: tl.constexpr,
     EXACT_FLUSH: tl.constexpr,
@@ -242,9 +239,8 @@ def _gdn_flush_kernel(
         beta = tl.load(p_coef + 2 * BLOCK_L + T_COEF_BETA)
         kq = tl.load(p_coef + 2 * BLOCK_L + T_COEF_KQ)
         p_kq = kq_ptr + r64 * stride_kq_row + hk * stride_kq_head
-        if CHUNK_K == 0:  # (in key chunks each chunk loads its part)
-            kn = tl.load(p_kq + o_k, mask=m_k, other=0.0)
-            qn = tl.load(p_kq + stride_kq_which + o_k, mask=m_k, other=0.0)
+        kn = tl.load(p_kq + o_k, mask=m_k, other=0.0)
+        qn = tl.load(p_kq + stride_kq_which + o_k, mask=m_k, other=0.0)
         o_v = (item % TILES_PER_HEAD) * BLOCK_V + tl.arange(0, BLOCK_V)
         m_v = o_v < head_v_dim
         m_vk = m_v[:, None] & m_k[None, :]
@@ -258,28 +254,23 @@ def _gdn_flush_kernel(
         p_rk = ring_k_ptr + slot * stride_rk_slot + hk * stride_rk_head
         p_rd = ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head
         p_rv = ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head
-        if CHUNK_K > 0:  # the tile in key chunks (`tiles.wy_flush_chunked`)
-            sk, sq = wy_flush_chunked(
-                p_hp_head,
-                p_lp_head,
-                p_kq,
-                p_kq + stride_kq_which,
+        p_hp = p_hp_head + (o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
+        S = tl.load(p_hp, mask=m_vk, other=0.0)  # [BLOCK_V, BLOCK_K]
+        if flush != 0:
+            S = fold_tile(
+                S,
                 p_rg,
                 p_rbeta,
                 p_rk,
                 p_rd,
                 p_rv,
-                flush,
                 fo,
                 fn,
                 num_ring_rows,
                 o_v,
+                o_k,
                 m_v,
-                head_k_dim,
-                stride_hp_v,
-                stride_hp_k,
-                stride_lp_v,
-                stride_lp_k,
+                m_k,
                 stride_rg_row,
                 stride_rbeta_row,
                 stride_rk_row,
@@ -288,61 +279,22 @@ def _gdn_flush_kernel(
                 stride_rd_v,
                 stride_rv_row,
                 stride_rv_v,
-                HAS_LP,
-                LP_IS_FP16,
                 RECOMPUTE_D,
-                BLOCK_V,
-                BLOCK_K,
-                CHUNK_K,
                 BLOCK_L,
                 DOT_PRECISION,
             )
-            d_h = _history_d(p_rd, o, n, o_j, o_v, m_v, num_ring_rows, stride_rd_row, stride_rd_v)
-            d_t, o_t = readout_from_dots(
-                sk, sq, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v_raw.to(tl.float32)
-            )
-        else:
-            p_hp = p_hp_head + (o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k)
-            S = tl.load(p_hp, mask=m_vk, other=0.0)  # [BLOCK_V, BLOCK_K]
-            if flush != 0:
-                S = fold_tile(
+            tl.store(p_hp, S, mask=m_vk)
+            if HAS_LP:
+                store_lp(
+                    p_lp_head + (o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k),
                     S,
-                    p_rg,
-                    p_rbeta,
-                    p_rk,
-                    p_rd,
-                    p_rv,
-                    fo,
-                    fn,
-                    num_ring_rows,
-                    o_v,
-                    o_k,
-                    m_v,
-                    m_k,
-                    stride_rg_row,
-                    stride_rbeta_row,
-                    stride_rk_row,
-                    stride_rk_k,
-                    stride_rd_row,
-                    stride_rd_v,
-                    stride_rv_row,
-                    stride_rv_v,
-                    RECOMPUTE_D,
-                    BLOCK_L,
-                    DOT_PRECISION,
+                    m_vk,
+                    LP_IS_FP16,
                 )
-                tl.store(p_hp, S, mask=m_vk)
-                if HAS_LP:
-                    store_lp(
-                        p_lp_head + (o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k),
-                        S,
-                        m_vk,
-                        LP_IS_FP16,
-                    )
-            d_h = _history_d(p_rd, o, n, o_j, o_v, m_v, num_ring_rows, stride_rd_row, stride_rd_v)
-            d_t, o_t = readout_tile(
-                S, kn, qn, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v_raw.to(tl.float32)
-            )
+        d_h = _history_d(p_rd, o, n, o_j, o_v, m_v, num_ring_rows, stride_rd_row, stride_rd_v)
+        d_t, o_t = readout_tile(
+            S, kn, qn, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v_raw.to(tl.float32)
+        )
         tl.store(
             out_ptr + r64 * stride_out_tok + h * stride_out_head + o_v * stride_out_v,
             o_t,
@@ -361,19 +313,6 @@ def recomputes_d(cache, recompute: bool | int | None) -> bool:
     return cache.exact_flush and bool(recompute)
 
 
-def flush_chunk_k(block_k: int, head_k_dim: int, dot_precision: str) -> int:
-    """The flush kernel's CHUNK_K for `gdn_flush`'s block_k: 0 (the whole tile) when block_k
-    is 0 or covers the key block; refuses a chunk that is not a power of two >= 16, or
-    chunks with the serial fold."""
-    if block_k == 0 or block_k >= pow2_block(head_k_dim):
-        return 0
-    if block_k < 16 or block_k & (block_k - 1):
-        raise ValueError(f"flush block_k must be 0 or a power of two >= 16, got {block_k}")
-    if dot_precision == "serial":
-        raise ValueError("the serial fold holds the whole tile: flush block_k must be 0")
-    return block_k
-
-
 def gdn_flush(
     cache,
     v: torch.Tensor,
@@ -387,7 +326,6 @@ def gdn_flush(
     num_programs: int,
     dot_precision: str | None = None,
     recompute: bool | None = None,
-    block_k: int = 0,
 ) -> None:
     """Launch the flush over the plan's HP list (after `gdn_plan`, before or beside
     `gdn_readout`): HP and LP of flush rows written; out [R, Hv, V] and the d (and v)
@@ -413,7 +351,6 @@ def gdn_flush(
     recompute = recomputes_d(cache, recompute)
     Hv, V = v.shape[1], v.shape[2]
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
-    chunk_k = flush_chunk_k(block_k, K, dot_precision)
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
@@ -454,7 +391,6 @@ def gdn_flush(
         BLOCK_V=block_v,
         BLOCK_K=pow2_block(K),
         BLOCK_L=history_block(buffer_len),
-        CHUNK_K=chunk_k,
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,
         EXACT_FLUSH=cache.exact_flush,

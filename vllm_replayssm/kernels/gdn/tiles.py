@@ -7,7 +7,6 @@ advance of one value head's checkpoint tile over committed ring entries, record 
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import softplus
 from vllm_replayssm.kernels.common.triton_dots import dot16, dot_split3
 
@@ -68,20 +67,8 @@ def readout_tile(S, kn, qn, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v):
     e^{g_t}; beta = β_t; kq = k_t·q_t; v: [BLOCK_V] fp32. Returns (d_t, o_t), [BLOCK_V] each:
     u = S_n k_t, w = S_n q_t, d_t = β(v − α u), o_t = α w + (k_t·q_t) d_t.
     """
-    # (the same formula as `readout_from_dots`, written out: passing the two products as
-    # arguments reorders them and costs the readout registers, 120 -> 128 at 4 LP tiles)
     u = exp_gam * tl.sum(S * kn[None, :], axis=1) + tl.sum(coef_k[:, None] * d_h, axis=0)
     w = exp_gam * tl.sum(S * qn[None, :], axis=1) + tl.sum(coef_q[:, None] * d_h, axis=0)
-    d_t = beta * (v - alpha * u)
-    return d_t, alpha * w + kq * d_t
-
-
-@triton.jit
-def readout_from_dots(sk, sq, coef_k, coef_q, d_h, exp_gam, alpha, beta, kq, v):
-    """`readout_tile` from the tile's dot products sk = S k̂_t and sq = S q̂_t ([BLOCK_V]
-    fp32 each; a caller that walks the tile in key chunks sums them chunk by chunk)."""
-    u = exp_gam * sk + tl.sum(coef_k[:, None] * d_h, axis=0)
-    w = exp_gam * sq + tl.sum(coef_q[:, None] * d_h, axis=0)
     d_t = beta * (v - alpha * u)
     return d_t, alpha * w + kq * d_t
 
@@ -239,158 +226,6 @@ def wy_fold_tile(
 
 
 @triton.jit
-def wy_flush_chunked(
-    p_hp,
-    p_lp,
-    p_kn,
-    p_qn,
-    p_rg,
-    p_rbeta,
-    p_rk,
-    p_rd,
-    p_rv,
-    flush,
-    fo,
-    fn,
-    num_ring_rows,
-    o_v,
-    m_v,
-    head_k_dim,
-    stride_hp_v,
-    stride_hp_k,
-    stride_lp_v,
-    stride_lp_k,
-    stride_rg_row,
-    stride_rbeta_row,
-    stride_rk_row,
-    stride_rk_k,
-    stride_rd_row,
-    stride_rd_v,
-    stride_rv_row,
-    stride_rv_v,
-    HAS_LP: tl.constexpr,
-    LP_IS_FP16: tl.constexpr,
-    RECOMPUTE_D: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    CHUNK_K: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-    PRECISION: tl.constexpr,
-    READOUT: tl.constexpr = True,
-):
-    """One flush item (a row's [BLOCK_V, head_k_dim] HP tile of one value head) walked in
-    key chunks of CHUNK_K columns, so that no whole tile is held: a flush row (flush != 0)
-    is folded as `wy_fold_tile` folds it, over ring entries [fo, fo + fn), and HP (and LP)
-    written; a stale row is only read. Returns (sk, sq), [BLOCK_V] fp32: the resulting
-    tile's products with k̂_t and q̂_t (p_kn, p_qn: [head_k_dim] fp32), for
-    `readout_from_dots` (READOUT False: the window step's flush, which reads nothing out:
-    zeros, p_kn and p_qn unused).
-
-    Recomputing the corrected values (RECOMPUTE_D) takes two passes over the HP tile: the
-    first sums S0 kᵀ, the keys' squared norms and their Gram matrix chunk by chunk, the
-    substitution then runs once, and the second pass reads each chunk again (from cache)
-    and writes its update. The products are those of `wy_fold_tile` on the raw key
-    records, scaled by the norms afterwards (bf16x3: exact bf16 operands; tf32x3 / ieee:
-    the keys in fp32), so the result is its fold up to fp32 reassociation. Otherwise the
-    cached d are summed in one pass. PRECISION: "bf16x3", "tf32x3" or "ieee" (not
-    "serial"); BLOCK_K: a multiple of CHUNK_K >= 16."""
-    o_c = tl.arange(0, CHUNK_K)
-    sk = tl.zeros([BLOCK_V], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_V], dtype=tl.float32)
-    if flush != 0:
-        rows, m_l, g, lam = _wy_record_gates(p_rg, fo, fn, num_ring_rows, stride_rg_row, BLOCK_L)
-        decay = tl.exp(tl.sum(g, axis=0))
-        # pass 1: the keys' squared norms and, recomputing d, S0 kᵀ and the Gram matrix
-        ksq = tl.zeros([BLOCK_L], dtype=tl.float32)
-        P = tl.zeros([BLOCK_V, BLOCK_L], dtype=tl.float32)
-        gram = tl.zeros([BLOCK_L, BLOCK_L], dtype=tl.float32)
-        for c0 in tl.range(0, BLOCK_K, CHUNK_K, num_stages=1):
-            o_k = c0 + o_c
-            m_k = o_k < head_k_dim
-            k = tl.load(
-                p_rk + rows[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-                mask=m_l[:, None] & m_k[None, :],
-                other=0.0,
-            )  # [BLOCK_L, CHUNK_K], raw records
-            k32 = k.to(tl.float32)
-            ksq += tl.sum(k32 * k32, axis=1)
-            if RECOMPUTE_D:
-                S = tl.load(
-                    p_hp + o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k,
-                    mask=m_v[:, None] & m_k[None, :],
-                    other=0.0,
-                )
-                if PRECISION == "bf16x3":
-                    P = _dot3(S, tl.trans(k), P, PRECISION)
-                    gram = dot16(k, tl.trans(k), gram)
-                else:
-                    P = _dot3(S, tl.trans(k32), P, PRECISION)
-                    gram = tl.dot(k32, tl.trans(k32), acc=gram, input_precision=PRECISION)
-        rnorm = 1.0 / tl.sqrt(ksq + 1e-6)  # [BLOCK_L]
-        if RECOMPUTE_D:
-            beta = tl.load(p_rbeta + rows * stride_rbeta_row, mask=m_l, other=0.0)
-            gam = tl.cumsum(g, axis=0)  # Γ_j, inclusive
-            v = tl.load(
-                p_rv + o_v[:, None] * stride_rv_v + rows[None, :] * stride_rv_row,
-                mask=m_v[:, None] & m_l[None, :],
-                other=0.0,
-            ).to(tl.float32)  # [BLOCK_V, BLOCK_L]
-            R = beta[None, :] * (v - tl.exp(gam)[None, :] * (P * rnorm[None, :]))
-            A = wy_lower_from_gram(gram * rnorm[:, None] * rnorm[None, :], beta, lam, BLOCK_L)
-            D = _substitute(R, A, BLOCK_L)
-        else:
-            D = tl.load(
-                p_rd + o_v[:, None] * stride_rd_v + rows[None, :] * stride_rd_row,
-                mask=m_v[:, None] & m_l[None, :],
-                other=0.0,
-            ).to(tl.float32)  # [BLOCK_V, BLOCK_L]
-        Dw = D * (tl.exp(lam) * rnorm)[None, :]
-        # pass 2: each chunk's update written, the readout's products summed
-        for c0 in tl.range(0, BLOCK_K, CHUNK_K, num_stages=1):
-            o_k = c0 + o_c
-            m_k = o_k < head_k_dim
-            m_vk = m_v[:, None] & m_k[None, :]
-            k = tl.load(
-                p_rk + rows[:, None] * stride_rk_row + o_k[None, :] * stride_rk_k,
-                mask=m_l[:, None] & m_k[None, :],
-                other=0.0,
-            )
-            p_s = p_hp + o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k
-            S = tl.load(p_s, mask=m_vk, other=0.0) * decay
-            if PRECISION == "bf16x3":
-                S = _dot3(Dw, k, S, PRECISION)
-            else:
-                S = _dot3(Dw, k.to(tl.float32), S, PRECISION)
-            tl.store(p_s, S, mask=m_vk)
-            if HAS_LP:
-                store_lp(
-                    p_lp + o_v[:, None] * stride_lp_v + o_k[None, :] * stride_lp_k,
-                    S,
-                    m_vk,
-                    LP_IS_FP16,
-                )
-            if READOUT:
-                kn = tl.load(p_kn + o_k, mask=m_k, other=0.0)
-                qn = tl.load(p_qn + o_k, mask=m_k, other=0.0)
-                sk += tl.sum(S * kn[None, :], axis=1)
-                sq += tl.sum(S * qn[None, :], axis=1)
-    else:
-        for c0 in tl.range(0, BLOCK_K, CHUNK_K, num_stages=1):
-            o_k = c0 + o_c
-            m_k = o_k < head_k_dim
-            S = tl.load(
-                p_hp + o_v[:, None] * stride_hp_v + o_k[None, :] * stride_hp_k,
-                mask=m_v[:, None] & m_k[None, :],
-                other=0.0,
-            )
-            kn = tl.load(p_kn + o_k, mask=m_k, other=0.0)
-            qn = tl.load(p_qn + o_k, mask=m_k, other=0.0)
-            sk += tl.sum(S * kn[None, :], axis=1)
-            sq += tl.sum(S * qn[None, :], axis=1)
-    return sk, sq
-
-
-@triton.jit
 def _wy_records(
     p_rg,
     p_rk,
@@ -447,19 +282,12 @@ def _wy_lower(k, k_op, rnorm, beta, lam, BLOCK_L: tl.constexpr, PRECISION: tl.co
     """The WY fold's strictly lower A [BLOCK_L (j), BLOCK_L (i)]: A[j, i] = β_j e^{Γ_j −
     Γ_i} (k̂_i · k̂_j) for i < j (Γ_j − Γ_i = Λ_i − Λ_j), from the raw k records (bf16x3:
     exact products, then the norms) or the normalised k_op."""
+    o_l = tl.arange(0, BLOCK_L)
     if PRECISION == "bf16x3":  # exact products
         gram = dot16(k, tl.trans(k), tl.zeros([BLOCK_L, BLOCK_L], dtype=tl.float32))
         gram = gram * rnorm[:, None] * rnorm[None, :]
     else:
         gram = tl.dot(k_op, tl.trans(k_op), input_precision=PRECISION)
-    return wy_lower_from_gram(gram, beta, lam, BLOCK_L)
-
-
-@triton.jit
-def wy_lower_from_gram(gram, beta, lam, BLOCK_L: tl.constexpr):
-    """`_wy_lower` from the normalised keys' Gram matrix gram [BLOCK_L, BLOCK_L] (k̂_j ·
-    k̂_i), for a caller that sums it over key chunks."""
-    o_l = tl.arange(0, BLOCK_L)
     below = o_l[None, :] < o_l[:, None]  # no exponent above the diagonal
     return tl.where(
         below,

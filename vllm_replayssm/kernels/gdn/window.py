@@ -48,14 +48,13 @@ from vllm_replayssm.kernels.common.streams import num_sms
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import finish_row, plan_row, row_tokens
 from vllm_replayssm.kernels.common.triton_dots import bf16_parts, dot_bf16_parts, dot_bf16_parts2
-from vllm_replayssm.kernels.gdn.flush import flush_chunk_k, fold_tile, recomputes_d
+from vllm_replayssm.kernels.gdn.flush import fold_tile, recomputes_d
 from vllm_replayssm.kernels.gdn.plan import history_block
 from vllm_replayssm.kernels.gdn.tiles import (
     beta_gate,
     history_weights,
     l2norm_rows,
     log_decay,
-    wy_flush_chunked,
 )
 from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
 
@@ -466,15 +465,13 @@ def _gdn_window_flush_list_kernel(
     FOLD: tl.constexpr,
     BLOCK_L: tl.constexpr,
     REFRESH_STALE: tl.constexpr,
-    CHUNK_K: tl.constexpr = 0,
 ):
     """The planned window step's flush over the plan's list (`_gdn_window_plan_kernel`):
     a persistent grid, each program taking (listed row, value head, BLOCK_V
     value tile) items in turn. A flush row's tile is folded over its plan row's fold region
-    (`_flush_head`: HP and LP written; CHUNK_K > 0: in key chunks of that many columns,
-    `tiles.wy_flush_chunked`); with REFRESH_STALE a listed row that does not flush has a
-    stale LP, which gets its HP tile. Unlisted rows cost nothing (a grid over every (tile,
-    head, row) would spend a program on each)."""
+    (`_flush_head`: HP and LP written); with REFRESH_STALE a listed row that does not flush
+    has a stale LP, which gets its HP tile. Unlisted rows cost nothing (a grid over every
+    (tile, head, row) would spend a program on each)."""
     pid = tl.program_id(0)
     items_per_row: tl.constexpr = num_v_heads * tiles_per_head
     total = tl.load(flush_count_ptr) * items_per_row
@@ -503,77 +500,36 @@ def _gdn_window_flush_list_kernel(
             + o_k[None, :] * stride_lp_k
         )
         if tl.load(p_plan + T_PLAN_FLUSH) != 0:
-            if CHUNK_K > 0:  # in key chunks (`tiles.wy_flush_chunked`)
-                wy_flush_chunked(
-                    hp_ptr + slot * stride_hp_slot + h * stride_hp_head,
-                    lp_ptr + slot * stride_lp_slot + h * stride_lp_head,
-                    hp_ptr,  # (no readout: p_kn, p_qn unused)
-                    hp_ptr,
-                    ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-                    ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-                    ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
-                    ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
-                    ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
-                    1,
-                    tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
-                    tl.load(p_plan + T_PLAN_FOLD_COUNT),
-                    num_ring_rows,
-                    o_v,
-                    m_v,
-                    head_k_dim,
-                    stride_hp_v,
-                    stride_hp_k,
-                    stride_lp_v,
-                    stride_lp_k,
-                    stride_rg_row,
-                    stride_rbeta_row,
-                    stride_rk_row,
-                    stride_rk_k,
-                    stride_rd_row,
-                    stride_rd_v,
-                    stride_rv_row,
-                    stride_rv_v,
-                    HAS_LP,
-                    LP_IS_FP16,
-                    FOLD_EXACT,
-                    BLOCK_V,
-                    BLOCK_K,
-                    CHUNK_K,
-                    BLOCK_L,
-                    FOLD,
-                    False,
-                )
-            else:
-                _flush_head(
-                    p_hp,
-                    p_lp,
-                    ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
-                    ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
-                    ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
-                    ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
-                    ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
-                    tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
-                    tl.load(p_plan + T_PLAN_FOLD_COUNT),
-                    num_ring_rows,
-                    o_v,
-                    o_k,
-                    m_v,
-                    m_k,
-                    m_vk,
-                    stride_rg_row,
-                    stride_rbeta_row,
-                    stride_rk_row,
-                    stride_rk_k,
-                    stride_rd_row,
-                    stride_rd_v,
-                    stride_rv_row,
-                    stride_rv_v,
-                    HAS_LP,
-                    LP_IS_FP16,
-                    FOLD_EXACT,
-                    FOLD,
-                    BLOCK_L,
-                )
+            _flush_head(
+                p_hp,
+                p_lp,
+                ring_g_ptr + slot * stride_rg_slot + h * stride_rg_head,
+                ring_beta_ptr + slot * stride_rbeta_slot + h * stride_rbeta_head,
+                ring_k_ptr + slot * stride_rk_slot + (h // v_per_k) * stride_rk_head,
+                ring_d_ptr + slot * stride_rd_slot + h * stride_rd_head,
+                ring_v_ptr + slot * stride_rv_slot + h * stride_rv_head,
+                tl.load(p_plan + T_PLAN_FOLD_ORIGIN),
+                tl.load(p_plan + T_PLAN_FOLD_COUNT),
+                num_ring_rows,
+                o_v,
+                o_k,
+                m_v,
+                m_k,
+                m_vk,
+                stride_rg_row,
+                stride_rbeta_row,
+                stride_rk_row,
+                stride_rk_k,
+                stride_rd_row,
+                stride_rd_v,
+                stride_rv_row,
+                stride_rv_v,
+                HAS_LP,
+                LP_IS_FP16,
+                FOLD_EXACT,
+                FOLD,
+                BLOCK_L,
+            )
         elif REFRESH_STALE:  # listed without a flush: the row's LP is stale
             store_lp(p_lp, tl.load(p_hp, mask=m_vk, other=0.0), m_vk, LP_IS_FP16)
 
@@ -1230,7 +1186,6 @@ def gdn_window_decode(
     flush_stages: int = 3,
     flush_rows_read: str = "hp",
     flush_programs: int = 0,
-    flush_block_k: int = 0,
 ) -> None:
     """Triton window step, a twin of `reference.gdn_replay_decode` (same arguments and
     effects).
@@ -1270,9 +1225,7 @@ def gdn_window_decode(
     step the two differ by LP rounding and the LP-stale cursor mark. The split route's
     flush launch is a persistent grid over the rows the plan lists
     (`_gdn_window_flush_list_kernel`; flush_programs one-warp programs, 0:
-    FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA); flush_block_k (split, WY folds): 0 holds a
-    flush item's whole HP tile, a power of two >= 16 walks it in key chunks
-    (`tiles.wy_flush_chunked`, as `flush.gdn_flush`'s block_k; not yet measured on a GPU).
+    FLUSH_PROGRAMS_PER_SM per SM, 8 off CUDA).
     """
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
@@ -1318,9 +1271,6 @@ def gdn_window_decode(
         raise ValueError(f"flush_rows_read must be 'hp' or 'lp', got {flush_rows_read!r}")
     if flush_rows_read == "lp" and not split:
         raise ValueError("flush_rows_read 'lp' is the split route's")
-    chunk_k = flush_chunk_k(flush_block_k, K, flush_precision)
-    if chunk_k and not split:
-        raise ValueError("flush_block_k is the split route's")
     tiles = triton.cdiv(V, block_v)
     if (readout_tiles != 1 or readout_stages > 1) and not split:
         raise ValueError("readout_tiles and readout_stages are the split route's")
@@ -1342,7 +1292,6 @@ def gdn_window_decode(
         num_stages=num_stages,
         flush_precision=flush_precision,
         flush_stages=flush_stages,
-        flush_chunk_k=chunk_k,
     )
     grid = (triton.cdiv(V, block_v), Hv // heads_per_program, R)
     lp = cache.lp if cache.lp is not None else cache.hp
@@ -1523,7 +1472,6 @@ def _launch_flush_list(
         FOLD=cfg["flush_precision"],
         BLOCK_L=history_block(buffer_len),
         REFRESH_STALE=lp_only,
-        CHUNK_K=cfg["flush_chunk_k"],
         num_warps=1,
         num_stages=cfg["flush_stages"],
     )
