@@ -68,8 +68,13 @@ def launch_config(
     dot/dot 758, fma/dot 893. GPU test of both products at 874c28c
     (`pytest-gpu-h100-20261206-874c28c-mamba2-window-knobs.log`).
     flush_maxnreg caps the flush's registers (0: none): the window flush's 141 fit three
-    programs per SM, capped at 128 (no spill at sm_90; 96 spills 40 bytes) four, with the
-    grid to match (not yet measured; the default grid is two per SM)."""
+    programs per SM, capped at 128 (no spill at sm_90; 96 spills 40 bytes) four. Measured
+    at the window defaults (H100, 4b2a1ab, Super T = 4 bs 256,
+    `kernels-h100-20261206-4b2a1ab-mamba2-window4-products-maxnreg.json`, 264 / 528
+    programs x cap 0 / 128): the defaults, no cap and two programs per SM, took bf16 LP
+    631.3 µs and HP only 729.8; the best other points were 624.5 (bf16 LP, capped, 528
+    programs, with the "fma" flush) and 725.9 (HP only, capped, 264): single `--quick`
+    points 1.1% and 0.5% ahead, so neither is on."""
     if readout_products is None:
         readout_products = "dot" if window > 1 else "fma"
     block_p = TILE_BYTES // (triton.next_power_of_2(dstate) * ckpt_itemsize)
