@@ -9,8 +9,9 @@ time is its host time. Each item runs --calls times back to back after a warm-up
 is the loop's time before the final synchronisation, "wall" with it (µs per call). Our
 decode call (`mamba2_replay_decode`) is also split into its parts (argument checks, launch
 configuration, plan, flush, readout; "rest": the side-stream switch and the remainder).
-The layer's other launches (fresh-row reset, acceptance, conv update) and the few torch
-ops around them are timed one by one; vLLM's items are its two launches per layer
+The layer's other launches (the step start: fresh-row reset and acceptance, in one launch
+since 2026-12-06, and apart as before; the conv update) and the few torch ops the layer
+ran around them before that are timed one by one; vLLM's items are its two launches per layer
 (`causal_conv1d_update`, `selective_state_update`). Two bare Triton kernels (3 and 40
 arguments) calibrate a launch."""
 
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_replayssm.kernels.common.triton_acceptance import spec_acceptance
     from vllm_replayssm.kernels.common.triton_conv import spec_conv_update_triton
     from vllm_replayssm.kernels.common.triton_fresh import reset_fresh_rows
+    from vllm_replayssm.kernels.common.triton_spec_start import spec_step_start
     from vllm_replayssm.layout import ring_rows
 
     qsl = torch.arange(0, bs * T + 1, T, dtype=torch.int32, device=dev)
@@ -151,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "ours: spec_acceptance": lambda: spec_acceptance(
             cache.meta, window_start, slots, q, seq_lens, num_ring_rows=rr, window=T
+        ),
+        "ours: spec_step_start (reset + acceptance)": lambda: spec_step_start(
+            [cache.hp, *lp, conv], cache.meta, window_start, slots, qsl, seq_lens,
+            buffer_len=bench.BUFFER_LEN, window=T, stagger=True,
         ),
         "ours: spec_conv_update": lambda: spec_conv_update_triton(
             xc, conv, slots, qsl, full, full, weight, bias, "silu", T

@@ -3,6 +3,7 @@ pages' window starts, over a sequence of steps in which vLLM's own acceptance co
 be missing (a draft-free step after a step whose drafts were rejected); prefill rows that
 continue a page (`SpecWindows.resume_rows`)."""
 
+import pytest
 import torch
 
 from vllm_replayssm.kernels.common.cursor import PENDING, reset_meta
@@ -94,3 +95,45 @@ def test_triton_acceptance_matches_torch(device):
     for name, a, b in zip(("start", "accepted", "pending", "committed"), want, got, strict=True):
         assert torch.equal(a, b.cpu()), name
     assert (want[2] == 0).any() and (want[3] > 0).any()  # both kinds of rows occur
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_start_step_in_one_launch_matches_reset_then_acceptance(family, device):
+    """`SpecWindows.start_step`: the one-launch Triton version (kernels/common/
+    triton_spec_start.py; interpreted on CPUs, on the device on the GPU host) leaves every
+    page and count as the fresh-row
+    reset followed by the acceptance with store_start (the host path): a new request's
+    window in a recycled slot (reset, nothing pending), a continuing window (commits), a row
+    without tokens and a NULL padding row (whose counts and window start are never read)."""
+    from .test_fresh import FAMILIES, _same_bits, _snapshot, _used_pages
+
+    fam = FAMILIES[family]()
+    gen = torch.Generator().manual_seed(5)
+    cache, conv = _used_pages(fam, gen)
+    conv = conv.transpose(1, 2).contiguous().transpose(1, 2)  # dim-first view, as on GPUs
+    starts = _window_starts(4)
+    starts.copy_(torch.tensor([7, 3, 9, 20]))
+    slots = torch.tensor([2, 3, 1, 0], dtype=torch.int32)
+    qsl = torch.tensor([0, T, 2 * T, 2 * T, 3 * T], dtype=torch.int32)
+    seq_lens = torch.tensor([T, 26, 17, T], dtype=torch.int32)
+    spec = SpecWindows(L, T)
+    results = {}
+    for graph_safe in (False, True):
+        dev = device if graph_safe else "cpu"
+        c = type(cache)(*(None if t is None else t.clone().to(dev) for t in cache))
+        cv = conv.transpose(1, 2).contiguous().to(dev).transpose(1, 2)
+        ws = torch.zeros(4, 3, dtype=torch.int64, device=dev)[:, 1]
+        ws.copy_(starts)
+        rows = (t.to(dev) for t in (slots, qsl, seq_lens))
+        counts = spec.start_step(c, cv, ws, *rows, stagger=True, graph_safe=graph_safe)
+        c = type(c)(*(None if t is None else t.cpu() for t in c))
+        results[graph_safe] = ([n.cpu() for n in counts], _snapshot(c, cv.cpu()), ws.cpu())
+    (want, pages, ws_want), (got, pages_got, ws_got) = results[False], results[True]
+    real = slots != 0
+    for name, a, b in zip(("start", "accepted", "pending", "committed"), want, got, strict=True):
+        assert torch.equal(a[real], b[real]), name
+    assert want[2][0] == 0 and want[3][1] > 0  # the fresh row: nothing pending; slot 3 commits
+    for name in pages:
+        assert _same_bits(pages[name], pages_got[name]), name
+    assert not pages["hp"][2].any() and pages["hp"][3].any()
+    assert torch.equal(ws_want[1:], ws_got[1:]) and ws_want[1:].tolist() == [17 - 0, 0, 26 - T]

@@ -467,20 +467,17 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         cache = gdn_cache_from_kv(
             self.kv_cache, self.replay_specs, state_k_major=current_platform.is_cpu()
         )
-        tokens, slots, qsl, seq_lens, q = rows
-        start_fresh_rows(
+        tokens, slots, qsl, seq_lens, _ = rows
+        # Fresh pages reset, the commit counts, each page's new window start stored (nothing
+        # in this step reads it again): one launch on GPUs.
+        _, accepted, pending, committed = self.spec_windows.start_step(
             cache,
             conv_state_view(self.kv_cache),
+            window_start_view(self.kv_cache, self.replay_specs),
             slots,
-            q,
+            qsl,
             seq_lens,
-            buffer_len=cfg.buffer_len,
-            window=self.replay_window,
             stagger=cfg.stagger,
-        )
-        window_start = window_start_view(self.kv_cache, self.replay_specs)
-        start, accepted, pending, committed = self.spec_windows.acceptance(
-            cache.meta, window_start, slots, q, seq_lens
         )
         x = spec_conv_update(
             mixed_qkv[tokens],
@@ -530,7 +527,6 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             accepted,
         )
         _put_outputs(core_attn_out, tokens, out)
-        window_start[slots] = start
 
     def _prefill_rows_spec(
         self, mixed_qkv, b, a, core_attn_out, md, attn_metadata, rows: PrefillRows, split

@@ -41,7 +41,6 @@ from vllm_replayssm.layers.conv import (
     conv_state_view,
     spec_conv_update,
 )
-from vllm_replayssm.layers.fresh import start_fresh_rows
 from vllm_replayssm.layers.pages import (
     ReplayPage,
     mamba2_cache_from_kv,
@@ -297,28 +296,27 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
         nd = state_indices.shape[0]
         dev = projected_states.device
-        slots = state_indices.long()
-        q = qsl[1:] - qsl[:-1]
-        start_fresh_rows(
+        # On GPUs the launches take the int32 slots and derive each row's token count from
+        # qsl themselves: an eager step (PIECEWISE graphs run the SSM layers eagerly) is
+        # paced by the host, where each small torch op costs about as much as a launch.
+        slots = state_indices.long() if cpu else state_indices
+        # Fresh pages reset, the commit counts, each page's new window start stored (nothing
+        # in this step reads it again): one launch on GPUs.
+        start, accepted, pending, committed = self.spec_windows.start_step(
             cache,
             conv_state_view(self.kv_cache),
+            window_start_view(self.kv_cache, self.replay_specs),
             slots,
-            q,
+            qsl,
             seq_lens,
-            buffer_len=cfg.buffer_len,
-            window=self.replay_window,
             stagger=cfg.stagger,
-        )
-        window_start = window_start_view(self.kv_cache, self.replay_specs)
-        start, accepted, pending, committed = self.spec_windows.acceptance(
-            cache.meta, window_start, slots, q, seq_lens
         )
         if trace.enabled():
             trace.forward(
                 self.prefix,
                 dict(
                     slots=slots,
-                    q=q,
+                    q=qsl[1:] - qsl[:-1],
                     seq_lens=seq_lens,
                     start=start,
                     accepted=accepted,
@@ -380,7 +378,6 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             run,
             accepted,
         )
-        window_start[slots] = start
 
     def _prefill_spec(
         self,

@@ -19,6 +19,7 @@ import torch
 
 from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid
 from vllm_replayssm.layers.conv import conv_context_commit
+from vllm_replayssm.layers.fresh import start_fresh_rows
 from vllm_replayssm.layout import ring_rows
 
 
@@ -67,6 +68,58 @@ class SpecWindows:
         valid = meta_is_valid(words, self.buffer_len, self.window)
         pending = torch.where(valid, words[:, PENDING].long(), 0)
         return start, accepted, pending, torch.minimum(accepted, pending)
+
+    def start_step(
+        self,
+        cache,
+        conv_state: torch.Tensor,
+        window_start: torch.Tensor,
+        slots: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        *,
+        stagger: bool,
+        graph_safe: bool | None = None,
+    ):
+        """A speculative step's first work in a layer: the pages of its fresh rows reset
+        (`layers/fresh.start_fresh_rows`), then the commit counts (`acceptance`), each page's
+        new window start stored. cache: the layer's Mamba2ReplayCache or GDNReplayCache;
+        conv_state: [S, D, M] dim-first; window_start: as `acceptance` takes it; slots,
+        seq_lens: [R]; query_start_loc: [R + 1]. Returns `acceptance`'s four counts. On
+        GPUs (`graph_safe`, None: on CUDA tensors) one launch does both
+        (`kernels/common/triton_spec_start.py`)."""
+        if graph_safe is None:
+            graph_safe = cache.hp.is_cuda
+        if graph_safe:
+            from vllm_replayssm.kernels.common.triton_spec_start import spec_step_start
+
+            lp = [] if cache.lp is None else [cache.lp]
+            return spec_step_start(
+                [cache.hp, *lp, conv_state],
+                cache.meta,
+                window_start,
+                slots,
+                query_start_loc,
+                seq_lens,
+                buffer_len=self.buffer_len,
+                window=self.window,
+                stagger=stagger,
+            )
+        q = query_start_loc[1:] - query_start_loc[:-1]
+        start_fresh_rows(
+            cache,
+            conv_state,
+            slots,
+            q,
+            seq_lens,
+            buffer_len=self.buffer_len,
+            window=self.window,
+            stagger=stagger,
+            graph_safe=False,
+        )
+        counts = self.acceptance(cache.meta, window_start, slots, q, seq_lens)
+        window_start[slots.long()] = counts[0]
+        return counts
 
     def resume_rows(
         self,

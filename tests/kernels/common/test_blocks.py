@@ -22,3 +22,16 @@ def test_auto_readout_tiles():
     assert pick(12, 10**6, head_tiles=3) == 6  # 4 neither divides nor is a multiple of 3
     # the plain GDN readout's cap (`readout.MAX_TILES`): Qwen3.5-122B bf16 LP at bs 256 / 64
     assert pick(16, 64 * 4 * 256, max_tiles=4) == 4 and pick(16, 64 * 4 * 16, max_tiles=4) == 1
+
+
+def test_host_integer_helpers_match_tritons():
+    """cdiv and next_pow2 answer as triton.cdiv and triton.next_power_of_2 (the launchers'
+    host code uses these: Triton's are constexpr functions, slow from Python)."""
+    import triton
+
+    from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2
+
+    for n in range(0, 1100):
+        assert next_pow2(n) == triton.next_power_of_2(n), n
+        for d in (1, 2, 3, 16, 64, 100):
+            assert cdiv(n, d) == triton.cdiv(n, d), (n, d)

@@ -8,7 +8,12 @@ import contextlib
 import pytest
 import torch
 
-from vllm_replayssm.kernels.common.streams import beside, num_sms, side_stream
+from vllm_replayssm.kernels.common.streams import (
+    EAGER_OVERLAP_MIN_ROWS,
+    beside,
+    num_sms,
+    side_stream,
+)
 
 
 def test_beside_off_or_on_cpu_runs_on_the_current_stream():
@@ -40,3 +45,36 @@ def test_beside_orders_the_side_stream_between_the_current_streams_work():
     c = b + 1  # after the join: waits for the side stream's work
     torch.cuda.synchronize()
     assert bool((c == 3).all())
+
+
+@pytest.mark.gpu
+def test_beside_keeps_small_eager_steps_on_the_current_stream():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    main = torch.cuda.current_stream(dev)
+    for rows in (1, EAGER_OVERLAP_MIN_ROWS - 1):
+        with beside(dev, True, rows=rows) as on_side:
+            assert isinstance(on_side, contextlib.nullcontext)
+    for rows in (EAGER_OVERLAP_MIN_ROWS, None):
+        with beside(dev, True, rows=rows) as on_side, on_side:
+            assert torch.cuda.current_stream(dev) == side_stream(dev)
+    assert torch.cuda.current_stream(dev) == main
+
+
+@pytest.mark.gpu
+def test_beside_overlaps_a_captured_step_of_any_size():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    a = torch.zeros(1024, device=dev)
+    seen = []
+    graph = torch.cuda.CUDAGraph()
+    side_stream(dev)  # made before the capture, as the layers' warm-up does
+    with torch.cuda.graph(graph):
+        with beside(dev, True, rows=1) as on_side:
+            with on_side:
+                seen.append(torch.cuda.current_stream(dev) == side_stream(dev))
+                b = a + 1
+            c = a + 2
+        d = b + c
+    graph.replay()
+    torch.cuda.synchronize()
+    assert seen == [True]
+    assert bool((d == 3).all())

@@ -209,6 +209,28 @@ def test_bad_launch_knobs_are_refused_before_any_launch(knobs, match, device):
         assert torch.equal(v.view(torch.uint8), after[k].contiguous().view(torch.uint8)), k
 
 
+def test_resolved_config_is_memoised_but_refuses_every_time():
+    """The memo of a batch shape's launch knobs (`decode.resolved_config`) hands out a new
+    dict each call (callers may change it), answers as `launch_config` with the knobs
+    applied, and refuses a bad knob on every call (a refusal is never remembered)."""
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    shape = (4, 8, 16, 32, bf16, bf16, cpu, 4, False)
+    a = decode.resolved_config(*shape, {"flush_warps": 2})
+    want = decode.launch_config(4, 8, 16, 32, 2, cpu, 4)
+    assert a == {**want, "flush_warps": 2}
+    a["flush_warps"] = 8
+    assert decode.resolved_config(*shape, {"flush_warps": 2})["flush_warps"] == 2
+    assert decode.resolved_config(*shape, {}) == want
+    for _ in range(2):
+        with pytest.raises(ValueError, match="unknown decode knobs"):
+            decode.resolved_config(*shape, {"flush_wraps": 2})
+        with pytest.raises(ValueError, match="flush_maxnreg must be >= 0"):
+            decode.resolved_config(*shape, {"flush_maxnreg": -1})
+    # an unhashable knob value bypasses the memo (and is refused here as a bad products name)
+    with pytest.raises(ValueError, match="readout_products must be one of"):
+        decode.resolved_config(*shape, {"readout_products": ["dot"]})
+
+
 def test_scratch_too_small_is_refused(device):
     fam = Mamba2Family(GEOMS["tiny"], device=device, seed=1)
     cache = fam.cache(fam.specs(4, 1, None), 4)

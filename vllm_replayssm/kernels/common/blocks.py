@@ -1,11 +1,23 @@
-"""Block sizes of the Triton launchers (both families)."""
+"""Block sizes of the Triton launchers (both families), and the integer helpers their host
+code uses instead of `triton.cdiv` / `triton.next_power_of_2`: Triton 3.6 makes those
+constexpr functions, which cost a few µs per call from Python (argument unwrapping), and
+the launchers called them several times per launch. An eager step (a PIECEWISE CUDA-graph
+step runs the SSM layers eagerly) is paced by that host time."""
 
-import triton
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of ints (`triton.cdiv`)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n, 0 for 0 (`triton.next_power_of_2`)."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
 def pow2_block(x: int, lo: int = 16) -> int:
     """The block (tile) extent that covers x: the next power of two, at least lo."""
-    return max(lo, triton.next_power_of_2(x))
+    return max(lo, next_pow2(x))
 
 
 # Readout launches with readout_tiles=0 (GDN: the window step's planned readout and the plain

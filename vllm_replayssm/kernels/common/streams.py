@@ -21,19 +21,36 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
+# Below this many rows an eager step (not being captured) runs the flush on the current
+# stream: its launches are paced by the host (tens of µs each), so the GPU has finished
+# the flush of a few rows before the readout is launched, and the stream switch (two
+# event waits, a stream context) would only add host time (H100, 2026-12-06:
+# benchmarks/kernels/host_decode.py). Captured steps always overlap (free at replay).
+EAGER_OVERLAP_MIN_ROWS = 64
+
+
 @contextlib.contextmanager
-def beside(device: torch.device, enabled: bool):
+def beside(device: torch.device, enabled: bool, rows: int | None = None):
     """A region of launches on the current stream, except those under the context it yields,
     which run on the side stream beside them: on entry the side stream waits for the
     current one, on exit the current one waits for the side stream (CUDA-graph capture
-    records both). Not enabled, or not a CUDA device: the yielded context does nothing.
+    records both). Not enabled, not a CUDA device, or an eager step of fewer than
+    EAGER_OVERLAP_MIN_ROWS `rows` (None: any number): the yielded context does nothing.
 
-        with beside(device, overlap) as on_side:
+        with beside(device, overlap, rows=R) as on_side:
             with on_side:
                 flush(...)
             readout(...)
     """
-    if not enabled or device.type != "cuda":
+    if (
+        not enabled
+        or device.type != "cuda"
+        or (
+            rows is not None
+            and rows < EAGER_OVERLAP_MIN_ROWS
+            and not torch.cuda.is_current_stream_capturing()
+        )
+    ):
         yield contextlib.nullcontext()
         return
     current = torch.cuda.current_stream(device)

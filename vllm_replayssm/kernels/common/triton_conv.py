@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 
 
@@ -153,7 +153,7 @@ def spec_conv_update_triton(
         slots=slots, query_start_loc=query_start_loc, pending=pending, committed=committed
     )
     w2 = weight.reshape(D, K)
-    grid = (R, triton.cdiv(D, block_d))
+    grid = (R, cdiv(D, block_d))
     _spec_conv_kernel[grid](
         x,
         conv_state,

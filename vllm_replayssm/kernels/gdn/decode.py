@@ -19,9 +19,8 @@ batch: safe in CUDA graphs. Semantics: `reference.gdn_replay_decode`.
 from __future__ import annotations
 
 import torch
-import triton
 
-from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2, pow2_block
 from vllm_replayssm.kernels.common.streams import beside, num_sms
 from vllm_replayssm.kernels.gdn.flush import gdn_flush, recomputes_d
 from vllm_replayssm.kernels.gdn.plan import GDNScratch, gdn_plan
@@ -73,7 +72,7 @@ def launch_config(
     `kernels-h200-20261202-a8e3f00-gdn-fold-inverse.json`); formed by the flush once per
     head, 259.8 against 240.3 µs (`kernels-h200-20261203-c93eed3-gdn-plain-head-inverse.json`)."""
     block_v = TILE_BYTES // (pow2_block(head_k_dim) * ckpt_itemsize)
-    block_v = max(8, min(block_v, triton.next_power_of_2(head_v_dim)))
+    block_v = max(8, min(block_v, next_pow2(head_v_dim)))
     flush_v = 16  # the dot products' smallest tile
     # The flush that sums the cached d (HP only by default) takes 129 registers on two
     # warps instead of 203 on one, leaving the readout beside it more of each SM (HP only,
@@ -89,7 +88,7 @@ def launch_config(
         programs = (4 if recompute_d else 2) * num_sms(device)
     else:
         programs = 8
-    flush_items = num_rows * num_v_heads * triton.cdiv(head_v_dim, flush_v)
+    flush_items = num_rows * num_v_heads * cdiv(head_v_dim, flush_v)
     return dict(
         readout_block_v=block_v,
         readout_warps=1,
@@ -194,7 +193,7 @@ def gdn_replay_decode(
         **common,
     )
     # the flush and the readout touch different rows: run both at once
-    with beside(v.device, cfg["overlap"]) as on_side:
+    with beside(v.device, cfg["overlap"], rows=R) as on_side:
         with on_side:
             gdn_flush(
                 cache,

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_FLUSH,
@@ -354,7 +354,7 @@ def gdn_flush(
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
-    tiles = triton.cdiv(V, block_v)
+    tiles = cdiv(V, block_v)
     _gdn_flush_kernel[(max(1, num_programs),)](
         cache.hp,
         lp,

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, pow2_block
+from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, cdiv, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_LEN,
@@ -217,7 +217,7 @@ def gdn_readout(
     Hk, K = scratch.kq.shape[1], scratch.kq.shape[3]
     ckpt = cache.lp if cache.lp is not None else cache.hp
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
-    tiles = triton.cdiv(V, block_v)
+    tiles = cdiv(V, block_v)
     key_head_tiles = Hv // Hk * tiles
     if readout_tiles == 0:
         readout_tiles = auto_readout_tiles(key_head_tiles, Hv * tiles * R, max_tiles=MAX_TILES)

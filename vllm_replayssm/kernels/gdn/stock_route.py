@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, stock_route_row
@@ -207,7 +207,7 @@ def gdn_stock_route_decode(
     if R == 0:
         return
     num_ring_rows = ring_rows(buffer_len, window)
-    grid = (triton.cdiv(V, block_v), Hv, R)
+    grid = (cdiv(V, block_v), Hv, R)
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
     _gdn_stock_route_kernel[grid](

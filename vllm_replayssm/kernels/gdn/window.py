@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, pow2_block
+from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, cdiv, next_pow2, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_COUNT,
@@ -1271,7 +1271,7 @@ def gdn_window_decode(
         raise ValueError(f"flush_rows_read must be 'hp' or 'lp', got {flush_rows_read!r}")
     if flush_rows_read == "lp" and not split:
         raise ValueError("flush_rows_read 'lp' is the split route's")
-    tiles = triton.cdiv(V, block_v)
+    tiles = cdiv(V, block_v)
     if (readout_tiles != 1 or readout_stages > 1) and not split:
         raise ValueError("readout_tiles and readout_stages are the split route's")
     if readout_tiles == 0:
@@ -1293,7 +1293,7 @@ def gdn_window_decode(
         flush_precision=flush_precision,
         flush_stages=flush_stages,
     )
-    grid = (triton.cdiv(V, block_v), Hv // heads_per_program, R)
+    grid = (cdiv(V, block_v), Hv // heads_per_program, R)
     lp = cache.lp if cache.lp is not None else cache.hp
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
@@ -1355,7 +1355,7 @@ def gdn_window_decode(
         BLOCK_W=bw,
         BLOCK_K=bk,
         BLOCK_H=bh,
-        BLOCK_HG=max(2, triton.next_power_of_2(Hv // Hk)),
+        BLOCK_HG=max(2, next_pow2(Hv // Hk)),
         HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None,
         EXACT_FLUSH=cache.exact_flush,
@@ -1439,7 +1439,7 @@ def _launch_flush_list(
 ) -> None:  # fmt: skip
     """The planned step's flush launch over the plan's row list (`gdn_window_decode`)."""
     Hv = cache.hp.shape[1]
-    tiles = triton.cdiv(V, FLUSH_BLOCK_V)
+    tiles = cdiv(V, FLUSH_BLOCK_V)
     _gdn_window_flush_list_kernel[(max(1, min(flush_programs, R * Hv * tiles)),)](
         cache.hp,
         lp,

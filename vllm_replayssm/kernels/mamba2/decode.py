@@ -21,9 +21,11 @@ batch: safe in CUDA graphs. Semantics: `reference.mamba2_replay_decode`.
 
 from __future__ import annotations
 
-import torch
-import triton
+import functools
 
+import torch
+
+from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.streams import beside, num_sms
 from vllm_replayssm.kernels.mamba2.flush import mamba2_flush
@@ -77,19 +79,17 @@ def launch_config(
     points 1.1% and 0.5% ahead, so neither is on."""
     if readout_products is None:
         readout_products = "dot" if window > 1 else "fma"
-    block_p = TILE_BYTES // (triton.next_power_of_2(dstate) * ckpt_itemsize)
+    block_p = TILE_BYTES // (next_pow2(dstate) * ckpt_itemsize)
     if window > 1 and readout_products == "fma":
         block_p //= 2
     # a tensor-core product's smallest M is 16 rows
-    block_p = max(
-        16 if readout_products == "dot" else 8, min(block_p, triton.next_power_of_2(headdim))
-    )
-    flush_p = max(16, min(64 if window == 1 else 32, triton.next_power_of_2(headdim)))
+    block_p = max(16 if readout_products == "dot" else 8, min(block_p, next_pow2(headdim)))
+    flush_p = max(16, min(64 if window == 1 else 32, next_pow2(headdim)))
     if device.type == "cuda":
         programs = 2 * num_sms(device)
     else:
         programs = 8
-    flush_items = num_rows * nheads * triton.cdiv(headdim, flush_p)
+    flush_items = num_rows * nheads * cdiv(headdim, flush_p)
     return dict(
         readout_block_p=block_p,
         readout_warps=1,
@@ -102,6 +102,50 @@ def launch_config(
         flush_products="dot" if window > 1 and ckpt_itemsize < 4 else "fma",
         flush_maxnreg=0,
     )
+
+
+def resolved_config(
+    num_rows: int,
+    nheads: int,
+    headdim: int,
+    dstate: int,
+    ckpt_dtype: torch.dtype,
+    c_dtype: torch.dtype,
+    device: torch.device,
+    window: int,
+    plain: bool,
+    knobs: dict,
+) -> dict:
+    """`launch_config` with `knobs` applied and checked (unknown names, products against the
+    tile dtypes, flush_maxnreg), raising ValueError before anything is launched. Memoised:
+    an eager step (a PIECEWISE CUDA-graph step runs the SSM layers eagerly) pays for this
+    once per batch shape, not in every layer. Returns a new dict."""
+    key = tuple(sorted(knobs.items()))
+    args = (num_rows, nheads, headdim, dstate, ckpt_dtype, c_dtype, device, window, plain)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable knob value: resolve without the memo
+        return dict(_resolve.__wrapped__(*args, key))
+    return dict(_resolve(*args, key))
+
+
+@functools.lru_cache(maxsize=512)
+def _resolve(num_rows, nheads, headdim, dstate, ckpt_dtype, c_dtype, device, window, plain, knobs):
+    knobs = dict(knobs)
+    itemsize = ckpt_dtype.itemsize
+    products = knobs.get("readout_products")
+    cfg = launch_config(num_rows, nheads, headdim, dstate, itemsize, device, window, products)
+    unknown = set(knobs) - set(cfg) - {"dot_precision"}
+    if unknown:
+        raise ValueError(f"unknown decode knobs {sorted(unknown)}")
+    cfg.update(knobs)
+    window_products(cfg["readout_products"], ckpt_dtype, c_dtype, cfg["readout_block_p"], plain)
+    window_products(
+        cfg["flush_products"], torch.float32, c_dtype, cfg["flush_block_p"], plain, "flush"
+    )
+    if cfg["flush_maxnreg"] < 0:
+        raise ValueError(f"flush_maxnreg must be >= 0, got {cfg['flush_maxnreg']}")
+    return tuple(cfg.items())
 
 
 def mamba2_replay_decode(
@@ -135,6 +179,7 @@ def mamba2_replay_decode(
     N = B.shape[2]
     R = state_indices.shape[0]
     num_ring_rows = ring_rows(buffer_len, window)
+    plain = window == 1 and query_start_loc is None
     check_args(
         cache,
         x,
@@ -160,20 +205,7 @@ def mamba2_replay_decode(
             f"{H} heads, buffer_len {buffer_len}, window {window}"
         )
     ckpt = cache.lp if cache.lp is not None else cache.hp
-    products = knobs.get("readout_products")
-    cfg = launch_config(R, H, P, N, ckpt.element_size(), x.device, window, products)
-    unknown = set(knobs) - set(cfg) - {"dot_precision"}
-    if unknown:
-        raise ValueError(f"unknown decode knobs {sorted(unknown)}")
-    cfg.update(knobs)
-    # Launch knobs are checked before the plan launch mutates the cursor words and rings.
-    plain = window == 1 and query_start_loc is None
-    window_products(cfg["readout_products"], ckpt.dtype, C.dtype, cfg["readout_block_p"], plain)
-    window_products(
-        cfg["flush_products"], torch.float32, C.dtype, cfg["flush_block_p"], plain, "flush"
-    )
-    if cfg["flush_maxnreg"] < 0:
-        raise ValueError(f"flush_maxnreg must be >= 0, got {cfg['flush_maxnreg']}")
+    cfg = resolved_config(R, H, P, N, ckpt.dtype, C.dtype, x.device, window, plain, knobs)
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
     windows = dict(window=window, query_start_loc=query_start_loc)
     mamba2_plan(
@@ -193,7 +225,7 @@ def mamba2_replay_decode(
         **common,
     )
     # the flush and the readout touch different rows: run both at once
-    with beside(x.device, cfg["overlap"]) as on_side:
+    with beside(x.device, cfg["overlap"], rows=R) as on_side:
         with on_side:
             mamba2_flush(
                 cache,

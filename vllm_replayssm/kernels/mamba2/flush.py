@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_FLUSH,
@@ -518,7 +519,7 @@ def mamba2_flush(
     lp = cache.lp if cache.lp is not None else cache.hp
     plain = window == 1 and query_start_loc is None
     tile_products = window_products(products, torch.float32, C.dtype, block_p, plain, "flush")
-    tiles = triton.cdiv(P, block_p)
+    tiles = cdiv(P, block_p)
     tensors = (
         cache.hp,
         lp,
@@ -551,7 +552,7 @@ def mamba2_flush(
         headdim=P,
         dstate=N,
         BLOCK_P=block_p,
-        BLOCK_N=max(16, triton.next_power_of_2(N)),
+        BLOCK_N=max(16, next_pow2(N)),
         BLOCK_L=history_block(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,

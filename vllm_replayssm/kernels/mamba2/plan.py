@@ -23,12 +23,14 @@ launches are safe in CUDA graphs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_LEN,
@@ -43,17 +45,20 @@ from vllm_replayssm.kernels.common.triton_cursor import (
 )
 
 
+@functools.cache  # pure; the launchers ask several times per launch
 def history_block(buffer_len: int) -> int:
     """Coefficient slots per (row, head): a power of two >= L and >= 16 (the fold's dot
     needs an inner dimension of at least 16)."""
-    return max(16, triton.next_power_of_2(buffer_len))
+    return max(16, next_pow2(buffer_len))
 
 
+@functools.cache
 def window_block(window: int) -> int:
     """Token slots of a window (a power of two >= T; 1 for plain decode)."""
-    return triton.next_power_of_2(window)
+    return next_pow2(window)
 
 
+@functools.cache
 def coef_offsets(buffer_len: int, window: int) -> tuple[int, int, int]:
     """Offsets of the window coefficients, the output scales and the fold decay in a
     (row, head) coefficient row; the history coefficients start at 0.
@@ -69,11 +74,12 @@ def coef_offsets(buffer_len: int, window: int) -> tuple[int, int, int]:
     return off_w, off_s, off_s + bt
 
 
+@functools.cache
 def coef_len(buffer_len: int, window: int = 1) -> int:
     """Length of a (row, head) coefficient row (`coef_offsets`), padded to a multiple of
     2 * BLOCK_L."""
     unit = 2 * history_block(buffer_len)
-    return unit * triton.cdiv(coef_offsets(buffer_len, window)[2] + 1, unit)
+    return unit * cdiv(coef_offsets(buffer_len, window)[2] + 1, unit)
 
 
 @dataclass
@@ -566,8 +572,8 @@ def mamba2_plan(
     shapes = dict(
         HEADS_PER_GROUP=H // G,
         dstate=N,
-        BLOCK_N=max(16, triton.next_power_of_2(N)),
-        BLOCK_HG=max(2, triton.next_power_of_2(H // G)),
+        BLOCK_N=max(16, next_pow2(N)),
+        BLOCK_HG=max(2, next_pow2(H // G)),
         BLOCK_L=history_block(buffer_len),
         HAS_D=D is not None,
         HAS_LP=cache.lp is not None,

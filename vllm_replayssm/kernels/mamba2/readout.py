@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_LEN,
@@ -582,7 +583,7 @@ def mamba2_readout(
     ckpt = cache.lp if cache.lp is not None else cache.hp
     plain = window == 1 and query_start_loc is None
     tile_products = window_products(products, ckpt.dtype, C.dtype, block_p, plain)
-    tiles = triton.cdiv(P, block_p)
+    tiles = cdiv(P, block_p)
     args = (
         *ckpt.stride(),
         *cache.ring_x.stride(),
@@ -599,7 +600,7 @@ def mamba2_readout(
         headdim=P,
         dstate=N,
         BLOCK_P=block_p,
-        BLOCK_N=max(16, triton.next_power_of_2(N)),
+        BLOCK_N=max(16, next_pow2(N)),
         BLOCK_L=history_block(buffer_len),
         num_warps=num_warps,
     )
