@@ -13,7 +13,8 @@ The layer's other launches (the step start: fresh-row reset and acceptance, in o
 since 2026-12-06, and apart as before; the conv update) and the few torch ops the layer
 ran around them before that are timed one by one; vLLM's items are its two launches per layer
 (`causal_conv1d_update`, `selective_state_update`). Two bare Triton kernels (3 and 40
-arguments) calibrate a launch."""
+arguments) calibrate a launch. --cprofile N profiles N of our decode calls (where the host
+time of our launches goes beyond a bare launch's)."""
 
 from __future__ import annotations
 
@@ -101,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lp", default="bf16", choices=list(bench.LP_DTYPES))
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run our decode call N times under cProfile and print where its host time "
+        "goes (top 30 by own time)",
+    )
     args = p.parse_args(argv)
     bench.set_steps(bench.BUFFER_LEN, args.window)
     geom, bs, T = bench.GEOMETRIES[args.geom], args.bs, args.window
@@ -124,6 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     split["rest"] = whole["host_us"] - sum(split.values())
     for name, us in split.items():
         rows[f"ours:   {name}"] = {"host_us": us}
+
+    if args.cprofile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.cprofile):
+            fn(*a, **kw)
+        prof.disable()
+        torch.cuda.synchronize()
+        print(f"# cProfile of {args.cprofile} decode calls")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
 
     # the layer's other launches and ops (`layers/mamba2._decode_spec`)
     from vllm_replayssm.kernels.common.triton_acceptance import spec_acceptance
