@@ -13,8 +13,10 @@ The layer's other launches (the step start: fresh-row reset and acceptance, in o
 since 2026-12-06, and apart as before; the conv update) and the few torch ops the layer
 ran around them before that are timed one by one; vLLM's items are its two launches per layer
 (`causal_conv1d_update`, `selective_state_update`). Two bare Triton kernels (3 and 40
-arguments) calibrate a launch. --cprofile N profiles N of our decode calls (where the host
-time of our launches goes beyond a bare launch's)."""
+arguments) calibrate a launch, and our plan launch runs both through Triton's JIT dispatch
+and straight through its compiled kernel (what a lean relaunch path could save). --cprofile
+N profiles N of our decode calls (where the host time of our launches goes beyond a bare
+launch's)."""
 
 from __future__ import annotations
 
@@ -90,6 +92,48 @@ class Parts:
     def restore(self) -> None:
         for name, fn in self.saved.items():
             setattr(self.module, name, fn)
+
+
+def lean_plan_items(fn, a, kw) -> dict:
+    """Our plan launch with the arguments of one decode call: through Triton's JIT dispatch
+    (`kernel[grid](...)`, as the launcher calls it: binding, specialisation, cache lookup) and
+    straight through the compiled kernel (`CompiledKernel[grid]`, what a launcher that
+    skipped the dispatch would pay). The difference bounds what a lean relaunch path could
+    save per launch."""
+    import inspect
+
+    from vllm_replayssm.kernels.mamba2 import plan
+
+    real = plan._mamba2_plan_window_kernel
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.update(grid=grid, args=args, kwargs=kwargs)
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    plan._mamba2_plan_window_kernel = Recorder()
+    try:
+        fn(*a, **kw)
+    finally:
+        plan._mamba2_plan_window_kernel = real
+    grid, args, kwargs = seen["grid"], seen["args"], seen["kwargs"]
+    params = inspect.signature(real.fn).parameters
+    bound = inspect.signature(real.fn).bind(
+        *args, **{k: v for k, v in kwargs.items() if k in params}
+    )
+    bound.apply_defaults()
+    values = list(bound.arguments.values())
+    compiled = real[grid](*args, **kwargs)
+    runner = compiled[grid]
+    stream = torch.cuda.current_stream().cuda_stream
+    return {
+        "ours: plan launch, Triton's JIT dispatch": lambda: real[grid](*args, **kwargs),
+        "ours: plan launch, compiled kernel direct": lambda: runner(*values, stream=stream),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         buf, buf, buf, buf, buf, buf, buf, buf, 1024, *range(3, 33), BLOCK=1024
     )
     items["torch: empty(4, R) int64"] = lambda: torch.empty(4, bs, dtype=torch.int64, device=dev)
+    try:
+        items.update(lean_plan_items(fn, a, kw))
+    except Exception as exc:  # Triton internals it reaches for: report, keep the rest
+        print(f"lean plan launch: ERROR {exc!r}", flush=True)
+        rows["ours: plan launch, compiled kernel direct"] = {"host_us": float("nan"),
+                                                             "error": repr(exc)}  # fmt: skip
     for name, call in items.items():
         try:
             rows[name] = time_calls(call, args.calls)
