@@ -38,6 +38,38 @@ def _zero_share(base, n, split_id, SPLIT_: tl.constexpr, BLOCK_: tl.constexpr):
         tl.store(base + idx, zero, mask=idx < n)
 
 
+@triton.jit
+def is_fresh(slot, q, seq_len, null_block_id):
+    """Whether a row is fresh (module docstring): seq_len == q, q > 0, slot not NULL."""
+    return (seq_len == q) & (q > 0) & (slot != null_block_id)
+
+
+@triton.jit
+def zero_slot_share(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    slot,
+    stride_a,
+    stride_b,
+    stride_c,
+    n_a,
+    n_b,
+    n_c,
+    split_id,
+    NUM_TENSORS: tl.constexpr,
+    SPLIT_: tl.constexpr,
+    BLOCK_: tl.constexpr,
+):
+    """This program's share (split_id of SPLIT_) of zeroing `slot` in up to three tensors
+    (`slot_zero_args`)."""
+    _zero_share(a_ptr + slot * stride_a, n_a, split_id, SPLIT_, BLOCK_)
+    if NUM_TENSORS > 1:
+        _zero_share(b_ptr + slot * stride_b, n_b, split_id, SPLIT_, BLOCK_)
+    if NUM_TENSORS > 2:
+        _zero_share(c_ptr + slot * stride_c, n_c, split_id, SPLIT_, BLOCK_)
+
+
 @triton.jit(do_not_specialize_on_alignment=(*ROW_INDEX_ARGS, "q_ptr"))
 def _fresh_reset_kernel(
     a_ptr,
@@ -71,16 +103,14 @@ def _fresh_reset_kernel(
     else:  # plain decode: one token per row
         q = tl.full([], 1, tl.int64)
     seq_len = tl.load(seq_lens_ptr + row).to(tl.int64)
-    if (seq_len != q) | (q <= 0) | (slot == null_block_id):
-        return
-    _zero_share(a_ptr + slot * stride_a, n_a, split_id, SPLIT_, BLOCK_)
-    if NUM_TENSORS > 1:
-        _zero_share(b_ptr + slot * stride_b, n_b, split_id, SPLIT_, BLOCK_)
-    if NUM_TENSORS > 2:
-        _zero_share(c_ptr + slot * stride_c, n_c, split_id, SPLIT_, BLOCK_)
-    if split_id == 0:
-        p_meta = meta_ptr + slot * stride_meta_slot
-        store_reset_words(p_meta, stride_meta_word, slot, capacity, phase_mod)
+    if is_fresh(slot, q, seq_len, null_block_id):
+        zero_slot_share(
+            a_ptr, b_ptr, c_ptr, slot, stride_a, stride_b, stride_c, n_a, n_b, n_c, split_id,
+            NUM_TENSORS, SPLIT_, BLOCK_,
+        )  # fmt: skip
+        if split_id == 0:
+            p_meta = meta_ptr + slot * stride_meta_slot
+            store_reset_words(p_meta, stride_meta_word, slot, capacity, phase_mod)
 
 
 def reset_fresh_rows(
@@ -103,23 +133,20 @@ def reset_fresh_rows(
     step; None: one per row, plain decode), seq_lens (request lengths after it): [R] int,
     on the tensors' device.
     """
-    if not 1 <= len(tensors) <= 3:
-        raise ValueError(f"1 to 3 tensors, got {len(tensors)}")
-    tensors = [_slot_contiguous(t) for t in tensors]
+    padded, strides, numels = slot_zero_args(tensors)
     require_row_contiguous(slots=slots, q=q, seq_lens=seq_lens)
     R = slots.shape[0]
     if R == 0:
         return
-    padded = list(tensors) + [tensors[0]] * (3 - len(tensors))
     _fresh_reset_kernel[(R, SPLIT)](
         *padded,
         meta,
         slots,
         slots if q is None else q,
         seq_lens,
-        *(t.stride(0) for t in padded),
+        *strides,
         *meta.stride(),
-        *(t[0].numel() for t in padded),
+        *numels,
         null_block_id,
         ring_rows(buffer_len, window),
         stagger_modulus(buffer_len, window, stagger),
@@ -128,6 +155,18 @@ def reset_fresh_rows(
         SPLIT_=SPLIT,
         BLOCK_=BLOCK,
     )
+
+
+def slot_zero_args(tensors: list[torch.Tensor]) -> tuple[list, tuple, tuple]:
+    """The tensor arguments of a kernel that zeroes slots of 1 to 3 tensors [S, ...]
+    (`zero_slot_share`): three tensors (unused places repeat the first), their slot strides
+    and their elements per slot. Each slot's region must be contiguous memory, possibly with
+    the tensor's last two dims transposed (ValueError otherwise, or for 0 or > 3 tensors)."""
+    if not 1 <= len(tensors) <= 3:
+        raise ValueError(f"1 to 3 tensors, got {len(tensors)}")
+    tensors = [_slot_contiguous(t) for t in tensors]
+    padded = tensors + [tensors[0]] * (3 - len(tensors))
+    return padded, tuple(t.stride(0) for t in padded), tuple(t[0].numel() for t in padded)
 
 
 def _slot_contiguous(t: torch.Tensor) -> torch.Tensor:

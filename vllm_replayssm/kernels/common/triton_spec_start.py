@@ -22,7 +22,13 @@ import triton.language as tl
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import load_words, store_reset_words
-from vllm_replayssm.kernels.common.triton_fresh import BLOCK, SPLIT, _slot_contiguous, _zero_share
+from vllm_replayssm.kernels.common.triton_fresh import (
+    BLOCK,
+    SPLIT,
+    is_fresh,
+    slot_zero_args,
+    zero_slot_share,
+)
 from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
 
 
@@ -61,7 +67,7 @@ def _spec_start_kernel(
     slot = tl.load(slots_ptr + row).to(tl.int64)
     q = tl.load(qsl_ptr + row + 1).to(tl.int64) - tl.load(qsl_ptr + row).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + row).to(tl.int64)
-    fresh = (seq_len == q) & (q > 0) & (slot != null_block_id)
+    fresh = is_fresh(slot, q, seq_len, null_block_id)
     if split_id == 0:
         p_meta = meta_ptr + slot * stride_meta_slot
         _, _, p, _, _, _, _, valid = load_words(p_meta, stride_meta_word, num_ring_rows, WINDOW)
@@ -77,11 +83,10 @@ def _spec_start_kernel(
         if fresh:
             store_reset_words(p_meta, stride_meta_word, slot, num_ring_rows, phase_mod)
     if fresh:
-        _zero_share(a_ptr + slot * stride_a, n_a, split_id, SPLIT_, BLOCK_)
-        if NUM_TENSORS > 1:
-            _zero_share(b_ptr + slot * stride_b, n_b, split_id, SPLIT_, BLOCK_)
-        if NUM_TENSORS > 2:
-            _zero_share(c_ptr + slot * stride_c, n_c, split_id, SPLIT_, BLOCK_)
+        zero_slot_share(
+            a_ptr, b_ptr, c_ptr, slot, stride_a, stride_b, stride_c, n_a, n_b, n_c, split_id,
+            NUM_TENSORS, SPLIT_, BLOCK_,
+        )  # fmt: skip
 
 
 def spec_step_start(
@@ -107,16 +112,13 @@ def spec_step_start(
     Returns (start, accepted, pending, committed), [R] int64 each. The rows' slots must be
     distinct but for NULL padding rows (whose counts and window start are never read).
     """
-    if not 1 <= len(tensors) <= 3:
-        raise ValueError(f"1 to 3 tensors, got {len(tensors)}")
-    tensors = [_slot_contiguous(t) for t in tensors]
+    padded, strides, numels = slot_zero_args(tensors)
     require_row_contiguous(slots=slots, query_start_loc=query_start_loc, seq_lens=seq_lens)
     R = slots.shape[0]
     if query_start_loc.shape != (R + 1,):
         raise ValueError(f"query_start_loc {tuple(query_start_loc.shape)} for {R} rows")
     out = torch.empty(4, R, dtype=torch.int64, device=slots.device)
     if R:
-        padded = list(tensors) + [tensors[0]] * (3 - len(tensors))
         _spec_start_kernel[(R, SPLIT)](
             *padded,
             meta,
@@ -126,10 +128,10 @@ def spec_step_start(
             seq_lens,
             out,
             R,
-            *(t.stride(0) for t in padded),
+            *strides,
             *meta.stride(),
             window_start.stride(0),
-            *(t[0].numel() for t in padded),
+            *numels,
             null_block_id,
             ring_rows(buffer_len, window),
             stagger_modulus(buffer_len, window, stagger),

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import next_pow2, pow2_block
+from vllm_replayssm.kernels.common.blocks import pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_LEN,
@@ -356,7 +356,7 @@ def gdn_plan(
         V_PER_K=Hv // Hk,
         head_k_dim=K,
         BLOCK_K=pow2_block(K),
-        BLOCK_HG=max(2, next_pow2(Hv // Hk)),
+        BLOCK_HG=pow2_block(Hv // Hk, 2),
         BLOCK_L=history_block(buffer_len),
         HAS_LP=cache.lp is not None,
         EXACT_FLUSH=cache.exact_flush,

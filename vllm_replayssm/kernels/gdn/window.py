@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, cdiv, next_pow2, pow2_block
+from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, cdiv, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_COUNT,
@@ -1355,7 +1355,7 @@ def gdn_window_decode(
         BLOCK_W=bw,
         BLOCK_K=bk,
         BLOCK_H=bh,
-        BLOCK_HG=max(2, next_pow2(Hv // Hk)),
+        BLOCK_HG=pow2_block(Hv // Hk, 2),
         HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None,
         EXACT_FLUSH=cache.exact_flush,

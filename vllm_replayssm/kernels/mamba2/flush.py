@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2
+from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_FLUSH,
@@ -552,7 +552,7 @@ def mamba2_flush(
         headdim=P,
         dstate=N,
         BLOCK_P=block_p,
-        BLOCK_N=max(16, next_pow2(N)),
+        BLOCK_N=pow2_block(N),
         BLOCK_L=history_block(buffer_len),
         HAS_LP=cache.lp is not None,
         LP_IS_FP16=cache.lp is not None and cache.lp.dtype == torch.float16,

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2
+from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_LEN,
@@ -49,7 +49,7 @@ from vllm_replayssm.kernels.common.triton_cursor import (
 def history_block(buffer_len: int) -> int:
     """Coefficient slots per (row, head): a power of two >= L and >= 16 (the fold's dot
     needs an inner dimension of at least 16)."""
-    return max(16, next_pow2(buffer_len))
+    return pow2_block(buffer_len)
 
 
 @functools.cache
@@ -572,8 +572,8 @@ def mamba2_plan(
     shapes = dict(
         HEADS_PER_GROUP=H // G,
         dstate=N,
-        BLOCK_N=max(16, next_pow2(N)),
-        BLOCK_HG=max(2, next_pow2(H // G)),
+        BLOCK_N=pow2_block(N),
+        BLOCK_HG=pow2_block(H // G, 2),
         BLOCK_L=history_block(buffer_len),
         HAS_D=D is not None,
         HAS_LP=cache.lp is not None,

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2
+from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_LEN,
@@ -600,7 +600,7 @@ def mamba2_readout(
         headdim=P,
         dstate=N,
         BLOCK_P=block_p,
-        BLOCK_N=max(16, next_pow2(N)),
+        BLOCK_N=pow2_block(N),
         BLOCK_L=history_block(buffer_len),
         num_warps=num_warps,
     )
