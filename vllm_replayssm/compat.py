@@ -1,4 +1,5 @@
-"""Probes of the installed vLLM: the one place that knows which release we are pinned to."""
+"""Probes of the installed vLLM: the one place that knows which release we are pinned to; and
+of the Triton internals the lean relaunch (`kernels/common/launch.py`) calls."""
 
 from __future__ import annotations
 
@@ -101,6 +102,27 @@ def check_manifest(path: Path | str = MANIFEST) -> list[str]:
             if missing:
                 problems.append(f"{sym}: attributes {missing} no longer set")
     return problems
+
+
+def triton_launch_parts(compiled: Any) -> tuple[Any, Any, Any] | None:
+    """(launcher, function handle, packed metadata) of what `kernel[grid](...)` returned
+    (Triton 3.6's CompiledKernel: its launcher takes grid x, y, z, the raw stream, the
+    function, the packed metadata, the launch metadata, the enter and exit hooks, then every
+    parameter), or None where that is not such an object (the interpreter, another
+    release): its kernel then keeps Triton's own dispatch."""
+    try:
+        parts = (compiled.run, compiled.function, compiled.packed_metadata)
+    except AttributeError:
+        return None
+    return parts if callable(parts[0]) else None
+
+
+def triton_raw_stream() -> Any:
+    """The function Triton's dispatch reads the current raw CUDA stream with (device index
+    -> int handle)."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_stream
 
 
 def main(argv: list[str] | None = None) -> int:

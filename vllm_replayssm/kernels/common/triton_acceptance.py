@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import cdiv
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import load_words
 
@@ -72,7 +73,9 @@ def spec_acceptance(
     out = torch.empty(4, R, dtype=torch.int64, device=slots.device)
     if R:
         require_row_contiguous(slots=slots, q=q, seq_lens=seq_lens)
-        _acceptance_kernel[(cdiv(R, BLOCK_ROWS),)](
+        launch(
+            _acceptance_kernel,
+            (cdiv(R, BLOCK_ROWS),),
             meta,
             window_start,
             slots,

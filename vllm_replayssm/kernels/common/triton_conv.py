@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 
 
@@ -154,7 +155,9 @@ def spec_conv_update_triton(
     )
     w2 = weight.reshape(D, K)
     grid = (R, cdiv(D, block_d))
-    _spec_conv_kernel[grid](
+    launch(
+        _spec_conv_kernel,
+        grid,
         x,
         conv_state,
         slots,

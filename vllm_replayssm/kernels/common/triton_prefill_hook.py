@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_checkpoint import store_lp
 from vllm_replayssm.kernels.common.triton_cursor import store_reset_words
@@ -101,7 +102,9 @@ def prefill_hook_triton(
         return True
     state_indices = state_indices.contiguous()  # a strided column would be misread
     require_row_contiguous(state_indices=state_indices)
-    _prefill_hook_kernel[(R, SPLIT)](
+    launch(
+        _prefill_hook_kernel,
+        (R, SPLIT),
         hp,
         hp if lp is None else lp,
         meta,

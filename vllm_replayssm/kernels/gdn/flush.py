@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_FLUSH,
@@ -355,7 +356,9 @@ def gdn_flush(
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
     tiles = cdiv(V, block_v)
-    _gdn_flush_kernel[(max(1, num_programs),)](
+    launch(
+        _gdn_flush_kernel,
+        (max(1, num_programs),),
         cache.hp,
         lp,
         cache.ring_g,

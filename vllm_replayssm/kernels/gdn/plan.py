@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import pow2_block
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_LEN,
@@ -322,7 +323,9 @@ def gdn_plan(
     Hv = a.shape[1]
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     scratch.hp_count.zero_()
-    _gdn_plan_kernel[(Hk, R)](
+    launch(
+        _gdn_plan_kernel,
+        (Hk, R),
         cache.meta,
         cache.ring_g,
         beta,

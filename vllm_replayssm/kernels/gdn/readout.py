@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, cdiv, pow2_block
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_LEN,
@@ -226,7 +227,9 @@ def gdn_readout(
             f"readout_tiles must divide a key head's {key_head_tiles} value tiles, "
             f"got {readout_tiles}"
         )
-    _gdn_readout_kernel[(Hv * tiles // readout_tiles, R)](
+    launch(
+        _gdn_readout_kernel,
+        (Hv * tiles // readout_tiles, R),
         ckpt,
         cache.ring_d,
         ring_v,

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, stock_route_row
 from vllm_replayssm.kernels.gdn.tiles import advance_tile, beta_gate, l2norm, log_decay
@@ -210,7 +211,9 @@ def gdn_stock_route_decode(
     grid = (cdiv(V, block_v), Hv, R)
     beta = cache.ring_beta if cache.ring_beta is not None else cache.ring_g
     ring_v = cache.ring_v if cache.ring_v is not None else cache.ring_d
-    _gdn_stock_route_kernel[grid](
+    launch(
+        _gdn_stock_route_kernel,
+        grid,
         cache.hp,
         cache.ring_g,
         beta,

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, cdiv, pow2_block
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_COUNT,
@@ -1317,7 +1318,9 @@ def gdn_window_decode(
     flush_rows = torch.empty(R, dtype=torch.int32, device=v.device)
     flush_count = torch.zeros(1, dtype=torch.int32, device=v.device)
     qsl = query_start_loc if query_start_loc is not None else state_indices
-    _gdn_window_plan_kernel[(Hk, R)](
+    launch(
+        _gdn_window_plan_kernel,
+        (Hk, R),
         cache.ring_g,
         beta,
         cache.ring_k,
@@ -1386,7 +1389,9 @@ def _launch_readout(
 ) -> None:  # fmt: skip
     """The planned readout launch (`gdn_window_decode`)."""
     Hv = v.shape[1]
-    _gdn_window_readout_kernel[(Hv * tiles // readout_tiles, R)](
+    launch(
+        _gdn_window_readout_kernel,
+        (Hv * tiles // readout_tiles, R),
         cache.hp,
         lp,
         cache.ring_d,
@@ -1440,7 +1445,9 @@ def _launch_flush_list(
     """The planned step's flush launch over the plan's row list (`gdn_window_decode`)."""
     Hv = cache.hp.shape[1]
     tiles = cdiv(V, FLUSH_BLOCK_V)
-    _gdn_window_flush_list_kernel[(max(1, min(flush_programs, R * Hv * tiles)),)](
+    launch(
+        _gdn_window_flush_list_kernel,
+        (max(1, min(flush_programs, R * Hv * tiles)),),
         cache.hp,
         lp,
         cache.ring_g,
@@ -1505,7 +1512,9 @@ def _launch_fused(
     buffer_len,
 ) -> None:
     """The fused step's launch of `_gdn_window_kernel` (`gdn_window_decode`)."""
-    _gdn_window_kernel[grid](
+    launch(
+        _gdn_window_kernel,
+        grid,
         cache.hp,
         lp,
         cache.ring_g,

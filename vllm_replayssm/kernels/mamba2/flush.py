@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_FLUSH,
@@ -562,10 +563,12 @@ def mamba2_flush(
     )
     grid = (max(1, num_programs),)
     if plain:  # plain decode (the window layout at T = 1)
-        _mamba2_flush_kernel[grid](*tensors, *args, **shapes)
+        launch(_mamba2_flush_kernel, grid, *tensors, *args, **shapes)
         return
     off_w, off_s, off_d = coef_offsets(buffer_len, window)
-    _mamba2_flush_window_kernel[grid](
+    launch(
+        _mamba2_flush_window_kernel,
+        grid,
         *tensors,
         query_start_loc if query_start_loc is not None else scratch.hp_rows,
         *args,

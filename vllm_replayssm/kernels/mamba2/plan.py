@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2, pow2_block
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.plan_row import (
     PLAN_LEN,
     T_PLAN_LEN,
@@ -581,10 +582,12 @@ def mamba2_plan(
     )
     tensors = (cache.meta, cache.ring_dt, cache.ring_B, dt, A, B, C, D if D is not None else A)
     if window == 1 and query_start_loc is None and num_accepted_tokens is None:
-        _mamba2_plan_kernel[(G, R)](*tensors, dt_bias, state_indices, *common, **shapes)
+        launch(_mamba2_plan_kernel, (G, R), *tensors, dt_bias, state_indices, *common, **shapes)
         return
     off_w, off_s, off_d = coef_offsets(buffer_len, window)
-    _mamba2_plan_window_kernel[(G, R)](
+    launch(
+        _mamba2_plan_window_kernel,
+        (G, R),
         *tensors,
         dt_bias,
         state_indices,

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
     T_PLAN_LEN,
@@ -607,10 +608,14 @@ def mamba2_readout(
     tensors = (ckpt, cache.ring_x, cache.meta, x, C, out, scratch.plan, scratch.coef)
     grid = (H * tiles, num_rows)
     if window == 1 and query_start_loc is None:  # plain decode (the window layout at T = 1)
-        _mamba2_readout_kernel[grid](*tensors, null_block_id, num_ring_rows, *args, **shapes)
+        launch(
+            _mamba2_readout_kernel, grid, *tensors, null_block_id, num_ring_rows, *args, **shapes
+        )
         return
     off_w, off_s, _ = coef_offsets(buffer_len, window)
-    _mamba2_readout_window_kernel[grid](
+    launch(
+        _mamba2_readout_window_kernel,
+        grid,
         *tensors,
         query_start_loc if query_start_loc is not None else scratch.plan,
         null_block_id,

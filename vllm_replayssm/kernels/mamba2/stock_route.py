@@ -14,6 +14,7 @@ import triton.language as tl
 
 from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import finish_stock_row, softplus, stock_route_row
 from vllm_replayssm.kernels.mamba2.tiles import fold_tile
@@ -192,7 +193,9 @@ def mamba2_stock_route_decode(
     Cn = ring_rows(buffer_len, window)
     bp = block_p or 8  # H200 bs 1: 8 rows 4-6% faster than 16 (Super, Nano 4B), 4 alike
     grid = (cdiv(P, bp), H, R)
-    _mamba2_stock_route_kernel[grid](
+    launch(
+        _mamba2_stock_route_kernel,
+        grid,
         cache.hp,
         cache.ring_dt,
         cache.ring_x,
