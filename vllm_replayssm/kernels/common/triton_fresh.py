@@ -13,11 +13,14 @@ allocation, no other kernel.
 
 from __future__ import annotations
 
+from math import prod
+
 import torch
 import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import store_reset_words
 from vllm_replayssm.layout import NULL_BLOCK_ID, ring_rows
@@ -138,7 +141,9 @@ def reset_fresh_rows(
     R = slots.shape[0]
     if R == 0:
         return
-    _fresh_reset_kernel[(R, SPLIT)](
+    launch(
+        _fresh_reset_kernel,
+        (R, SPLIT),
         *padded,
         meta,
         slots,
@@ -161,19 +166,38 @@ def slot_zero_args(tensors: list[torch.Tensor]) -> tuple[list, tuple, tuple]:
     """The tensor arguments of a kernel that zeroes slots of 1 to 3 tensors [S, ...]
     (`zero_slot_share`): three tensors (unused places repeat the first), their slot strides
     and their elements per slot. Each slot's region must be contiguous memory, possibly with
-    the tensor's last two dims transposed (ValueError otherwise, or for 0 or > 3 tensors)."""
+    the tensor's last two dims transposed (ValueError otherwise, or for 0 or > 3 tensors).
+    Checked on sizes and strides alone: eager steps call this per layer, and indexing a slot
+    to ask torch costs µs per tensor."""
     if not 1 <= len(tensors) <= 3:
         raise ValueError(f"1 to 3 tensors, got {len(tensors)}")
-    tensors = [_slot_contiguous(t) for t in tensors]
-    padded = tensors + [tensors[0]] * (3 - len(tensors))
-    return padded, tuple(t.stride(0) for t in padded), tuple(t[0].numel() for t in padded)
+    for t in tensors:
+        if not slot_is_dense(t.shape, t.stride()):
+            raise ValueError(f"a slot's region of a {tuple(t.shape)} tensor is not contiguous")
+    padded = [*tensors] + [tensors[0]] * (3 - len(tensors))
+    return padded, tuple(t.stride(0) for t in padded), tuple(prod(t.shape[1:]) for t in padded)
 
 
-def _slot_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """`t`, or `t` with its last two dims swapped back, whichever has contiguous slots
-    (zeroing does not care about the order inside a slot)."""
-    if t[0].is_contiguous():
-        return t
-    if t.dim() >= 3 and t.transpose(-1, -2)[0].is_contiguous():
-        return t.transpose(-1, -2)
-    raise ValueError(f"a slot's region of a {tuple(t.shape)} tensor is not contiguous")
+def slot_is_dense(shape: tuple, stride: tuple) -> bool:
+    """Whether each slot (index of dim 0) of a tensor of these sizes and strides covers
+    contiguous memory, as is or with its last two dims swapped (the zeroing does not care
+    about the order inside a slot)."""
+    shape, stride = tuple(shape[1:]), tuple(stride[1:])
+    if is_dense(shape, stride):
+        return True
+    if len(shape) < 2:
+        return False
+    return is_dense(shape[:-2] + shape[:-3:-1], stride[:-2] + stride[:-3:-1])
+
+
+def is_dense(shape: tuple, stride: tuple) -> bool:
+    """torch's `is_contiguous` from sizes and strides: row-major strides, any stride for a
+    dim of size 1, and an empty tensor is contiguous."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride), strict=True):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from vllm_replayssm.kernels.common.cursor import stagger_modulus
+from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS, require_row_contiguous
 from vllm_replayssm.kernels.common.triton_cursor import load_words, store_reset_words
 from vllm_replayssm.kernels.common.triton_fresh import (
@@ -119,7 +120,9 @@ def spec_step_start(
         raise ValueError(f"query_start_loc {tuple(query_start_loc.shape)} for {R} rows")
     out = torch.empty(4, R, dtype=torch.int64, device=slots.device)
     if R:
-        _spec_start_kernel[(R, SPLIT)](
+        launch(
+            _spec_start_kernel,
+            (R, SPLIT),
             *padded,
             meta,
             window_start,
@@ -140,4 +143,4 @@ def spec_step_start(
             SPLIT_=SPLIT,
             BLOCK_=BLOCK,
         )
-    return out[0], out[1], out[2], out[3]
+    return out.unbind(0)
