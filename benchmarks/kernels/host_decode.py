@@ -12,15 +12,17 @@ configuration, plan, flush, readout; "rest": the side-stream switch and the rema
 The layer's other launches (the step start: fresh-row reset and acceptance, in one launch
 since 2026-12-06, and apart as before; the conv update) and the few torch ops the layer
 ran around them before that are timed one by one; vLLM's items are its two launches per layer
-(`causal_conv1d_update`, `selective_state_update`). Two bare Triton kernels (3 and 40
-arguments) calibrate a launch, and our plan launch runs both through Triton's JIT dispatch
-and straight through its compiled kernel (what a lean relaunch path could save). --cprofile
-N profiles N of our decode calls (where the host time of our launches goes beyond a bare
-launch's)."""
+(`causal_conv1d_update`, `selective_state_update`). Our items run twice (--launch): with our
+launches through Triton's dispatch (rows "ours [dispatch]") and relaunched through the
+compiled kernels' launchers (`kernels/common/launch.py`, the default since 2026-12-06; rows
+"ours [direct]"). Two bare Triton kernels (3 and 40 arguments) calibrate a launch, and our
+plan launch alone runs through Triton's dispatch and straight through its compiled kernel.
+--cprofile N profiles N of our decode calls in each mode."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import defaultdict
@@ -128,7 +130,7 @@ def lean_plan_items(fn, a, kw) -> dict:
     bound.apply_defaults()
     values = list(bound.arguments.values())
     compiled = real[grid](*args, **kwargs)
-    runner = compiled[grid]
+    runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # its launcher takes x, y and z
     stream = torch.cuda.current_stream().cuda_stream
     return {
         "ours: plan launch, Triton's JIT dispatch": lambda: real[grid](*args, **kwargs),
@@ -147,6 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument(
+        "--launch",
+        type=lambda v: v.split(","),
+        default=["dispatch", "direct"],
+        help="our launches through Triton's dispatch, relaunched directly (kernels/common/"
+        "launch.py), or both (default: dispatch,direct)",
+    )
+    p.add_argument(
         "--cprofile",
         type=int,
         default=0,
@@ -164,38 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     cache = layers[0][0]
     rows: dict[str, dict] = {}
 
-    # our decode call, whole and in parts
-    rows["ours: mamba2_replay_decode"] = time_calls(lambda: fn(*a, **kw), args.calls)
-    from vllm_replayssm.kernels.mamba2 import decode
-
-    names = ["check_args", "launch_config", "mamba2_plan", "mamba2_flush", "mamba2_readout"]
-    parts = Parts(decode, names)
-    whole = time_calls(lambda: fn(*a, **kw), args.calls)
-    parts.restore()
-    n = args.calls + 3
-    split = {name: parts.total[name] * 1e6 / n for name in names}
-    split["rest"] = whole["host_us"] - sum(split.values())
-    for name, us in split.items():
-        rows[f"ours:   {name}"] = {"host_us": us}
-
-    if args.cprofile:
-        import cProfile
-        import pstats
-
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(args.cprofile):
-            fn(*a, **kw)
-        prof.disable()
-        torch.cuda.synchronize()
-        print(f"# cProfile of {args.cprofile} decode calls")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
-
-    # the layer's other launches and ops (`layers/mamba2._decode_spec`)
+    from vllm_replayssm.kernels.common import launch as launch_mod
     from vllm_replayssm.kernels.common.triton_acceptance import spec_acceptance
     from vllm_replayssm.kernels.common.triton_conv import spec_conv_update_triton
     from vllm_replayssm.kernels.common.triton_fresh import reset_fresh_rows
     from vllm_replayssm.kernels.common.triton_spec_start import spec_step_start
+    from vllm_replayssm.kernels.mamba2 import decode
     from vllm_replayssm.layout import ring_rows
 
     qsl = torch.arange(0, bs * T + 1, T, dtype=torch.int32, device=dev)
@@ -212,21 +195,62 @@ def main(argv: list[str] | None = None) -> int:
     lp = [] if cache.lp is None else [cache.lp]
     rr = ring_rows(bench.BUFFER_LEN, T)
     start = seq_lens.long() - q.long()
-    items = {
-        "ours: reset_fresh_rows": lambda: reset_fresh_rows(
+    # the layer's other launches (`layers/mamba2._decode_spec`)
+    launches = {
+        "reset_fresh_rows": lambda: reset_fresh_rows(
             [cache.hp, *lp, conv], cache.meta, slots, q, seq_lens,
             buffer_len=bench.BUFFER_LEN, window=T, stagger=True,
         ),
-        "ours: spec_acceptance": lambda: spec_acceptance(
+        "spec_acceptance": lambda: spec_acceptance(
             cache.meta, window_start, slots, q, seq_lens, num_ring_rows=rr, window=T
         ),
-        "ours: spec_step_start (reset + acceptance)": lambda: spec_step_start(
+        "spec_step_start (reset + acceptance)": lambda: spec_step_start(
             [cache.hp, *lp, conv], cache.meta, window_start, slots, qsl, seq_lens,
             buffer_len=bench.BUFFER_LEN, window=T, stagger=True,
         ),
-        "ours: spec_conv_update": lambda: spec_conv_update_triton(
+        "spec_conv_update": lambda: spec_conv_update_triton(
             xc, conv, slots, qsl, full, full, weight, bias, "silu", T
         ),
+    }  # fmt: skip
+    names = ["check_args", "launch_config", "mamba2_plan", "mamba2_flush", "mamba2_readout"]
+    saved_env = os.environ.get(launch_mod.DIRECT_LAUNCH_ENV)
+    for mode in args.launch:
+        # our launches through Triton's dispatch, or relaunched directly (kernels/common/
+        # launch.py); `tag` names the rows of each
+        os.environ[launch_mod.DIRECT_LAUNCH_ENV] = "1" if mode == "direct" else "0"
+        launch_mod.reset()
+        tag = f"ours [{mode}]:"
+        rows[f"{tag} mamba2_replay_decode"] = time_calls(lambda: fn(*a, **kw), args.calls)
+        parts = Parts(decode, names)
+        whole = time_calls(lambda: fn(*a, **kw), args.calls)
+        parts.restore()
+        n = args.calls + 3
+        split = {name: parts.total[name] * 1e6 / n for name in names}
+        split["rest"] = whole["host_us"] - sum(split.values())
+        for name, us in split.items():
+            rows[f"{tag}   {name}"] = {"host_us": us}
+        for name, call in launches.items():
+            rows[f"{tag} {name}"] = time_calls(call, args.calls)
+        if args.cprofile:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.cprofile):
+                fn(*a, **kw)
+            prof.disable()
+            torch.cuda.synchronize()
+            print(f"# cProfile of {args.cprofile} decode calls, launches: {mode}")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    if saved_env is None:
+        os.environ.pop(launch_mod.DIRECT_LAUNCH_ENV)
+    else:
+        os.environ[launch_mod.DIRECT_LAUNCH_ENV] = saved_env
+    launch_mod.reset()
+
+    # the torch ops the layer ran before 2026-12-06 (now inside the step start)
+    items = {
         "torch: slots.long()": lambda: slots.long(),
         "torch: qsl[1:] - qsl[:-1]": lambda: qsl[1:] - qsl[:-1],
         "torch: window_start[slots] = start": lambda: window_start.__setitem__(
