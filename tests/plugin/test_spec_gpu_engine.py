@@ -248,13 +248,15 @@ COMPILED = {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}
 
 
 @pytest.mark.parametrize("kind", list(NGRAM_GPU_CASES))
-def test_ngram_gpu_spec_decode_on_gpu_is_lossless(runs, kind, qwen_dir, qwen_prompts, capsys):  # noqa: F811
+def test_ngram_gpu_spec_decode_on_gpu_is_lossless(runs, kind, request, capsys):
     """The ngram tests' workloads (k = 3, buffer_len 16, bf16 LP) with vLLM's GPU ngram
     drafter, both runs compiled (COMPILED): lossless against plain ReplaySSM, drafts partly
-    accepted."""
+    accepted. The Qwen3-Next fixtures are asked for only by that case: its prompts come from
+    an engine run of their own, which the NemotronH case does not need."""
     name = f"{kind} ngram_gpu (GPU, compiled) k3_L16"
     if kind == "qwen3_next":
-        model_dir, prompts, tokens = qwen_dir, qwen_prompts, NEW_TOKENS
+        model_dir = request.getfixturevalue("qwen_dir")
+        prompts, tokens = request.getfixturevalue("qwen_prompts"), NEW_TOKENS
     else:
         model_dir = runs.checkpoint("nemotron_h", **PEAKED)
         prompts, tokens = NEMOTRON_H_PROMPTS, NEMOTRON_H_TOKENS
