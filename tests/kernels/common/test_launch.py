@@ -255,3 +255,59 @@ def test_direct_launches_on_another_stream_and_under_capture(gpu_direct):
     torch.testing.assert_close(out, 6.0 + y, rtol=0, atol=0)
     memo = gpu_direct[id(_axpy_kernel)]
     assert len(memo.entries) == 1
+
+
+def test_every_launch_call_site_can_take_the_direct_path():
+    """Each `launch(...)` call in the package passes its runtime arguments positionally: a
+    keyword runtime argument would keep that kernel on Triton's dispatch for good (correct,
+    but the eager steps' host time this module exists to save). Checked on the source: every
+    keyword, the keys of a `**name` spread of a `name = dict(...)` in the same function
+    included, must be a constexpr parameter or a launch option of the launched kernel."""
+    import ast
+    import importlib
+    import inspect
+    import pathlib
+
+    import vllm_replayssm.kernels as pkg
+
+    root = pathlib.Path(pkg.__file__).parent
+    sites, problems = 0, []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        module = None
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            spreads = {
+                target.id: [k.arg for k in node.value.keywords if k.arg]
+                for node in ast.walk(fn)
+                if isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "dict"
+                for target in node.targets
+                if isinstance(target, ast.Name)
+            }
+            for node in ast.walk(fn):
+                if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "launch"):
+                    continue
+                sites += 1
+                rel = path.relative_to(root.parent.parent).with_suffix("")
+                module = module or importlib.import_module(".".join(rel.parts))
+                kernel = getattr(module, node.args[0].id)
+                # constexpr-ness from the signature: under the interpreter (CI) the kernel is
+                # an InterpretedFunction without Triton's parameter list
+                params = inspect.signature(kernel.fn).parameters
+                constexprs = {n for n, p in params.items() if "constexpr" in str(p.annotation)}
+                names = []
+                for kw in node.keywords:
+                    if kw.arg is not None:
+                        names.append(kw.arg)
+                    elif isinstance(kw.value, ast.Name) and kw.value.id in spreads:
+                        names += spreads[kw.value.id]
+                    else:
+                        problems.append(f"{rel}:{node.lineno}: an unresolved ** spread")
+                for name in names:
+                    if name in params and name not in constexprs:
+                        problems.append(f"{rel}:{node.lineno}: runtime argument {name}= by keyword")
+    assert sites >= 20, sites
+    assert not problems, problems
