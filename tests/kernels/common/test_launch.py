@@ -156,6 +156,20 @@ def test_what_cannot_launch_directly_keeps_tritons_path(direct, monkeypatch):
     assert _kinds(k) == ["triton"] * 4
 
 
+def test_a_memo_keeps_its_kernel_alive(direct):
+    """Memos are found by the kernel's id: a kernel created and dropped (a benchmark's stand-in)
+    must not leave its id, and its launches, to a later object."""
+    import gc
+    import weakref
+
+    k = FakeKernel()
+    ref = weakref.ref(k)
+    launch(k, (1,), torch.zeros(8), 5, BLOCK=16)
+    del k
+    gc.collect()
+    assert ref() is not None and launch_mod._MEMOS[id(ref())].kernel is ref()
+
+
 @pytest.mark.parametrize("env", [("REPLAYSSM_DIRECT_LAUNCH", "0"), ("TRITON_INTERPRET", "1")])
 def test_switched_off(direct, monkeypatch, env):
     monkeypatch.setenv(*env)

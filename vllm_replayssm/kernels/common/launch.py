@@ -47,12 +47,14 @@ class _Memo:
     """One kernel's compiled launches: argument key -> (launcher, function, packed
     metadata). `tail`: the parameters after the positional ones, in signature order (all
     constexprs: the launcher takes every parameter and skips the constexprs), with their
-    defaults. `usable` False: this kernel always takes `kernel[grid]`."""
+    defaults. `usable` False: this kernel always takes `kernel[grid]`. `kernel`: held so that
+    its id, the memo's key in _MEMOS, cannot pass to another object while the memo exists."""
 
-    __slots__ = ("entries", "num_positional", "tail", "usable")
+    __slots__ = ("entries", "kernel", "num_positional", "tail", "usable")
 
     def __init__(self, kernel, num_positional: int):
         self.entries: dict = {}
+        self.kernel = kernel
         self.num_positional = num_positional
         params = getattr(kernel, "params", None)
         rest = [] if params is None else params[num_positional:]
