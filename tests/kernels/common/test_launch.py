@@ -113,6 +113,20 @@ def test_anything_triton_specialises_on_is_a_new_key(direct, change):
     assert _kinds(k) == ["triton", "triton", "direct"]
 
 
+@pytest.mark.parametrize("other", [True, 1.0])
+def test_equal_scalars_of_another_type_are_a_new_key(direct, other):
+    """1, True and 1.0 are equal (and hash alike) in Python, but Triton types them i32, i1
+    and fp32: a kernel compiled for one must not launch with another."""
+    k = FakeKernel()
+    x = torch.zeros(64)
+    launch(k, (1,), x, 1, BLOCK=16)
+    launch(k, (1,), x, other, BLOCK=16)
+    assert _kinds(k) == ["triton", "triton"]
+    launch(k, (1,), x, other, BLOCK=16)
+    assert _kinds(k) == ["triton", "triton", "direct"]
+    assert k.log[2][1][9:11] == (x, other) and type(k.log[2][1][10]) is type(other)
+
+
 def test_runtime_arguments_by_keyword_keep_tritons_path(direct):
     """n passed by keyword would sit in the launcher's tail unkeyed: never direct."""
     k = FakeKernel()
