@@ -2,7 +2,8 @@
 level: vLLM's copy machinery with our copy function moves every tensor of a ReplaySSM page,
 and a page copied at a block boundary, materialised in its new slot, holds the state at that
 boundary (against the float64 oracle) with an empty ring, while the cached page stays as
-it was."""
+it was. And a layer's named views of its page (`PageViews`): built once per binding, rebuilt
+when vLLM binds other tensors, checked against the declared page."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from vllm_replayssm.kernels.common.checkpoint import to_lp
 from vllm_replayssm.kernels.common.cursor import COMMITTED, PENDING, reset_words
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
-from vllm_replayssm.layers.pages import page_copy_func, page_rows
+from vllm_replayssm.layers.conv import conv_state_view
+from vllm_replayssm.layers.pages import ReplayPage, page_copy_func, page_rows
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -206,3 +208,66 @@ def test_page_copied_inside_a_verify_window_resumes_to_the_boundary_state(family
 
 def _head(tok: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
     return {k: v[:n] for k, v in tok.items()}
+
+
+class _Layer(ReplayPage):
+    """What `ReplayPage.page_views` reads of a layer: its bound tensors and its page."""
+
+    def __init__(self, kv_cache, specs):
+        self.kv_cache, self.replay_specs = kv_cache, specs
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_page_views_are_built_once_per_binding(family):
+    fam = FAMILIES[family]()
+    specs = fam.specs(8, 4, torch.bfloat16)
+    views = carve(torch.zeros(NUM_SLOTS * page_size_bytes(specs), dtype=torch.uint8), specs)
+    layer = _Layer([views[s.name] for s in specs], specs)
+    page = layer.page_views()
+    cache = page.mamba2() if family == "mamba2" else page.gdn(False)
+    assert isinstance(cache, CACHE[family])
+    assert cache.hp is views["hp"] and cache.lp is views["lp"] and cache.meta is views["meta"]
+    assert layer.page_views() is page  # the same binding: nothing rebuilt
+    assert (page.mamba2() if family == "mamba2" else page.gdn(False)) is cache
+    ws = page.window_start()
+    assert ws.shape == (NUM_SLOTS,) and ws.dtype == torch.int64
+    ws[3] = 77  # a view of each page's window start word
+    assert views["window_start"][3, 0] == 77
+    conv = page.conv()
+    assert conv.data_ptr() == views["conv"].data_ptr()
+    assert conv.stride() == conv_state_view(layer.kv_cache).stride()
+    # vLLM binds new tensors (another allocation): the views follow them
+    other = carve(torch.zeros(NUM_SLOTS * page_size_bytes(specs), dtype=torch.uint8), specs)
+    layer.kv_cache = [views[s.name] for s in specs]
+    layer.kv_cache[[s.name for s in specs].index("hp")] = other["hp"]
+    fresh = layer.page_views()
+    assert fresh is not page
+    got = fresh.mamba2() if family == "mamba2" else fresh.gdn(False)
+    assert got.hp is other["hp"] and got.meta is views["meta"]
+
+
+def test_gdn_page_views_transpose_the_state_for_k_major_kernels():
+    fam = FAMILIES["gdn"]()
+    specs = fam.specs(8, 1, torch.bfloat16)
+    views = carve(torch.zeros(NUM_SLOTS * page_size_bytes(specs), dtype=torch.uint8), specs)
+    page = _Layer([views[s.name] for s in specs], specs).page_views()
+    S, H, V, K = views["hp"].shape
+    for name in ("hp", "lp"):
+        t = getattr(page.gdn(True), name)
+        assert t.shape == (S, H, V, K) and t.data_ptr() == views[name].data_ptr()
+        # [K, V] in memory: element (v, k) lies at k * V + v of the head's block
+        assert t.stride()[-2:] == (1, V)
+        assert getattr(page.gdn(False), name) is views[name]
+
+
+def test_page_views_refuse_a_binding_unlike_the_page():
+    fam = FAMILIES["mamba2"]()
+    specs = fam.specs(8, 1, None)
+    views = carve(torch.zeros(NUM_SLOTS * page_size_bytes(specs), dtype=torch.uint8), specs)
+    kv = [views[s.name] for s in specs]
+    with pytest.raises(RuntimeError, match="page declares"):
+        _Layer(kv[:-1], specs).page_views()
+    hp = [s.name for s in specs].index("hp")
+    kv[hp] = kv[hp].to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="state tensor hp"):
+        _Layer(kv, specs).page_views()

@@ -43,9 +43,7 @@ from vllm_replayssm.layers.conv import (
 from vllm_replayssm.layers.fresh import start_fresh_rows
 from vllm_replayssm.layers.pages import (
     ReplayPage,
-    gdn_cache_from_kv,
     gdn_page_specs,
-    window_start_view,
 )
 from vllm_replayssm.layers.spec import SpecWindows
 from vllm_replayssm.layout import ring_rows
@@ -141,7 +139,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             return None
         if md.spec_sequence_masks is not None or md.num_accepted_tokens is not None:
             raise RuntimeError("replayssm: speculative GDN metadata reached a plain-decode layer")
-        cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=False)
+        cache = self.page_views().gdn(False)
         nd, npf = md.num_decodes, md.num_prefills
         if nd:
             # Alone, every token of the step (CUDA-graph padding included); else the leading
@@ -211,7 +209,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         cfg = self.replay
         n = md.num_actual_tokens if n is None else n
         state_indices = md.non_spec_state_indices_tensor[:n]
-        conv_state = conv_state_view(self.kv_cache)
+        conv_state = self.page_views().conv()
         # A new one-token request is a decode row here: its recycled page starts fresh (one
         # launch over the rows, graph-safe; `layers/fresh.py`).
         start_fresh_rows(
@@ -315,7 +313,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             return
         if md.spec_sequence_masks is not None or md.num_accepted_tokens is not None:
             raise RuntimeError("replayssm: speculative GDN metadata reached a plain-decode layer")
-        cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=True)
+        cache = self.page_views().gdn(True)
         cfg, window = self.replay, self.replay_window
         nd, ndt = md.num_decodes, md.num_decode_tokens
         npf, npt = md.num_prefills, md.num_prefill_tokens
@@ -324,7 +322,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         if nd:
             start_fresh_rows(
                 cache,
-                conv_state_view(self.kv_cache),
+                self.page_views().conv(),
                 state_indices[:nd],
                 qsl[1 : nd + 1] - qsl[:nd],
                 md.replay_seq_lens[:nd],
@@ -464,16 +462,15 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         request: a spec row with placeholder drafts, or a one-token row) starts from a fresh
         page (`layers/fresh.py`)."""
         cfg = self.replay
-        cache = gdn_cache_from_kv(
-            self.kv_cache, self.replay_specs, state_k_major=current_platform.is_cpu()
-        )
+        page = self.page_views()
+        cache = page.gdn(current_platform.is_cpu())
         tokens, slots, qsl, seq_lens, _ = rows
         # Fresh pages reset, the commit counts, each page's new window start stored (nothing
         # in this step reads it again): one launch on GPUs.
         _, accepted, pending, committed = self.spec_windows.start_step(
             cache,
-            conv_state_view(self.kv_cache),
-            window_start_view(self.kv_cache, self.replay_specs),
+            page.conv(),
+            page.window_start(),
             slots,
             qsl,
             seq_lens,
@@ -481,7 +478,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         )
         x = spec_conv_update(
             mixed_qkv[tokens],
-            conv_state_view(self.kv_cache),
+            page.conv(),
             slots,
             qsl,
             pending,
@@ -540,10 +537,11 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         host work that vLLM's builder does once per step)."""
         cfg = self.replay
         cpu = current_platform.is_cpu()
-        cache = gdn_cache_from_kv(self.kv_cache, self.replay_specs, state_k_major=cpu)
+        page = self.page_views()
+        cache = page.gdn(cpu)
         K = self._conv_weight_2d().shape[-1]
-        conv = conv_state_view(self.kv_cache)
-        window_start = window_start_view(self.kv_cache, self.replay_specs)
+        conv = page.conv()
+        window_start = page.window_start()
         tokens, slots, slots_long, has_init, seq_lens, init_slots = rows
         init = split.prefill_init_rows
         # Without prefix caching a stored page is a chunk continuation's: the prefill hook

@@ -43,10 +43,8 @@ from vllm_replayssm.layers.conv import (
 )
 from vllm_replayssm.layers.pages import (
     ReplayPage,
-    mamba2_cache_from_kv,
     mamba2_page_specs,
     page_rows,
-    window_start_view,
 )
 from vllm_replayssm.layers.spec import SpecWindows, capturing
 from vllm_replayssm.layout import NULL_BLOCK_ID, page_size_bytes, ring_rows
@@ -249,7 +247,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             reference.mamba2_stock_decode(self.kv_cache[1], *args)
             return
         cfg = self.replay
-        cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
+        cache = self.page_views().mamba2()
         common = dict(buffer_len=cfg.buffer_len, window=self.replay_window)
         if cpu:  # torch paths: "auto" replays
 
@@ -293,7 +291,8 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         synchronisation on GPUs (debug_checks aside, which are skipped while a CUDA graph is
         captured): a uniform speculative batch runs as a CUDA graph."""
         cfg = self.replay
-        cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
+        page = self.page_views()
+        cache = page.mamba2()
         nd = state_indices.shape[0]
         dev = projected_states.device
         # On GPUs the launches take the int32 slots and derive each row's token count from
@@ -304,8 +303,8 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         # in this step reads it again): one launch on GPUs.
         start, accepted, pending, committed = self.spec_windows.start_step(
             cache,
-            conv_state_view(self.kv_cache),
-            window_start_view(self.kv_cache, self.replay_specs),
+            page.conv(),
+            page.window_start(),
             slots,
             qsl,
             seq_lens,
@@ -343,7 +342,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         xBC, dt = self._split_projection(projected_states)
         xBC = spec_conv_update(
             xBC,
-            conv_state_view(self.kv_cache),
+            page.conv(),
             slots,
             qsl,
             pending,
@@ -446,11 +445,11 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         slots of rows whose pages must come out of this as they went in, once folded (rows
         with drafts that continue a stored page, which `_decode_spec` verifies next)."""
         cfg = self.replay
-        cache = mamba2_cache_from_kv(self.kv_cache, self.replay_specs)
+        cache = self.page_views().mamba2()
         slots = md.state_indices_tensor_p
         common = dict(buffer_len=cfg.buffer_len, window=self.replay_window, stagger=cfg.stagger)
         spec = self.replay_window > 1
-        conv = conv_state_view(self.kv_cache)
+        conv = self.page_views().conv()
         nd, npf = md.num_decodes, md.num_prefills
         page = None
         # Rows continuing a stored state, chosen on the host (backends/mamba2.py), so that
@@ -471,7 +470,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 qsl = md.query_start_loc_p.long()
                 self.spec_windows.resume_rows(
                     cache.meta,
-                    window_start_view(self.kv_cache, self.replay_specs),
+                    self.page_views().window_start(),
                     conv,
                     resumed.long(),
                     (qsl[1:] - qsl[:-1]).index_select(0, init),
@@ -509,9 +508,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 super().conv_ssm_forward(projected_states=projected_states, output=output)
         if spec:
             conv_context_to_back(conv, slots, self.conv_kernel_size)
-            window_start_view(self.kv_cache, self.replay_specs)[slots.long()] = md.seq_lens[
-                nd : nd + npf
-            ].long()
+            self.page_views().window_start()[slots.long()] = md.seq_lens[nd : nd + npf].long()
         apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, **common)
         if page is not None:
             pages[keep] = page

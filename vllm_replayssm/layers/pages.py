@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Iterator
+import operator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from vllm.logger import init_logger
 
 from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 from vllm_replayssm.config_checks import SUPPORTED_ARCHS
+from vllm_replayssm.layers.conv import conv_state_view
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -139,36 +141,64 @@ def _bound_views(kv_cache, specs: list[StateTensorSpec]) -> dict[str, torch.Tens
     return views
 
 
-def mamba2_cache_from_kv(
-    kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...], specs: list[StateTensorSpec]
-) -> Mamba2ReplayCache:
-    """Name the bound tensors of one Mamba-2 layer."""
-    return Mamba2ReplayCache.from_views(_bound_views(kv_cache, specs))
+class PageViews:
+    """One layer's bound state tensors, named and viewed as its ops take them, built once per
+    binding (`ReplayPage.page_views`): eager steps asked for them in every layer, and checking
+    each tensor against the declared page anew cost about 20 µs of host time per step and
+    layer. kv_cache: the layer's bound tensors; specs: its page (`replay_specs`)."""
 
+    __slots__ = ("_made", "specs", "tensors", "views")
 
-def gdn_cache_from_kv(
-    kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...],
-    specs: list[StateTensorSpec],
-    state_k_major: bool,
-) -> GDNReplayCache:
-    """Name the bound tensors of one GDN layer. state_k_major: the platform's stock kernels
-    store each head's state as [K, V] in the memory declared [V, K] (vLLM's CPU kernels);
-    HP and LP are then viewed transposed so that our ops see [V, K] either way."""
-    views = _bound_views(kv_cache, specs)
-    if state_k_major:
-        for name in ("hp", "lp"):
-            if views.get(name) is not None:
-                S, H, V, K = views[name].shape
-                views[name] = views[name].view(S, H, K, V).transpose(-1, -2)
-    return GDNReplayCache.from_views(views)
+    def __init__(self, kv_cache: Sequence[torch.Tensor], specs: list[StateTensorSpec]) -> None:
+        self.views = _bound_views(kv_cache, specs)
+        self.tensors = tuple(kv_cache)
+        self.specs = specs
+        self._made: dict = {}
 
+    def binds(self, kv_cache: Sequence[torch.Tensor], specs: list[StateTensorSpec]) -> bool:
+        """Whether these are still the layer's tensors and page (vLLM binds new tensors
+        when it reallocates the cache)."""
+        return (
+            specs is self.specs
+            and len(kv_cache) == len(self.tensors)
+            and all(map(operator.is_, kv_cache, self.tensors))
+        )
 
-def window_start_view(
-    kv_cache: list[torch.Tensor] | tuple[torch.Tensor, ...], specs: list[StateTensorSpec]
-) -> torch.Tensor:
-    """[S] int64: the window start word of every page of one layer (a strided view; pages
-    of speculative decoding only, `layout._window_start_specs`)."""
-    return _bound_views(kv_cache, specs)["window_start"][:, 0]
+    def _get(self, key, make):
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = make()
+        return made
+
+    def mamba2(self) -> Mamba2ReplayCache:
+        """The tensors of a Mamba-2 page, named."""
+        return self._get("mamba2", lambda: Mamba2ReplayCache.from_views(self.views))
+
+    def gdn(self, state_k_major: bool) -> GDNReplayCache:
+        """The tensors of a GDN page, named. state_k_major: the platform's stock kernels
+        store each head's state as [K, V] in the memory declared [V, K] (vLLM's CPU
+        kernels); HP and LP are then viewed transposed so that our ops see [V, K] either
+        way."""
+
+        def make() -> GDNReplayCache:
+            views = dict(self.views)
+            if state_k_major:
+                for name in ("hp", "lp"):
+                    if views.get(name) is not None:
+                        S, H, V, K = views[name].shape
+                        views[name] = views[name].view(S, H, K, V).transpose(-1, -2)
+            return GDNReplayCache.from_views(views)
+
+        return self._get(("gdn", state_k_major), make)
+
+    def conv(self) -> torch.Tensor:
+        """[S, D, M] the conv state, dim-first (`conv.conv_state_view`)."""
+        return self._get("conv", lambda: conv_state_view(self.tensors))
+
+    def window_start(self) -> torch.Tensor:
+        """[S] int64: the window start word of every page (a strided view; pages of
+        speculative decoding only, `layout._window_start_specs`)."""
+        return self._get("window_start", lambda: self.views["window_start"][:, 0])
 
 
 def page_rows(state: torch.Tensor, page_bytes: int) -> torch.Tensor:
@@ -218,6 +248,16 @@ class ReplayPage:
     replay_specs: list[StateTensorSpec]
     replay_window: int
     _stock_page = False
+    _page_views: PageViews | None = None
+
+    def page_views(self) -> PageViews:
+        """This layer's bound page, named and viewed (`PageViews`), rebuilt when vLLM binds
+        other tensors. Replay pages only."""
+        memo = self._page_views
+        kv = self.kv_cache  # type: ignore[attr-defined]
+        if memo is None or not memo.binds(kv, self.replay_specs):
+            memo = self._page_views = PageViews(kv, self.replay_specs)
+        return memo
 
     def _start_replay(self, vllm_config: Any) -> bool:
         """Read the replayssm settings into `self.replay`; when enabled, refuse what the layer
