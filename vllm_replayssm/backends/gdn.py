@@ -20,6 +20,7 @@ from vllm.v1.attention.backends.gdn_attn import (
 )
 from vllm.v1.attention.backends.utils import compute_causal_conv1d_metadata
 
+from vllm_replayssm.backends.fields import extend_metadata
 from vllm_replayssm.backends.host import prefill_init_rows, to_device
 
 
@@ -78,10 +79,10 @@ class ReplayGDNAttentionMetadata(GDNAttentionMetadata):
         replay_prefill_view: GDNAttentionMetadata | None = None,
         replay_prefill_init_rows: torch.Tensor | None = None,
     ) -> ReplayGDNAttentionMetadata:
-        """`md`'s fields (shared, not copied) plus ours."""
-        fields = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
-        return cls(
-            **fields,
+        """`md`'s fields (shared, not copied) plus ours (`fields.extend_metadata`)."""
+        return extend_metadata(
+            cls,
+            md,
             replay_seq_lens=replay_seq_lens,
             replay_spec_split=replay_spec_split,
             replay_prefill_view=replay_prefill_view,

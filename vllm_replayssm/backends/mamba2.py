@@ -29,6 +29,7 @@ from vllm.v1.attention.backends.mamba2_attn import (
 )
 
 from vllm_replayssm import trace
+from vllm_replayssm.backends.fields import extend_metadata
 from vllm_replayssm.backends.host import prefill_init_rows
 from vllm_replayssm.layout import NULL_BLOCK_ID
 
@@ -36,8 +37,8 @@ from vllm_replayssm.layout import NULL_BLOCK_ID
 @dataclasses.dataclass
 class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
     """vLLM's Mamba-2 metadata plus `replay_num_drafts`: [num_reqs] int32 on the CPU, draft
-    tokens of each row in batch order (0 for rows without; None on steps without drafts).
-    A dataclass field, so that `dataclasses.replace` keeps it."""
+    tokens of each row in batch order (0 for rows without; None on steps without drafts or
+    without prefill rows). A dataclass field, so that `dataclasses.replace` keeps it."""
 
     replay_num_drafts: torch.Tensor | None = None
     # Steps with prefill rows: which of them continue a stored state ([<= P] int64 on the
@@ -56,10 +57,10 @@ class ReplayMamba2AttentionMetadata(Mamba2AttentionMetadata):
         replay_num_drafts: torch.Tensor | None,
         replay_prefill_init_rows: torch.Tensor | None = None,
     ) -> ReplayMamba2AttentionMetadata:
-        """`md`'s fields (shared, not copied) plus ours."""
-        fields = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
-        return cls(
-            **fields,
+        """`md`'s fields (shared, not copied) plus ours (`fields.extend_metadata`)."""
+        return extend_metadata(
+            cls,
+            md,
             replay_num_drafts=replay_num_drafts,
             replay_prefill_init_rows=replay_prefill_init_rows,
         )
@@ -83,11 +84,16 @@ class ReplayMamba2AttentionMetadataBuilder(Mamba2AttentionMetadataBuilder):
         self, common_prefix_len: int, common_attn_metadata: Any, *args: Any, **kwargs: Any
     ) -> ReplayMamba2AttentionMetadata:
         md = super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)
-        # The runner's count is -1 for rows without drafts (and for chunked prefills).
+        # The runner's count is -1 for rows without drafts (and for chunked prefills). Only
+        # prefill rows' counts are read (`layers/mamba2._prefill_spec`): decode-only steps,
+        # every group of them, skip this host op.
         drafts = kwargs.get("num_decode_draft_tokens_cpu")
-        if drafts is not None:
+        tracing = trace.enabled()
+        if drafts is not None and (md.num_prefills or tracing):
             drafts = drafts[: common_attn_metadata.num_reqs].clamp(min=0)
-        if trace.enabled():
+        else:
+            drafts = None
+        if tracing:
             self._trace(md, common_attn_metadata, drafts)
         init_rows = None
         # vLLM's prefill rows: the last num_prefills of the batch. Only layers that fold
