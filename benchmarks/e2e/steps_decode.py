@@ -19,7 +19,8 @@ Per engine step it records:
   the GPU span of sampling and drafting (`GPU_TIMED_PHASES`);
 - host time of the model runner's phases (`_prepare_inputs`, `_build_attention_metadata`,
   `_sample`, `_bookkeeping_sync`, `propose_draft_token_ids`, ...), and on GPUs of the SSM
-  layers' forward (eager steps only: a graph replay runs no Python);
+  ops' bodies (Mamba-2's `conv_ssm_forward`, GDN's `_forward_core`: eager steps only, a
+  graph replay runs no Python);
 - scheduled tokens, rows and the draft-length histogram;
 
 plus every Triton compile (kernel name and phase). The JSON keeps the settings, each
@@ -155,14 +156,23 @@ class StepRecorder:
         for name in MAMBA_UTILS_PHASES:
             timed(mamba_utils, name, name)
         # On GPUs only (on the CPU platform vLLM compiles the model, and a hook inside it
-        # changes what is compiled). Under torch.compile on GPUs (compilation mode 3) Dynamo
-        # traces the layers' forward, and a host timer cannot be traced: the hook then calls
-        # the forward untimed (is_compiling is constant while tracing).
+        # changes what is compiled): the SSM ops' bodies, which run eagerly in PIECEWISE and
+        # NONE steps (vLLM's custom ops call them; Dynamo traces the forward around them under
+        # compilation mode 3, so the layers' forward itself is never timed there). Ours
+        # override them; the outermost call of a step's layer is timed (`ssm_op_timed`).
         if torch.cuda.is_available():
-            for cls in (MambaMixer2, QwenGatedDeltaNetAttention):
-                cls.forward = untimed_while_compiling(
-                    cls.forward, rec.host_timed(cls.forward, "ssm_layers")
-                )
+            from vllm_replayssm.layers.gdn import ReplayQwenGatedDeltaNetAttention
+            from vllm_replayssm.layers.mamba2 import ReplayMambaMixer2
+
+            timed_op = ssm_op_timed(rec)
+            for cls, name in (
+                (MambaMixer2, "conv_ssm_forward"),
+                (ReplayMambaMixer2, "conv_ssm_forward"),
+                (QwenGatedDeltaNetAttention, "_forward_core"),
+                (ReplayQwenGatedDeltaNetAttention, "_forward_core"),
+            ):
+                if name in cls.__dict__:
+                    setattr(cls, name, timed_op(cls.__dict__[name]))
 
         # The forward: host time and its GPU span (forward_gpu_ms), on GPUs only.
         if torch.cuda.is_available():
@@ -322,18 +332,29 @@ class StepRecorder:
         return out
 
 
-def untimed_while_compiling(fn: Any, timed: Any) -> Any:
-    """`timed` (`fn` with a host timer) when called eagerly, `fn` itself while Dynamo traces
-    the caller: a host timer cannot be traced (torch.compiler.is_compiling is a constant
-    there, so the traced graph holds `fn` alone)."""
+def ssm_op_timed(rec: StepRecorder) -> Any:
+    """A wrapper maker: an SSM op body with its host time added to the step's
+    host_ms["ssm_layers"], outer calls only (ours call vLLM's body through super() on the
+    stock route), untimed while Dynamo traces."""
     import torch
 
-    def hook(*args, **kwargs):
-        if torch.compiler.is_compiling():
-            return fn(*args, **kwargs)
-        return timed(*args, **kwargs)
+    depth = [0]
 
-    return hook
+    def wrap(fn: Any) -> Any:
+        timed = rec.host_timed(fn, "ssm_layers")
+
+        def hook(*args, **kwargs):
+            if depth[0] or torch.compiler.is_compiling():
+                return fn(*args, **kwargs)
+            depth[0] += 1
+            try:
+                return timed(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return hook
+
+    return wrap
 
 
 def _median(values: Any) -> float | None:
@@ -546,7 +567,7 @@ def table(modes: list[dict]) -> str:
         "forward GPU ms",
         "sample GPU ms",
         "drafter GPU ms",
-        "SSM layers host ms",
+        "SSM ops host ms",
         "prepare_inputs ms",
         "bookkeeping ms",
         "align copies ms",
