@@ -19,6 +19,7 @@ from vllm_replayssm.layers.conv import (
 )
 
 NULL = 0
+NAN = float("nan")
 IMPLS = {"torch": spec_conv_update, "triton": spec_conv_update_triton}
 
 
@@ -108,9 +109,13 @@ def test_context_commit_puts_the_committed_context_last():
 
 
 @pytest.mark.parametrize("impl", list(IMPLS))
-def test_padding_rows_and_tokens_leave_real_rows_alone(impl):
+def test_padding_rows_and_tokens_leave_real_rows_alone(impl, monkeypatch):
     """CUDA-graph padding: extra rows of 0 tokens on the NULL slot, extra tokens past the
-    last row; the real rows' outputs and states equal an unpadded call."""
+    last row; the real rows' outputs and states equal an unpadded call, and the padding
+    tokens' outputs are zero (the Triton twin writes every token of an uninitialised
+    output: here one full of NaN)."""
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: empty_like(t, **kw).fill_(NAN))
     torch.manual_seed(4)
     D, K, k = 5, 4, 3
     M = K - 1 + k
@@ -188,10 +193,12 @@ def test_triton_matches_torch_on_gpu(layout):
     pending = torch.where(torch.rand(R) < 0.1, 0, 1 + k)
     committed = torch.where(pending > 0, torch.randint(1, k + 2, (R,)), 0)
     slots = torch.randperm(R, device=dev) + 1
-    x = torch.randn(int(q.sum()), D, device=dev).bfloat16()
+    # and 5 padding tokens past the last row, whose outputs are zero
+    x = torch.randn(int(q.sum()) + 5, D, device=dev).bfloat16()
     want_state = state.clone()
     args = (slots, qsl, pending.to(dev), committed.to(dev), weight, bias, "silu", 1 + k)
     want = spec_conv_update(x, want_state, *args)
     got = spec_conv_update_triton(x, state, *args)
     assert torch.equal(state, want_state)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert not got[-5:].any()

@@ -8,8 +8,10 @@ the state columns and window inputs each output needs as [BLOCK_D] vectors at th
 from the old state and the inputs (the same layout rule: the committed context ends at
 column e = clamp(M - pending + committed, K - 1, M), then the q window inputs; the new state
 is the last M columns of that sequence). Rows of 0 tokens (CUDA-graph padding, on the NULL
-slot) rewrite their state as the torch version does; tokens past the last row are zero.
-Fixed grid, no host synchronisation, no allocation besides the zeroed output. sm_90
+slot) rewrite their state as the torch version does; tokens past the last row are zero
+(written by the last row's programs). Fixed grid, no host synchronisation, no allocation
+besides the output and no launch besides this one (the output was zeroed by a launch of
+its own before 2026-12-06). sm_90
 (Qwen3-Next, K = 4, k = 3, bf16 state, SiLU, no bias; `sm90_report.py` at bf5a250): 40
 registers, no spills, no shuffles, one barrier, 584 SASS instructions at the default 256
 channels on four warps (64 registers, 936 instructions at the former 128 on one warp). The
@@ -42,6 +44,7 @@ def _spec_conv_kernel(
     bias_ptr,
     out_ptr,
     D,
+    N,
     stride_x_tok,
     stride_x_d,
     stride_s_slot,
@@ -116,6 +119,13 @@ def _spec_conv_kernel(
     tl.debug_barrier()  # every warp's reads of the old state land before any column changes
     tl.store(p_state[:, None] + o_m[None, :] * stride_s_m, new, mask=m_dm)
 
+    # Tokens past the last row (none but in padded batches) are zero, as in the torch
+    # version: the last row's programs write them, so the output needs no zeroing launch.
+    if r == tl.num_programs(0) - 1:
+        zero = tl.zeros([BLOCK_D], dtype=out_ptr.dtype.element_ty)
+        for tok in range(bos + q, N):
+            tl.store(out_ptr + tok * stride_o_tok + o_d * stride_o_d, zero, mask=m_d)
+
 
 def spec_conv_update_triton(
     x: torch.Tensor,
@@ -143,9 +153,9 @@ def spec_conv_update_triton(
     584 SASS instructions against 936."""
     R, D, K = slots.shape[0], weight.shape[0], weight.shape[-1]
     M, N = conv_state.shape[-1], x.shape[0]
-    out = torch.zeros_like(x)
     if R == 0 or N == 0:
-        return out
+        return torch.zeros_like(x)
+    out = torch.empty_like(x)  # every token written by the kernel (padding tokens zero)
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"unsupported conv activation {activation!r}")
     if M < K - 1:
@@ -168,6 +178,7 @@ def spec_conv_update_triton(
         bias if bias is not None else w2,
         out,
         D,
+        N,
         *x.stride(),
         *conv_state.stride(),
         *w2.stride(),
