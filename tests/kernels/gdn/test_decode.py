@@ -118,6 +118,14 @@ def test_plain_flush_warps_follow_recompute(lp, exact, knobs, warps, monkeypatch
     assert launched["block_v"] == 16
 
 
+def test_knobs_leave_the_memoised_defaults_alone(monkeypatch):
+    """The default knobs are memoised per shape (`decode._default_config`); a step with
+    overrides takes a copy, so the next step without them gets the defaults again."""
+    default = _step_launches(monkeypatch, "tiny", None, {})["num_warps"]
+    assert _step_launches(monkeypatch, "tiny", None, dict(flush_warps=4))["num_warps"] == 4
+    assert _step_launches(monkeypatch, "tiny", None, {})["num_warps"] == default != 4
+
+
 SLOW = {"L16"}  # a minute in the interpreter
 
 
