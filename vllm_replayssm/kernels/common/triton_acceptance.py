@@ -90,4 +90,4 @@ def spec_acceptance(
             BLOCK=BLOCK_ROWS,
             num_warps=1,
         )
-    return out[0], out[1], out[2], out[3]
+    return out.unbind(0)
