@@ -134,12 +134,7 @@ class StepRecorder:
 
         dispatch = CudagraphDispatcher.dispatch
 
-        def dispatch_hook(self, num_tokens, *args, **kwargs):
-            mode, desc = dispatch(self, num_tokens, *args, **kwargs)
-            rec._cg = (mode.name, num_tokens)
-            return mode, desc
-
-        CudagraphDispatcher.dispatch = dispatch_hook
+        CudagraphDispatcher.dispatch = dispatch_recorded(rec, dispatch)
 
         def timed(owner, name, key):  # a class's method or a module's function
             setattr(owner, name, rec.host_timed(getattr(owner, name), key))
@@ -273,6 +268,8 @@ class StepRecorder:
                 "rows": len(so.num_scheduled_tokens),
                 "drafts": {str(k): drafts.count(k) for k in sorted(set(drafts))},
                 "cudagraph": self._cg[0] if self._cg else None,
+                # the dispatcher's inputs (`dispatch_hook`); None where not hooked (tests)
+                "dispatch": self._cg[2] if self._cg and len(self._cg) > 2 else None,
                 "forward_gpu_ms": None,
                 "phase_gpu_ms": {},  # GPU_TIMED_PHASES, filled in with forward_gpu_ms
                 "host_ms": {k: v * 1e3 for k, v in self._host.items()},
@@ -330,6 +327,26 @@ class StepRecorder:
                 "by_cudagraph_mode": by_mode,
             }
         return out
+
+
+def dispatch_recorded(rec: StepRecorder, dispatch: Any) -> Any:
+    """vLLM's `CudagraphDispatcher.dispatch` keeping, for the current step, the mode it chose,
+    the tokens and what the runner asked for: a uniform decode batch, whether it ruled FULL
+    graphs out (cascade attention, encoder outputs) and the padded token count; why a step
+    ran PIECEWISE."""
+
+    def dispatch_hook(self, num_tokens, *args, **kwargs):
+        mode, desc = dispatch(self, num_tokens, *args, **kwargs)
+        invalid = kwargs.get("invalid_modes") or ()
+        asked = {
+            "uniform_decode": kwargs.get("uniform_decode"),
+            "full_ruled_out": any(getattr(m, "name", None) == "FULL" for m in invalid),
+            "padded_tokens": getattr(desc, "num_tokens", None),
+        }
+        rec._cg = (mode.name, num_tokens, asked)
+        return mode, desc
+
+    return dispatch_hook
 
 
 def ssm_op_timed(rec: StepRecorder) -> Any:

@@ -13,7 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks.e2e.bench_decode_e2e import TINY_MIN_MODEL_LEN
-from benchmarks.e2e.steps_decode import StepRecorder, max_model_len, parse_args, write_outputs
+from benchmarks.e2e.steps_decode import (
+    StepRecorder,
+    dispatch_recorded,
+    max_model_len,
+    parse_args,
+    write_outputs,
+)
 
 
 def _scheduled(tokens_per_row: list[int], drafts: list[int]):
@@ -48,6 +54,35 @@ def test_steps_are_grouped_by_phase_and_cudagraph_mode():
     assert graphs["host_ms_median"] == {"_prepare_inputs": pytest.approx(1.0)}
     assert full["by_cudagraph_mode"]["NONE"]["steps"] == 1
     assert summary["first0"]["by_cudagraph_mode"]["None"]["steps"] == 1
+
+
+def test_a_step_keeps_what_the_dispatcher_was_asked():
+    """Why a step ran PIECEWISE: the runner's uniform-decode flag and whether it ruled FULL
+    graphs out, next to the mode the dispatcher chose."""
+    rec = StepRecorder()
+    rec.phase = "full0"
+    full, piecewise = SimpleNamespace(name="FULL"), SimpleNamespace(name="PIECEWISE")
+
+    def dispatch(self, num_tokens, uniform_decode=False, invalid_modes=None, **_):
+        ruled_out = invalid_modes and any(m is full for m in invalid_modes)
+        return (piecewise if ruled_out else full), SimpleNamespace(num_tokens=8)
+
+    hook = dispatch_recorded(rec, dispatch)
+    hook(None, num_tokens=4, uniform_decode=True, invalid_modes=[full])
+    rec.record(_scheduled([4], [3]), 0.01)
+    hook(None, num_tokens=4, uniform_decode=True, invalid_modes=None)
+    rec.record(_scheduled([4], [3]), 0.01)
+    first, second = rec.steps
+    assert first["cudagraph"] == "PIECEWISE" and second["cudagraph"] == "FULL"
+    assert first["dispatch"] == {
+        "uniform_decode": True,
+        "full_ruled_out": True,
+        "padded_tokens": 8,
+    }
+    assert second["dispatch"]["full_ruled_out"] is False
+    rec._cg = ("FULL", 2)  # not hooked (the tests above): nothing known
+    rec.record(_scheduled([1], [0]), 0.01)
+    assert rec.steps[-1]["dispatch"] is None
 
 
 def test_the_period_runs_from_the_previous_step_of_the_same_phase():
