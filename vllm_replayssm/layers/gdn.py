@@ -313,7 +313,8 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             return
         if md.spec_sequence_masks is not None or md.num_accepted_tokens is not None:
             raise RuntimeError("replayssm: speculative GDN metadata reached a plain-decode layer")
-        cache = self.page_views().gdn(True)
+        page = self.page_views()
+        cache = page.gdn(True)
         cfg, window = self.replay, self.replay_window
         nd, ndt = md.num_decodes, md.num_decode_tokens
         npf, npt = md.num_prefills, md.num_prefill_tokens
@@ -322,7 +323,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
         if nd:
             start_fresh_rows(
                 cache,
-                self.page_views().conv(),
+                page.conv(),
                 state_indices[:nd],
                 qsl[1 : nd + 1] - qsl[:nd],
                 md.replay_seq_lens[:nd],

@@ -445,11 +445,12 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         slots of rows whose pages must come out of this as they went in, once folded (rows
         with drafts that continue a stored page, which `_decode_spec` verifies next)."""
         cfg = self.replay
-        cache = self.page_views().mamba2()
+        views = self.page_views()
+        cache = views.mamba2()
         slots = md.state_indices_tensor_p
         common = dict(buffer_len=cfg.buffer_len, window=self.replay_window, stagger=cfg.stagger)
         spec = self.replay_window > 1
-        conv = self.page_views().conv()
+        conv = views.conv()
         nd, npf = md.num_decodes, md.num_prefills
         page = None
         # Rows continuing a stored state, chosen on the host (backends/mamba2.py), so that
@@ -470,7 +471,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 qsl = md.query_start_loc_p.long()
                 self.spec_windows.resume_rows(
                     cache.meta,
-                    self.page_views().window_start(),
+                    views.window_start(),
                     conv,
                     resumed.long(),
                     (qsl[1:] - qsl[:-1]).index_select(0, init),
@@ -508,7 +509,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 super().conv_ssm_forward(projected_states=projected_states, output=output)
         if spec:
             conv_context_to_back(conv, slots, self.conv_kernel_size)
-            self.page_views().window_start()[slots.long()] = md.seq_lens[nd : nd + npf].long()
+            views.window_start()[slots.long()] = md.seq_lens[nd : nd + npf].long()
         apply_prefill_hook(cache.hp, cache.lp, cache.meta, slots, **common)
         if page is not None:
             pages[keep] = page
