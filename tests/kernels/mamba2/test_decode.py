@@ -29,6 +29,11 @@ def _op(**knobs):
     return functools.partial(decode.mamba2_replay_decode, **knobs)
 
 
+# The readout and the flush of a speculative step as one launch (`fused.py`): by default
+# for one-row steps only (decode.FUSED_MAX_ROWS), so a default scenario mixes both; FUSED
+# takes it for every step of these tests (at most 8 rows), UNFUSED for none.
+FUSED = dict(fused_max_rows=8)
+UNFUSED = dict(fused_max_rows=0)
 DOT = dict(readout_products="dot", flush_products="dot")
 # The products windows took before tensor cores became their default (decode.launch_config).
 FMA = dict(readout_products="fma", flush_products="fma")
@@ -46,12 +51,17 @@ SCENARIOS = {
     "churn": dict(churn=True),  # rows join and leave: fresh pages, NULL rows, new slots
     "one_flush_program": dict(knobs=dict(flush_programs=1)),  # the persistent loop
     "readout_block_p_8": dict(knobs=dict(readout_block_p=8)),  # several tiles per head
-    # the plan / flush / readout launches for windows, default products ("dot" readouts,
-    # the flush's "dot" with an LP copy) and "fma"
+    # windows, default products ("dot" readouts, the flush's "dot" with an LP copy) and
+    # "fma"; the plan, then the readout and the flush fused or not (above)
     "spec_T3": dict(L=5, T=3),
+    "spec_T3_fused": dict(L=5, T=3, knobs=FUSED),
+    "spec_T3_unfused": dict(L=5, T=3, knobs=UNFUSED),
     "spec_T3_fma": dict(L=5, T=3, knobs=FMA),
+    "spec_T3_fma_fused": dict(L=5, T=3, knobs={**FMA, **FUSED}),
     "spec_T2_lp_fp16_churn": dict(L=4, T=2, lp=torch.float16, churn=True),
+    "spec_T2_lp_fp16_churn_fused": dict(L=4, T=2, lp=torch.float16, churn=True, knobs=FUSED),
     "spec_T4_L16_lp_bf16": dict(L=16, T=4, lp=torch.bfloat16),  # the production shape
+    "spec_T4_L16_lp_bf16_fused": dict(L=16, T=4, lp=torch.bfloat16, knobs=FUSED),
     "spec_T4_L16_lp_bf16_fma": dict(L=16, T=4, lp=torch.bfloat16, knobs=FMA),
     # The window's readouts (the readout launch's and the flush's) in tensor-core products,
     # one row per product kind of the readout's tile: an fp32 tile against fp32 C (tf32x3),
@@ -70,7 +80,7 @@ SCENARIOS = {
         knobs=DOT,
     ),
     # a register cap on the window flush (the interpreter ignores it; the GPU test runs it)
-    "spec_T3_flush_maxnreg": dict(L=5, T=3, knobs=dict(flush_maxnreg=128)),
+    "spec_T3_flush_maxnreg": dict(L=5, T=3, knobs=dict(flush_maxnreg=128, **UNFUSED)),
 }
 
 
@@ -102,6 +112,7 @@ LOCKSTEP = {
     "lp_fp16": dict(lp=torch.float16),
     "lp_bf16": dict(lp=torch.bfloat16),
     "spec_T3": dict(T=3),
+    "spec_T3_fused": dict(T=3, knobs=FUSED),
     "spec_T3_fma": dict(T=3, knobs=FMA),
     "stock_route_steps_lp_bf16": dict(lp=torch.bfloat16, stock_share=0.4),  # stale LP
     "spec_T3_dot": dict(T=3, knobs=DOT, out_tol=1e-6),  # fp32 tile, fp16 C: tf32x3
@@ -326,13 +337,15 @@ def test_real_geometry_lockstep_on_gpu(lp, T):
     )
 
 
-# Window launch knobs not on by default, on the GPU: the readouts in elementwise products;
-# both in tensor-core products (the flush's is the default with an LP copy only); the flush
-# capped at 128 registers with four programs per SM.
+# Window launch knobs not on by default, on the GPU (up to 6 rows): the readouts in
+# elementwise products; both in tensor-core products (the flush's is the default with an
+# LP copy only); the flush capped at 128 registers with four programs per SM; the readout
+# and the flush as one launch for every step.
 WINDOW_KNOBS = {
     "fma": FMA,
     "dot": DOT,
-    "flush_maxnreg128": dict(flush_maxnreg=128, flush_programs=528),
+    "flush_maxnreg128": dict(flush_maxnreg=128, flush_programs=528, **UNFUSED),
+    "fused": FUSED,
 }
 
 

@@ -13,7 +13,8 @@ scratch (`plan.Mamba2Scratch`):
 readout.
 Speculative windows (T = 1 + k) run the same three launches specialised for T (the plan
 writes every window token's coefficients; the readout and the flush read a tile once for
-the whole window).
+the whole window); a step of at most `fused_max_rows` rows runs the readout and the flush
+as one launch (`fused.py`) and its plan writes no HP list.
 
 No host synchronisation, no allocation when scratch is given, launch shapes fixed by the
 batch: safe in CUDA graphs. Semantics: `reference.mamba2_replay_decode`.
@@ -29,11 +30,18 @@ from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.streams import beside, num_sms
 from vllm_replayssm.kernels.mamba2.flush import mamba2_flush
+from vllm_replayssm.kernels.mamba2.fused import mamba2_window_fused
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, mamba2_plan
 from vllm_replayssm.kernels.mamba2.readout import mamba2_readout, window_products
 from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
 
 TILE_BYTES = 8192  # checkpoint bytes per readout program
+# Speculative steps of up to this many rows run the readout and the flush as one launch
+# (`fused.py`): one launch and one memset fewer per layer and step. One row (bs 1) until
+# wider batches are measured against the two launches (bench_decode.py --window 4 --knob
+# fused_max_rows=0,64): the fused kernel's 128-139 registers on four warps fit fewer
+# programs per SM than the one-warp readout.
+FUSED_MAX_ROWS = 1
 
 
 def launch_config(
@@ -76,7 +84,10 @@ def launch_config(
     programs x cap 0 / 128): the defaults, no cap and two programs per SM, took bf16 LP
     631.3 µs and HP only 729.8; the best other points were 624.5 (bf16 LP, capped, 528
     programs, with the "fma" flush) and 725.9 (HP only, capped, 264): single `--quick`
-    points 1.1% and 0.5% ahead, so neither is on."""
+    points 1.1% and 0.5% ahead, so neither is on.
+    fused_max_rows: speculative steps of up to this many rows run the readout and the flush
+    in one launch (`fused.py`: the flush's tile, warps and products; no register cap);
+    0 never (plain decode never)."""
     if readout_products is None:
         readout_products = "dot" if window > 1 else "fma"
     block_p = TILE_BYTES // (next_pow2(dstate) * ckpt_itemsize)
@@ -101,6 +112,7 @@ def launch_config(
         readout_products=readout_products,
         flush_products="dot" if window > 1 and ckpt_itemsize < 4 else "fma",
         flush_maxnreg=0,
+        fused_max_rows=FUSED_MAX_ROWS if window > 1 else 0,
     )
 
 
@@ -145,6 +157,12 @@ def _resolve(num_rows, nheads, headdim, dstate, ckpt_dtype, c_dtype, device, win
     )
     if cfg["flush_maxnreg"] < 0:
         raise ValueError(f"flush_maxnreg must be >= 0, got {cfg['flush_maxnreg']}")
+    if cfg["fused_max_rows"] < 0:
+        raise ValueError(f"fused_max_rows must be >= 0, got {cfg['fused_max_rows']}")
+    if not plain and num_rows <= cfg["fused_max_rows"]:  # one tile for both bodies
+        window_products(
+            cfg["readout_products"], ckpt_dtype, c_dtype, cfg["flush_block_p"], plain, "fused"
+        )
     return tuple(cfg.items())
 
 
@@ -173,7 +191,7 @@ def mamba2_replay_decode(
     scratch: `Mamba2Scratch` for at least R rows and this window; None allocates one per
     call (tests; not for CUDA graphs). knobs override `launch_config` (readout_block_p,
     readout_warps, readout_products, flush_block_p, flush_warps, flush_programs,
-    flush_products, flush_maxnreg, plan_warps, overlap, dot_precision).
+    flush_products, flush_maxnreg, plan_warps, overlap, fused_max_rows, dot_precision).
     """
     H, P = x.shape[1], x.shape[2]
     N = B.shape[2]
@@ -208,6 +226,7 @@ def mamba2_replay_decode(
     cfg = resolved_config(R, H, P, N, ckpt.dtype, C.dtype, x.device, window, plain, knobs)
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
     windows = dict(window=window, query_start_loc=query_start_loc)
+    fused = not plain and cfg["fused_max_rows"] >= R
     mamba2_plan(
         cache,
         dt,
@@ -221,9 +240,28 @@ def mamba2_replay_decode(
         null_block_id=null_block_id,
         num_accepted_tokens=num_accepted_tokens,
         num_warps=cfg["plan_warps"],
+        hp_list=not fused,
         **windows,
         **common,
     )
+    if fused:
+        mamba2_window_fused(
+            cache,
+            x,
+            C,
+            out,
+            scratch,
+            num_rows=R,
+            null_block_id=null_block_id,
+            block_p=cfg["flush_block_p"],
+            num_warps=cfg["flush_warps"],
+            readout_products=cfg["readout_products"],
+            flush_products=cfg["flush_products"],
+            dot_precision=cfg.get("dot_precision"),
+            **windows,
+            **common,
+        )
+        return
     # the flush and the readout touch different rows: run both at once
     with beside(x.device, cfg["overlap"], rows=R) as on_side:
         with on_side:

@@ -329,155 +329,291 @@ def _mamba2_flush_window_kernel(
     num_programs = tl.num_programs(0)
     items_per_row: tl.constexpr = NUM_HEADS * TILES_PER_HEAD
     total = tl.load(hp_count_ptr) * items_per_row
+    for item in tl.range(pid, total, num_programs):
+        flush_window_item(
+            hp_ptr,
+            lp_ptr,
+            ring_x_ptr,
+            ring_B_ptr,
+            x_ptr,
+            C_ptr,
+            out_ptr,
+            plan_ptr,
+            coef_ptr,
+            qsl_ptr,
+            num_ring_rows,
+            stride_hp_slot,
+            stride_hp_head,
+            stride_hp_dim,
+            stride_hp_dstate,
+            stride_lp_slot,
+            stride_lp_head,
+            stride_lp_dim,
+            stride_lp_dstate,
+            stride_rx_slot,
+            stride_rx_head,
+            stride_rx_row,
+            stride_rx_dim,
+            stride_rB_slot,
+            stride_rB_group,
+            stride_rB_row,
+            stride_rB_dstate,
+            stride_x_tok,
+            stride_x_head,
+            stride_x_dim,
+            stride_C_tok,
+            stride_C_group,
+            stride_C_dstate,
+            stride_out_tok,
+            stride_out_head,
+            stride_out_dim,
+            stride_coef_row,
+            stride_coef_head,
+            HEADS_PER_GROUP,
+            TILES_PER_HEAD,
+            headdim,
+            dstate,
+            WINDOW,
+            BLOCK_T,
+            BLOCK_P,
+            BLOCK_N,
+            BLOCK_L,
+            OFF_W,
+            OFF_S,
+            OFF_D,
+            HAS_LP,
+            LP_IS_FP16,
+            DOT_PRECISION,
+            IS_VARLEN,
+            PRODUCTS,
+            DOT_T,
+            tl.load(hp_rows_ptr + item // items_per_row),
+            (item % items_per_row) // TILES_PER_HEAD,
+            item % TILES_PER_HEAD,
+        )
+
+
+@triton.jit
+def flush_window_item(
+    hp_ptr,
+    lp_ptr,
+    ring_x_ptr,
+    ring_B_ptr,
+    x_ptr,
+    C_ptr,
+    out_ptr,
+    plan_ptr,
+    coef_ptr,
+    qsl_ptr,
+    num_ring_rows,
+    stride_hp_slot,
+    stride_hp_head,
+    stride_hp_dim,
+    stride_hp_dstate,
+    stride_lp_slot,
+    stride_lp_head,
+    stride_lp_dim,
+    stride_lp_dstate,
+    stride_rx_slot,
+    stride_rx_head,
+    stride_rx_row,
+    stride_rx_dim,
+    stride_rB_slot,
+    stride_rB_group,
+    stride_rB_row,
+    stride_rB_dstate,
+    stride_x_tok,
+    stride_x_head,
+    stride_x_dim,
+    stride_C_tok,
+    stride_C_group,
+    stride_C_dstate,
+    stride_out_tok,
+    stride_out_head,
+    stride_out_dim,
+    stride_coef_row,
+    stride_coef_head,
+    HEADS_PER_GROUP: tl.constexpr,
+    TILES_PER_HEAD: tl.constexpr,
+    headdim: tl.constexpr,
+    dstate: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    OFF_W: tl.constexpr,
+    OFF_S: tl.constexpr,
+    OFF_D: tl.constexpr,
+    HAS_LP: tl.constexpr,
+    LP_IS_FP16: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    PRODUCTS: tl.constexpr,
+    DOT_T: tl.constexpr,
+    r,
+    h,
+    tile,
+):
+    """One item of the window flush (`_mamba2_flush_window_kernel`): tile `tile` of head h
+    of row r, a row that reads HP (a flush row folds its records first; a stale-LP row reads
+    out from HP). Also the HP rows' part of `fused.py`'s launch."""
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < dstate
     o_j = tl.arange(0, BLOCK_L)
     o_t = tl.arange(0, BLOCK_T)
-    for item in tl.range(pid, total, num_programs):
-        k = item // items_per_row
-        h = (item % items_per_row) // TILES_PER_HEAD
-        g = h // HEADS_PER_GROUP
-        o_p = (item % TILES_PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
-        m_p = o_p < headdim
-        m_pn = m_p[:, None] & m_n[None, :]
-        r = tl.load(hp_rows_ptr + k)
-        r64 = r.to(tl.int64)
-        bos, q = row_tokens(qsl_ptr, r64, IS_VARLEN)
-        m_t = o_t < q
-        p_plan = plan_ptr + r * T_PLAN_LEN
-        slot = tl.load(p_plan + T_PLAN_SLOT).to(tl.int64)
-        o = tl.load(p_plan + T_PLAN_ORIGIN)
-        n = tl.load(p_plan + T_PLAN_COUNT)
-        first = tl.load(p_plan + T_PLAN_WRITE_ROW)
-        flush = tl.load(p_plan + T_PLAN_FLUSH)
-        fo = tl.load(p_plan + T_PLAN_FOLD_ORIGIN)
-        fn = tl.load(p_plan + T_PLAN_FOLD_COUNT)
-        p_coef = coef_ptr + r64 * stride_coef_row + h * stride_coef_head
-        x_w = tl.load(
-            x_ptr
-            + (bos + o_t[:, None]) * stride_x_tok
-            + h * stride_x_head
-            + o_p[None, :] * stride_x_dim,
-            mask=m_t[:, None] & m_p[None, :],
-            other=0.0,
-        )  # [BLOCK_T, BLOCK_P]
-        p_hp = (
-            hp_ptr
-            + slot * stride_hp_slot
-            + h * stride_hp_head
-            + o_p[:, None] * stride_hp_dim
-            + o_n[None, :] * stride_hp_dstate
+    g = h // HEADS_PER_GROUP
+    o_p = tile * BLOCK_P + tl.arange(0, BLOCK_P)
+    m_p = o_p < headdim
+    m_pn = m_p[:, None] & m_n[None, :]
+    r64 = r.to(tl.int64)
+    bos, q = row_tokens(qsl_ptr, r64, IS_VARLEN)
+    m_t = o_t < q
+    p_plan = plan_ptr + r * T_PLAN_LEN
+    slot = tl.load(p_plan + T_PLAN_SLOT).to(tl.int64)
+    o = tl.load(p_plan + T_PLAN_ORIGIN)
+    n = tl.load(p_plan + T_PLAN_COUNT)
+    first = tl.load(p_plan + T_PLAN_WRITE_ROW)
+    flush = tl.load(p_plan + T_PLAN_FLUSH)
+    fo = tl.load(p_plan + T_PLAN_FOLD_ORIGIN)
+    fn = tl.load(p_plan + T_PLAN_FOLD_COUNT)
+    p_coef = coef_ptr + r64 * stride_coef_row + h * stride_coef_head
+    x_w = tl.load(
+        x_ptr
+        + (bos + o_t[:, None]) * stride_x_tok
+        + h * stride_x_head
+        + o_p[None, :] * stride_x_dim,
+        mask=m_t[:, None] & m_p[None, :],
+        other=0.0,
+    )  # [BLOCK_T, BLOCK_P]
+    p_hp = (
+        hp_ptr
+        + slot * stride_hp_slot
+        + h * stride_hp_head
+        + o_p[:, None] * stride_hp_dim
+        + o_n[None, :] * stride_hp_dstate
+    )
+    S = tl.load(p_hp, mask=m_pn, other=0.0)  # [BLOCK_P, BLOCK_N]
+    p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
+    if flush != 0:
+        S = _flush_tile(
+            S,
+            p_hp,
+            lp_ptr
+            + slot * stride_lp_slot
+            + h * stride_lp_head
+            + o_p[:, None] * stride_lp_dim
+            + o_n[None, :] * stride_lp_dstate,
+            p_rx,
+            ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group,
+            fo,
+            fn,
+            tl.load(p_coef + o_j),
+            tl.load(p_coef + OFF_D),
+            num_ring_rows,
+            o_j,
+            o_p,
+            o_n,
+            m_p,
+            m_n,
+            m_pn,
+            stride_rx_row,
+            stride_rx_dim,
+            stride_rB_row,
+            stride_rB_dstate,
+            HAS_LP,
+            LP_IS_FP16,
+            DOT_PRECISION,
         )
-        S = tl.load(p_hp, mask=m_pn, other=0.0)  # [BLOCK_P, BLOCK_N]
-        p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
-        if flush != 0:
-            S = _flush_tile(
-                S,
-                p_hp,
-                lp_ptr
-                + slot * stride_lp_slot
-                + h * stride_lp_head
-                + o_p[:, None] * stride_lp_dim
-                + o_n[None, :] * stride_lp_dstate,
-                p_rx,
-                ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group,
-                fo,
-                fn,
-                tl.load(p_coef + o_j),
-                tl.load(p_coef + OFF_D),
-                num_ring_rows,
-                o_j,
-                o_p,
-                o_n,
-                m_p,
-                m_n,
-                m_pn,
-                stride_rx_row,
-                stride_rx_dim,
-                stride_rB_row,
-                stride_rB_dstate,
-                HAS_LP,
-                LP_IS_FP16,
-                DOT_PRECISION,
-            )
-            if PRODUCTS == "fma":
-                x_h = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # the history is folded
-        else:  # stale LP: read out from HP and the history, as the readout would from LP
-            if PRODUCTS == "fma":
-                rows = o + o_j
-                rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-                x_h = tl.load(
-                    p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-                    mask=(o_j < n)[:, None] & m_p[None, :],
-                    other=0.0,
-                ).to(tl.float32)
         if PRODUCTS == "fma":
-            read_window(
-                S,
-                p_coef,
-                x_h,
-                x_w.to(tl.float32),
-                C_ptr,
-                out_ptr + bos * stride_out_tok + h * stride_out_head + o_p * stride_out_dim,
-                bos,
-                q,
-                g,
-                o_n,
-                m_n,
-                m_p,
-                stride_C_tok,
-                stride_C_group,
-                stride_C_dstate,
-                stride_out_tok,
-                WINDOW,
-                BLOCK_T,
-                BLOCK_L,
-                OFF_W,
-                OFF_S,
-            )
-        else:  # tensor-core products from the tile in registers (`readout.read_window_dot`)
-            o_d = tl.arange(0, DOT_T)
-            c_t = tl.load(
-                C_ptr
-                + (bos + o_d[None, :]) * stride_C_tok
-                + g * stride_C_group
-                + o_n[:, None] * stride_C_dstate,
-                mask=m_n[:, None] & (o_d < q)[None, :],
-                other=0.0,
-            )  # [BLOCK_N, DOT_T]
-            y = window_tile_dot(S, c_t, tl.zeros([BLOCK_P, DOT_T], dtype=tl.float32), PRODUCTS)
+            x_h = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # the history is folded
+    else:  # stale LP: read out from HP and the history, as the readout would from LP
+        if PRODUCTS == "fma":
             rows = o + o_j
             rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-            finish_window_dot(
-                y,
-                p_rx,
-                rows,
-                n,  # 0 for a flush row: the plan's history after the fold
-                x_ptr + bos * stride_x_tok + h * stride_x_head,
-                p_coef,
-                out_ptr + bos * stride_out_tok + h * stride_out_head,
-                q,
-                o_p,
-                m_p,
-                stride_rx_row,
-                stride_rx_dim,
-                stride_x_tok,
-                stride_x_dim,
-                stride_out_tok,
-                stride_out_dim,
-                BLOCK_L,
-                BLOCK_T,
-                DOT_T,
-                OFF_W,
-                OFF_S,
-            )
-        w_rows = first + o_t
-        w_rows = tl.where(w_rows >= num_ring_rows, w_rows - num_ring_rows, w_rows)
-        tl.store(
-            p_rx + w_rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-            x_w,
-            mask=m_t[:, None] & m_p[None, :],
+            x_h = tl.load(
+                p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+                mask=(o_j < n)[:, None] & m_p[None, :],
+                other=0.0,
+            ).to(tl.float32)
+    if PRODUCTS == "fma":
+        read_window(
+            S,
+            p_coef,
+            x_h,
+            x_w.to(tl.float32),
+            C_ptr,
+            out_ptr + bos * stride_out_tok + h * stride_out_head + o_p * stride_out_dim,
+            bos,
+            q,
+            g,
+            o_n,
+            m_n,
+            m_p,
+            stride_C_tok,
+            stride_C_group,
+            stride_C_dstate,
+            stride_out_tok,
+            WINDOW,
+            BLOCK_T,
+            BLOCK_L,
+            OFF_W,
+            OFF_S,
         )
+    else:  # tensor-core products from the tile in registers (`readout.read_window_dot`)
+        o_d = tl.arange(0, DOT_T)
+        c_t = tl.load(
+            C_ptr
+            + (bos + o_d[None, :]) * stride_C_tok
+            + g * stride_C_group
+            + o_n[:, None] * stride_C_dstate,
+            mask=m_n[:, None] & (o_d < q)[None, :],
+            other=0.0,
+        )  # [BLOCK_N, DOT_T]
+        y = window_tile_dot(S, c_t, tl.zeros([BLOCK_P, DOT_T], dtype=tl.float32), PRODUCTS)
+        rows = o + o_j
+        rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+        finish_window_dot(
+            y,
+            p_rx,
+            rows,
+            n,  # 0 for a flush row: the plan's history after the fold
+            x_ptr + bos * stride_x_tok + h * stride_x_head,
+            p_coef,
+            out_ptr + bos * stride_out_tok + h * stride_out_head,
+            q,
+            o_p,
+            m_p,
+            stride_rx_row,
+            stride_rx_dim,
+            stride_x_tok,
+            stride_x_dim,
+            stride_out_tok,
+            stride_out_dim,
+            BLOCK_L,
+            BLOCK_T,
+            DOT_T,
+            OFF_W,
+            OFF_S,
+        )
+    w_rows = first + o_t
+    w_rows = tl.where(w_rows >= num_ring_rows, w_rows - num_ring_rows, w_rows)
+    tl.store(
+        p_rx + w_rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+        x_w,
+        mask=m_t[:, None] & m_p[None, :],
+    )
+
+
+def fold_precision(cache, x: torch.Tensor, dot_precision: str | None) -> str:
+    """The fold's DOT_PRECISION (`mamba2_flush`'s dot_precision): None picks "bf16x3" for
+    bf16 records on a GPU, "tf32x3" otherwise; "bf16x3" needs bf16 records (ValueError)."""
+    if dot_precision is None:
+        bf16_records = cache.ring_B.dtype == torch.bfloat16
+        return "bf16x3" if bf16_records and x.is_cuda else "tf32x3"
+    if dot_precision == "bf16x3" and cache.ring_B.dtype != torch.bfloat16:
+        raise ValueError("dot_precision bf16x3 needs bf16 records")
+    return dot_precision
 
 
 def mamba2_flush(
@@ -510,11 +646,7 @@ def mamba2_flush(
     so that more programs of the persistent grid fit on an SM."""
     if maxnreg < 0:
         raise ValueError(f"maxnreg must be >= 0, got {maxnreg}")
-    if dot_precision is None:
-        bf16_records = cache.ring_B.dtype == torch.bfloat16
-        dot_precision = "bf16x3" if bf16_records and x.is_cuda else "tf32x3"
-    if dot_precision == "bf16x3" and cache.ring_B.dtype != torch.bfloat16:
-        raise ValueError("dot_precision bf16x3 needs bf16 records")
+    dot_precision = fold_precision(cache, x, dot_precision)
     H, P = x.shape[1], x.shape[2]
     G, N = C.shape[1], C.shape[2]
     lp = cache.lp if cache.lp is not None else cache.hp

@@ -37,6 +37,7 @@ from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_LEN,
     T_PLAN_SLOT,
     store_plan_row,
+    store_plan_words,
 )
 from vllm_replayssm.kernels.common.rows import ROW_INDEX_ARGS
 from vllm_replayssm.kernels.common.triton_cursor import (
@@ -356,9 +357,11 @@ def _mamba2_plan_window_kernel(
     HAS_LP: tl.constexpr,
     HAS_ACC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    HP_LIST: tl.constexpr = True,
 ):
     """The plan of a speculative step: as `_mamba2_plan_kernel`, for the q <= WINDOW tokens
-    of each row (window token i at logical position n + i, n the committed history)."""
+    of each row (window token i at logical position n + i, n the committed history).
+    HP_LIST False: no HP list (`fused.py`'s launch reads each row's plan itself)."""
     pid_g = tl.program_id(0)
     r = tl.program_id(1)
     p_plan = plan_ptr + r * T_PLAN_LEN
@@ -503,23 +506,29 @@ def _mamba2_plan_window_kernel(
     )
 
     if pid_g == 0:
-        store_plan_row(
-            p_plan,
-            slot32,
-            o_next,
-            n_next,
-            first,
-            q.to(tl.int32),
-            kap,
-            fo,
-            fn,
-            flush,
-            stale,
-            hp_rows_ptr,
-            hp_count_ptr,
-            r,
-            HAS_LP,
-        )
+        if HP_LIST:
+            store_plan_row(
+                p_plan,
+                slot32,
+                o_next,
+                n_next,
+                first,
+                q.to(tl.int32),
+                kap,
+                fo,
+                fn,
+                flush,
+                stale,
+                hp_rows_ptr,
+                hp_count_ptr,
+                r,
+                HAS_LP,
+            )
+        else:
+            store_plan_words(
+                p_plan, slot32, o_next, n_next, first, q.to(tl.int32), kap, fo, fn, flush, stale,
+                HAS_LP,
+            )  # fmt: skip
 
 
 def mamba2_plan(
@@ -540,6 +549,7 @@ def mamba2_plan(
     query_start_loc: torch.Tensor | None = None,
     num_accepted_tokens: torch.Tensor | None = None,
     num_warps: int = 1,
+    hp_list: bool = True,
 ) -> None:
     """Launch the plan for R rows: plain decode (window 1, one token per row) or a
     speculative step (windows of up to `window` tokens).
@@ -549,11 +559,18 @@ def mamba2_plan(
     [R] int; query_start_loc: [R + 1] int (None: one token per row); num_accepted_tokens:
     [R] int, the previous step's accepted count (None: everything pending commits);
     scratch (for `window`): written (plan rows, coefficients, HP list and its length).
+    hp_list False (speculative steps only): neither the HP list nor its length is written,
+    for `fused.mamba2_window_fused`, which reads each row's plan itself: no zeroing of the
+    count (a memset per layer and step).
     """
     H = dt.shape[1]
     R = state_indices.shape[0]
     G, N = B.shape[1], B.shape[2]
-    scratch.hp_count.zero_()
+    plain = window == 1 and query_start_loc is None and num_accepted_tokens is None
+    if not hp_list and plain:
+        raise ValueError("plain decode's flush reads the HP list: hp_list must be True")
+    if hp_list:
+        scratch.hp_count.zero_()
     common = (
         scratch.plan,
         scratch.coef,
@@ -581,7 +598,7 @@ def mamba2_plan(
         num_warps=num_warps,
     )
     tensors = (cache.meta, cache.ring_dt, cache.ring_B, dt, A, B, C, D if D is not None else A)
-    if window == 1 and query_start_loc is None and num_accepted_tokens is None:
+    if plain:
         launch(_mamba2_plan_kernel, (G, R), *tensors, dt_bias, state_indices, *common, **shapes)
         return
     off_w, off_s, off_d = coef_offsets(buffer_len, window)
@@ -601,5 +618,6 @@ def mamba2_plan(
         OFF_D=off_d,
         HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None,
+        **({} if hp_list else {"HP_LIST": False}),
         **shapes,
     )
