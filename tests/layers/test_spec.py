@@ -137,3 +137,25 @@ def test_start_step_in_one_launch_matches_reset_then_acceptance(family, device):
         assert _same_bits(pages[name], pages_got[name]), name
     assert not pages["hp"][2].any() and pages["hp"][3].any()
     assert torch.equal(ws_want[1:], ws_got[1:]) and ws_want[1:].tolist() == [17 - 0, 0, 26 - T]
+
+
+def test_start_step_zeroes_the_tensors_it_is_given_after_a_rebinding(device):
+    """`SpecWindows.start_step` keeps the zeroing launch's arguments of the tensors it last
+    saw: given other tensors (vLLM bound new ones), it zeroes a fresh row's page in those
+    (fails if the arguments of the first call were kept: the second call would zero the
+    first tensors again)."""
+    from .test_fresh import FAMILIES, _used_pages
+
+    fam = FAMILIES["mamba2"]()
+    cache, conv = _used_pages(fam, torch.Generator().manual_seed(5))
+    slots = torch.tensor([2], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, T], dtype=torch.int32, device=device)
+    seq_lens = torch.tensor([T], dtype=torch.int32, device=device)  # a new request: fresh
+    spec = SpecWindows(L, T)
+    for _ in range(2):  # two bindings of the same contents
+        c = type(cache)(*(None if t is None else t.clone().to(device) for t in cache))
+        cv = conv.transpose(1, 2).contiguous().to(device).transpose(1, 2)
+        ws = torch.zeros(4, 3, dtype=torch.int64, device=device)[:, 1]
+        assert c.hp[2].any() and cv[2].any()
+        spec.start_step(c, cv, ws, slots, qsl, seq_lens, stagger=True, graph_safe=True)
+        assert not c.hp[2].any() and not cv[2].any()

@@ -102,6 +102,7 @@ def spec_step_start(
     window: int,
     stagger: bool,
     null_block_id: int = NULL_BLOCK_ID,
+    zero_args: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`triton_fresh.reset_fresh_rows` then `triton_acceptance.spec_acceptance` with
     store_start, in one launch (module docstring): the same effects and counts.
@@ -112,8 +113,10 @@ def spec_step_start(
     seq_lens (request lengths after the step): [R] int; query_start_loc: [R + 1] int.
     Returns (start, accepted, pending, committed), [R] int64 each. The rows' slots must be
     distinct but for NULL padding rows (whose counts and window start are never read).
+    zero_args: `triton_fresh.slot_zero_args(tensors)` where the caller keeps it (None:
+    derived here).
     """
-    padded, strides, numels = slot_zero_args(tensors)
+    padded, strides, numels = slot_zero_args(tensors) if zero_args is None else zero_args
     require_row_contiguous(slots=slots, query_start_loc=query_start_loc, seq_lens=seq_lens)
     R = slots.shape[0]
     if query_start_loc.shape != (R + 1,):
