@@ -242,6 +242,52 @@ def test_resolved_config_is_memoised_but_refuses_every_time():
         decode.resolved_config(*shape, {"readout_products": ["dot"]})
 
 
+# Bad arguments of a decode step, each refused with the tensor's name before any launch:
+# name -> (the page's tensor or the argument, how it is spoiled, message).
+BAD_ARGS = {
+    "ring_x_dtype": ("ring_x", lambda t: t.half(), "ring_x: dtype"),
+    "hp_dtype": ("hp", lambda t: t.double(), "hp: dtype"),
+    "meta_shape": ("meta", lambda t: t[:, :4], "meta: shape"),
+    "out_shape": ("out", lambda t: t[:2], "out: shape"),
+    "D_shape": ("D", lambda t: t[:1], "D: shape"),
+    "C_shape": ("C", lambda t: t[:, :, :1], "C: shape"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGS))
+def test_bad_arguments_are_refused_by_name(case, device):
+    """`decode.check_args` names the first tensor that does not fit (shape or dtype), and
+    nothing is launched: the page stays as it was."""
+    fam = Mamba2Family(GEOMS["tiny"], device=device, seed=1)
+    cache = fam.cache(fam.specs(4, 1, None), 4)
+    tok = fam.tokens(3, torch.Generator().manual_seed(0))
+    args = dict(out=torch.empty(fam.out_shape(3), device=device), D=fam.params["D"], C=tok["C"])
+    name, spoil, match = BAD_ARGS[case]
+    bad = cache
+    if name in args:
+        args[name] = spoil(args[name])
+    else:
+        bad = cache._replace(**{name: spoil(getattr(cache, name))})
+    before = {k: v.clone() for k, v in cache._asdict().items() if v is not None}
+    with pytest.raises(ValueError, match=match):
+        decode.mamba2_replay_decode(
+            bad,
+            tok["x"],
+            tok["dt"],
+            fam.params["A"],
+            tok["B"],
+            args["C"],
+            args["D"],
+            fam.params["dt_bias"],
+            torch.tensor([1, 2, 3], device=device),
+            args["out"],
+            buffer_len=4,
+            window=1,
+        )
+    for k, v in before.items():
+        assert torch.equal(v.view(torch.uint8), cache._asdict()[k].contiguous().view(torch.uint8))
+
+
 def test_scratch_too_small_is_refused(device):
     fam = Mamba2Family(GEOMS["tiny"], device=device, seed=1)
     cache = fam.cache(fam.specs(4, 1, None), 4)

@@ -299,45 +299,52 @@ def mamba2_replay_decode(
 def check_args(
     cache, x, dt, A, B, C, D, dt_bias, state_indices, out, num_ring_rows, qsl, acc
 ) -> None:
-    """Shapes, dtypes and devices of a decode step's arguments (see mamba2_replay_decode)."""
-    H, P = x.shape[1], x.shape[2]
+    """Shapes, dtypes and devices of a decode step's arguments (see mamba2_replay_decode);
+    ValueError naming the first tensor that does not fit. Eager steps run this in every
+    layer: one pass over a tuple, torch.Size compared as it is, the message built only for
+    a refusal (about half the host time of a dict of converted shapes)."""
+    num_tokens, H, P = x.shape
     G, N = B.shape[1], B.shape[2]
     S = cache.hp.shape[0]
     R = state_indices.shape[0]
-    want = {
-        "hp": (cache.hp, (S, H, P, N), torch.float32),
-        "ring_dt": (cache.ring_dt, (S, H, num_ring_rows), torch.float32),
-        "ring_x": (cache.ring_x, (S, H, num_ring_rows, P), None),
-        "ring_B": (cache.ring_B, (S, G, num_ring_rows, N), None),
-        "meta": (cache.meta, (S, 8), torch.int32),
-        "dt": (dt, (x.shape[0], H), None),
-        "C": (C, tuple(B.shape), None),
-        "A": (A, (H,), None),
-        "dt_bias": (dt_bias, (H,), None),
-        "out": (out, tuple(x.shape), None),
-        "state_indices": (state_indices, (R,), None),
-    }
-    if cache.lp is not None:
-        want["lp"] = (cache.lp, (S, H, P, N), None)
-    if D is not None:
-        want["D"] = (D, (H,), None)
-    if qsl is not None:
-        want["query_start_loc"] = (qsl, (R + 1,), None)
-    if acc is not None:
-        want["num_accepted_tokens"] = (acc, (R,), None)
-    for name, (t, shape, dtype) in want.items():
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape}")
-        if dtype is not None and t.dtype != dtype:
-            raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
-        if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device}, x on {x.device}")
+    device = x.device
+    state = (S, H, P, N)
+    want = (  # (name, tensor or None, shape, dtype or None for any)
+        ("hp", cache.hp, state, torch.float32),
+        ("lp", cache.lp, state, None),
+        ("ring_dt", cache.ring_dt, (S, H, num_ring_rows), torch.float32),
+        # records have the activations' dtype
+        ("ring_x", cache.ring_x, (S, H, num_ring_rows, P), x.dtype),
+        ("ring_B", cache.ring_B, (S, G, num_ring_rows, N), B.dtype),
+        ("meta", cache.meta, (S, 8), torch.int32),
+        ("dt", dt, (num_tokens, H), None),
+        ("C", C, B.shape, None),
+        ("A", A, (H,), None),
+        ("D", D, (H,), None),
+        ("dt_bias", dt_bias, (H,), None),
+        ("out", out, x.shape, None),
+        ("state_indices", state_indices, (R,), None),
+        ("query_start_loc", qsl, (R + 1,), None),
+        ("num_accepted_tokens", acc, (R,), None),
+    )
+    for name, t, shape, dtype in want:
+        if t is not None and (
+            t.shape != shape or (dtype is not None and t.dtype != dtype) or t.device != device
+        ):
+            _refuse(name, t, shape, dtype, device)
     require_row_contiguous(
         state_indices=state_indices, query_start_loc=qsl, num_accepted_tokens=acc
     )
     if H % G:
         raise ValueError(f"nheads={H} not divisible by ngroups={G}")
-    if cache.ring_x.dtype != x.dtype or cache.ring_B.dtype != B.dtype:
-        raise ValueError("ring records must have the activations' dtype")
-    if qsl is None and x.shape[0] != R:
-        raise ValueError(f"{x.shape[0]} tokens for {R} rows without query_start_loc")
+    if qsl is None and num_tokens != R:
+        raise ValueError(f"{num_tokens} tokens for {R} rows without query_start_loc")
+
+
+def _refuse(name: str, t: torch.Tensor, shape, dtype, device) -> None:
+    """The ValueError of `check_args` for tensor `name`."""
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
+    raise ValueError(f"{name} is on {t.device}, x on {device}")
