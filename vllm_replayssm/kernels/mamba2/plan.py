@@ -618,6 +618,6 @@ def mamba2_plan(
         OFF_D=off_d,
         HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None,
-        **({} if hp_list else {"HP_LIST": False}),
+        HP_LIST=hp_list,
         **shapes,
     )
