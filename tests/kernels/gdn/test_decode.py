@@ -275,6 +275,31 @@ def test_scratch_too_small_is_refused(device):
         _decode_three_rows(device, None, 2)
 
 
+@pytest.mark.parametrize(
+    "spoil, match",
+    [
+        (lambda c: c._replace(ring_k=c.ring_k.half()), "ring_k: dtype"),
+        (lambda c: c._replace(ring_v=c.ring_v[:, :, :1]), "ring_v: shape"),
+        (lambda c: c._replace(meta=c.meta[:, :4]), "meta: shape"),
+    ],
+    ids=["ring_k_dtype", "ring_v_shape", "meta_shape"],
+)
+def test_bad_page_tensors_are_refused_by_name(spoil, match, device):
+    """`window.check_args` (`kernels/common/args.require_tensors`) names the page tensor
+    that does not fit, before any launch: the page stays as it was."""
+    g = GEOMS["tiny"]
+    fam = GDNFamily(g, device=device, seed=1, decode_op=_op())
+    cache = fam.cache(fam.specs(4, 1, None), 4)
+    assert cache.ring_v is not None  # the exact flush's records are checked too
+    tok = fam.tokens(3, torch.Generator().manual_seed(0))
+    out = torch.empty(fam.out_shape(3), device=device)
+    before = {k: v.clone() for k, v in cache._asdict().items() if v is not None}
+    with pytest.raises(ValueError, match=match):
+        fam.decode(spoil(cache), tok, torch.tensor([1, 2, 3], device=device), out, L=4, T=1)
+    for k, v in before.items():
+        assert torch.equal(v.view(torch.uint8), cache._asdict()[k].contiguous().view(torch.uint8))
+
+
 REAL = {
     "qwen35_4b": GDNGeometry(16, 32, 128, 128),
     "qwen35_122b": GDNGeometry(16, 64, 128, 128),

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_replayssm.kernels.common.args import require_tensors
 from vllm_replayssm.kernels.common.blocks import auto_readout_tiles, cdiv, pow2_block
 from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.plan_row import (
@@ -1587,42 +1588,35 @@ def fold_exact(cache, flush_precision: str) -> bool:
 def check_args(
     cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, num_ring_rows, qsl, acc, R
 ) -> None:
-    """Shapes, dtypes and devices of a decode step's arguments (see gdn_window_decode)."""
+    """Shapes, dtypes and devices of a decode step's arguments (see gdn_window_decode);
+    ValueError naming the first tensor that does not fit (`args.require_tensors`)."""
     Hk, K = k.shape[1], k.shape[2]
     Hv, V = v.shape[1], v.shape[2]
     S = cache.hp.shape[0]
     n_tok = v.shape[0]
-    want = {
-        "hp": (cache.hp, (S, Hv, V, K), torch.float32),
-        "ring_g": (cache.ring_g, (S, Hv, num_ring_rows), torch.float32),
-        "ring_k": (cache.ring_k, (S, Hk, num_ring_rows, K), k.dtype),
-        "ring_d": (cache.ring_d, (S, Hv, num_ring_rows, V), torch.float32),
-        "meta": (cache.meta, (S, 8), torch.int32),
-        "q": (q, (n_tok, Hk, K), None),
-        "k": (k, (n_tok, Hk, K), None),
-        "a": (a, (n_tok, Hv), None),
-        "b": (b, (n_tok, Hv), None),
-        "A_log": (A_log, (Hv,), None),
-        "dt_bias": (dt_bias, (Hv,), None),
-        "out": (out, (n_tok, Hv, V), None),
-        "state_indices": (state_indices, (R,), None),
-    }
-    if cache.lp is not None:
-        want["lp"] = (cache.lp, (S, Hv, V, K), None)
-    if cache.exact_flush:
-        want["ring_beta"] = (cache.ring_beta, (S, Hv, num_ring_rows), torch.float32)
-        want["ring_v"] = (cache.ring_v, (S, Hv, num_ring_rows, V), v.dtype)
-    if qsl is not None:
-        want["query_start_loc"] = (qsl, (R + 1,), None)
-    if acc is not None:
-        want["num_accepted_tokens"] = (acc, (R,), None)
-    for name, (t, shape, dtype) in want.items():
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape}")
-        if dtype is not None and t.dtype != dtype:
-            raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
-        if t.device != v.device:
-            raise ValueError(f"{name} is on {t.device}, v on {v.device}")
+    state = (S, Hv, V, K)
+    exact = cache.exact_flush
+    want = (  # (name, tensor or None, shape, dtype or None for any)
+        ("hp", cache.hp, state, torch.float32),
+        ("lp", cache.lp, state, None),
+        ("ring_g", cache.ring_g, (S, Hv, num_ring_rows), torch.float32),
+        ("ring_k", cache.ring_k, (S, Hk, num_ring_rows, K), k.dtype),
+        ("ring_d", cache.ring_d, (S, Hv, num_ring_rows, V), torch.float32),
+        ("ring_beta", cache.ring_beta if exact else None, (S, Hv, num_ring_rows), torch.float32),
+        ("ring_v", cache.ring_v if exact else None, (S, Hv, num_ring_rows, V), v.dtype),
+        ("meta", cache.meta, (S, 8), torch.int32),
+        ("q", q, (n_tok, Hk, K), None),
+        ("k", k, (n_tok, Hk, K), None),
+        ("a", a, (n_tok, Hv), None),
+        ("b", b, (n_tok, Hv), None),
+        ("A_log", A_log, (Hv,), None),
+        ("dt_bias", dt_bias, (Hv,), None),
+        ("out", out, (n_tok, Hv, V), None),
+        ("state_indices", state_indices, (R,), None),
+        ("query_start_loc", qsl, (R + 1,), None),
+        ("num_accepted_tokens", acc, (R,), None),
+    )
+    require_tensors(want, v.device, "v")
     if Hv % Hk:
         raise ValueError(f"num_v_heads={Hv} not divisible by num_k_heads={Hk}")
     require_row_contiguous(

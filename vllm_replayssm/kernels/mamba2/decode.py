@@ -26,6 +26,7 @@ import functools
 
 import torch
 
+from vllm_replayssm.kernels.common.args import require_tensors
 from vllm_replayssm.kernels.common.blocks import cdiv, next_pow2
 from vllm_replayssm.kernels.common.rows import require_row_contiguous
 from vllm_replayssm.kernels.common.streams import beside, num_sms
@@ -300,9 +301,7 @@ def check_args(
     cache, x, dt, A, B, C, D, dt_bias, state_indices, out, num_ring_rows, qsl, acc
 ) -> None:
     """Shapes, dtypes and devices of a decode step's arguments (see mamba2_replay_decode);
-    ValueError naming the first tensor that does not fit. Eager steps run this in every
-    layer: one pass over a tuple, torch.Size compared as it is, the message built only for
-    a refusal (about half the host time of a dict of converted shapes)."""
+    ValueError naming the first tensor that does not fit (`args.require_tensors`)."""
     num_tokens, H, P = x.shape
     G, N = B.shape[1], B.shape[2]
     S = cache.hp.shape[0]
@@ -327,11 +326,7 @@ def check_args(
         ("query_start_loc", qsl, (R + 1,), None),
         ("num_accepted_tokens", acc, (R,), None),
     )
-    for name, t, shape, dtype in want:
-        if t is not None and (
-            t.shape != shape or (dtype is not None and t.dtype != dtype) or t.device != device
-        ):
-            _refuse(name, t, shape, dtype, device)
+    require_tensors(want, device, "x")
     require_row_contiguous(
         state_indices=state_indices, query_start_loc=qsl, num_accepted_tokens=acc
     )
@@ -339,12 +334,3 @@ def check_args(
         raise ValueError(f"nheads={H} not divisible by ngroups={G}")
     if qsl is None and num_tokens != R:
         raise ValueError(f"{num_tokens} tokens for {R} rows without query_start_loc")
-
-
-def _refuse(name: str, t: torch.Tensor, shape, dtype, device) -> None:
-    """The ValueError of `check_args` for tensor `name`."""
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {tuple(shape)}")
-    if dtype is not None and t.dtype != dtype:
-        raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
-    raise ValueError(f"{name} is on {t.device}, x on {device}")
