@@ -1595,15 +1595,15 @@ def check_args(
     S = cache.hp.shape[0]
     n_tok = v.shape[0]
     state = (S, Hv, V, K)
-    exact = cache.exact_flush
     want = (  # (name, tensor or None, shape, dtype or None for any)
         ("hp", cache.hp, state, torch.float32),
         ("lp", cache.lp, state, None),
         ("ring_g", cache.ring_g, (S, Hv, num_ring_rows), torch.float32),
         ("ring_k", cache.ring_k, (S, Hk, num_ring_rows, K), k.dtype),
         ("ring_d", cache.ring_d, (S, Hv, num_ring_rows, V), torch.float32),
-        ("ring_beta", cache.ring_beta if exact else None, (S, Hv, num_ring_rows), torch.float32),
-        ("ring_v", cache.ring_v if exact else None, (S, Hv, num_ring_rows, V), v.dtype),
+        # the exact flush's records (None in fold mode)
+        ("ring_beta", cache.ring_beta, (S, Hv, num_ring_rows), torch.float32),
+        ("ring_v", cache.ring_v, (S, Hv, num_ring_rows, V), v.dtype),
         ("meta", cache.meta, (S, 8), torch.int32),
         ("q", q, (n_tok, Hk, K), None),
         ("k", k, (n_tok, Hk, K), None),
