@@ -30,10 +30,12 @@ def _op(**knobs):
 
 
 # The readout and the flush of a speculative step as one launch (`fused.py`): by default
-# for one-row steps only (decode.FUSED_MAX_ROWS), so a default scenario mixes both; FUSED
-# takes it for every step of these tests (at most 8 rows), UNFUSED for none.
+# for steps of up to 8 rows with an LP copy, so every step of these tests (at most 8 rows),
+# and for one-row steps HP only (decode.FUSED_MAX_ROWS_LP / _HP). FUSED takes it for every
+# step, UNFUSED for none, MIXED for the one-row steps of a scenario (rows join and leave).
 FUSED = dict(fused_max_rows=8)
 UNFUSED = dict(fused_max_rows=0)
+MIXED = dict(fused_max_rows=1)
 DOT = dict(readout_products="dot", flush_products="dot")
 # The products windows took before tensor cores became their default (decode.launch_config).
 FMA = dict(readout_products="fma", flush_products="fma")
@@ -59,10 +61,10 @@ SCENARIOS = {
     "spec_T3_fma": dict(L=5, T=3, knobs=FMA),
     "spec_T3_fma_fused": dict(L=5, T=3, knobs={**FMA, **FUSED}),
     "spec_T2_lp_fp16_churn": dict(L=4, T=2, lp=torch.float16, churn=True),
-    "spec_T2_lp_fp16_churn_fused": dict(L=4, T=2, lp=torch.float16, churn=True, knobs=FUSED),
+    "spec_T2_lp_fp16_churn_mixed": dict(L=4, T=2, lp=torch.float16, churn=True, knobs=MIXED),
     "spec_T4_L16_lp_bf16": dict(L=16, T=4, lp=torch.bfloat16),  # the production shape
-    "spec_T4_L16_lp_bf16_fused": dict(L=16, T=4, lp=torch.bfloat16, knobs=FUSED),
-    "spec_T4_L16_lp_bf16_fma": dict(L=16, T=4, lp=torch.bfloat16, knobs=FMA),
+    "spec_T4_L16_lp_bf16_unfused": dict(L=16, T=4, lp=torch.bfloat16, knobs=UNFUSED),
+    "spec_T4_L16_lp_bf16_fma": dict(L=16, T=4, lp=torch.bfloat16, knobs={**FMA, **MIXED}),
     # The window's readouts (the readout launch's and the flush's) in tensor-core products,
     # one row per product kind of the readout's tile: an fp32 tile against fp32 C (tf32x3),
     # bf16 LP and bf16 C (dot16), an fp32 tile against bf16 C (bf16x3), fp16 LP and fp16
@@ -242,6 +244,16 @@ def test_resolved_config_is_memoised_but_refuses_every_time():
         decode.resolved_config(*shape, {"readout_products": ["dot"]})
 
 
+def test_fused_launch_policy():
+    """Which steps run the readout and the flush as one launch by default: speculative
+    steps of up to 8 rows with a 2-byte LP copy, of one row HP only, plain steps never (the
+    H100 sweep in `decode.launch_config`)."""
+    cpu = torch.device("cpu")
+    for itemsize, window, want in ((2, 4, 8), (4, 4, 1), (2, 1, 0), (4, 1, 0)):
+        cfg = decode.launch_config(8, 8, 64, 128, itemsize, cpu, window)
+        assert cfg["fused_max_rows"] == want, (itemsize, window)
+
+
 # Bad arguments of a decode step, each refused with the tensor's name before any launch:
 # name -> (the page's tensor or the argument, how it is spoiled, message).
 BAD_ARGS = {
@@ -386,7 +398,7 @@ def test_real_geometry_lockstep_on_gpu(lp, T):
 # Window launch knobs not on by default, on the GPU (up to 6 rows): the readouts in
 # elementwise products; both in tensor-core products (the flush's is the default with an
 # LP copy only); the flush capped at 128 registers with four programs per SM; the readout
-# and the flush as one launch for every step.
+# and the flush as one launch for every step (the default with an LP copy at these rows).
 WINDOW_KNOBS = {
     "fma": FMA,
     "dot": DOT,

@@ -38,11 +38,12 @@ from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
 
 TILE_BYTES = 8192  # checkpoint bytes per readout program
 # Speculative steps of up to this many rows run the readout and the flush as one launch
-# (`fused.py`): one launch and one memset fewer per layer and step. One row (bs 1) until
-# wider batches are measured against the two launches (bench_decode.py --window 4 --knob
-# fused_max_rows=0,64): the fused kernel's 128-139 registers on four warps fit fewer
-# programs per SM than the one-warp readout.
-FUSED_MAX_ROWS = 1
+# (`fused.py`): one launch and one memset fewer per layer and step. Measured on the H100
+# (5542074, Super T = 4, `kernels-h100-20261206-5542074-mamba2-window4-fused.json`): with
+# an LP copy the fused launch is ahead up to 8 rows and behind at 16; HP only, where every
+# row runs the flush's four-warp item, ahead at 1 row and behind from 2.
+FUSED_MAX_ROWS_LP = 8
+FUSED_MAX_ROWS_HP = 1
 
 
 def launch_config(
@@ -88,7 +89,11 @@ def launch_config(
     points 1.1% and 0.5% ahead, so neither is on.
     fused_max_rows: speculative steps of up to this many rows run the readout and the flush
     in one launch (`fused.py`: the flush's tile, warps and products; no register cap);
-    0 never (plain decode never)."""
+    0 never (plain decode never). H100 at 5542074, Super T = 4, µs per step and layer,
+    two launches / fused (`kernels-h100-20261206-5542074-mamba2-window4-fused.json`):
+    bf16 LP bs 1 14.6 / 10.7, 2 18.3 / 13.4, 4 22.3 / 18.8, 8 31.4 / 30.1, 16 53.3 / 54.5;
+    HP only bs 1 16.1 / 14.2, 2 18.8 / 20.9, 4 24.8 / 29.0, 8 37.0 / 49.0 (vLLM's kernel
+    9.6 µs at bs 1, 17.1 at 2)."""
     if readout_products is None:
         readout_products = "dot" if window > 1 else "fma"
     block_p = TILE_BYTES // (next_pow2(dstate) * ckpt_itemsize)
@@ -113,7 +118,9 @@ def launch_config(
         readout_products=readout_products,
         flush_products="dot" if window > 1 and ckpt_itemsize < 4 else "fma",
         flush_maxnreg=0,
-        fused_max_rows=FUSED_MAX_ROWS if window > 1 else 0,
+        fused_max_rows=0
+        if window == 1
+        else (FUSED_MAX_ROWS_LP if ckpt_itemsize < 4 else FUSED_MAX_ROWS_HP),
     )
 
 
