@@ -8,7 +8,7 @@ At bs 1 the GPU finishes each kernel before the host has launched the next, so a
 time is its host time. Each item runs --calls times back to back after a warm-up; "host"
 is the loop's time before the final synchronisation, "wall" with it (µs per call). Our
 decode call (`mamba2_replay_decode`) is also split into its parts (argument checks, launch
-configuration, plan, flush, readout or, for a one-row window, the two in one launch
+configuration, plan, flush, readout or, for a window of few rows, the two in one launch
 (`fused.py`); "rest": the side-stream switch and the remainder).
 The layer's other launches (the step start: fresh-row reset and acceptance, in one launch
 since 2026-12-06, and apart as before; the conv update) and the few torch ops the layer
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }  # fmt: skip
     names = ["check_args", "launch_config", "mamba2_plan", "mamba2_flush", "mamba2_readout"]
-    names.append("mamba2_window_fused")  # the readout and the flush of a one-row step
+    names.append("mamba2_window_fused")  # the readout and the flush of a small step
     saved_env = os.environ.get(launch_mod.DIRECT_LAUNCH_ENV)
     for mode in args.launch:
         # our launches through Triton's dispatch, or relaunched directly (kernels/common/
