@@ -367,41 +367,42 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
             )
         )
     # The readout and the flush in one launch (`fused.py`, steps of up to fused_max_rows
-    # rows): the flush's 32-row tile and four warps for both, default products (bf16 LP:
-    # dot16 readout, "dot" flush; HP only: bf16x3 readout, "fma" flush).
+    # rows): the flush's 32-row tile on four warps (the defaults of fused_block_p and
+    # fused_warps) and 16-row tiles on four and two, default products (bf16 LP: dot16
+    # readout, "dot" flush; HP only: bf16x3 readout, "fma" flush).
     for lp, r_products, f_products in (("*bf16", "dot16", "bf16x3"), ("*fp32", "bf16x3", "fma")):
         fargs = {**args, "lp_ptr": lp, "meta_ptr": "*i32", "null_block_id": 0}
         fargs.update(_strides("meta", PAGE, 1))
         for key in ("hp_rows_ptr", "hp_count_ptr"):
             fargs.pop(key)
-        out.append(
-            (
-                f"fused window {T} 32 x {N} {lp[1:]} LP"
-                if lp == "*bf16"
-                else f"fused window {T} 32 x {N} HP only",
-                fused._mamba2_window_fused_kernel,
-                fargs,
-                dict(
-                    HEADS_PER_GROUP=H // G,
-                    TILES_PER_HEAD=P // 32,
-                    headdim=P,
-                    dstate=N,
-                    BLOCK_P=32,
-                    BLOCK_N=N,
-                    BLOCK_L=L,
-                    HAS_LP=lp == "*bf16",
-                    LP_IS_FP16=False,
-                    DOT_PRECISION="bf16x3",
-                    OFF_D=off_d,
-                    READOUT_PRODUCTS=r_products,
-                    BLOCK_K=N if lp == "*bf16" else 32,
-                    FLUSH_PRODUCTS=f_products,
-                    DOT_T=max(16, bt),
-                    **win,
-                ),
-                4,
+        kind = f"{lp[1:]} LP" if lp == "*bf16" else "HP only"
+        for block_p, warps in ((32, 4), (16, 4), (16, 2)):
+            out.append(
+                (
+                    f"fused window {T} {block_p} x {N} {kind}" + ("" if warps == 4 else " 2w"),
+                    fused._mamba2_window_fused_kernel,
+                    fargs,
+                    dict(
+                        HEADS_PER_GROUP=H // G,
+                        TILES_PER_HEAD=P // block_p,
+                        headdim=P,
+                        dstate=N,
+                        BLOCK_P=block_p,
+                        BLOCK_N=N,
+                        BLOCK_L=L,
+                        HAS_LP=lp == "*bf16",
+                        LP_IS_FP16=False,
+                        DOT_PRECISION="bf16x3",
+                        OFF_D=off_d,
+                        READOUT_PRODUCTS=r_products,
+                        BLOCK_K=N if lp == "*bf16" else 32,
+                        FLUSH_PRODUCTS=f_products,
+                        DOT_T=max(16, bt),
+                        **win,
+                    ),
+                    warps,
+                )
             )
-        )
     return out
 
 

@@ -36,12 +36,16 @@ def _op(**knobs):
 FUSED = dict(fused_max_rows=8)
 UNFUSED = dict(fused_max_rows=0)
 MIXED = dict(fused_max_rows=1)
+# The fused launch on 16-row tiles (the flush's window tile is 32 rows).
+FUSED16 = dict(FUSED, fused_block_p=16)
 DOT = dict(readout_products="dot", flush_products="dot")
 # The products windows took before tensor cores became their default (decode.launch_config).
 FMA = dict(readout_products="fma", flush_products="fma")
 
 # Decode scenarios against the float64 oracle (outputs every step, materialised states).
 SCENARIO_BASE = dict(geom="tiny", L=4, T=1, lp=None, act=torch.float32, churn=False, knobs={})
+# headdim 40: three 16-row tiles per head, the last one partly masked
+SCENARIO_GEOMS = {**GEOMS, "wide_head": Mamba2Geometry(nheads=4, headdim=40, dstate=16, ngroups=2)}
 SCENARIOS = {
     "base": {},
     "lp_fp16": dict(lp=torch.float16),
@@ -65,6 +69,10 @@ SCENARIOS = {
     "spec_T4_L16_lp_bf16": dict(L=16, T=4, lp=torch.bfloat16),  # the production shape
     "spec_T4_L16_lp_bf16_unfused": dict(L=16, T=4, lp=torch.bfloat16, knobs=UNFUSED),
     "spec_T4_L16_lp_bf16_fma": dict(L=16, T=4, lp=torch.bfloat16, knobs={**FMA, **MIXED}),
+    "spec_T3_wide_head_fused16": dict(geom="wide_head", L=5, T=3, knobs=FUSED16),
+    "spec_T4_wide_head_lp_bf16_fused16_2_warps": dict(
+        geom="wide_head", L=8, T=4, lp=torch.bfloat16, knobs=dict(FUSED16, fused_warps=2)
+    ),
     # The window's readouts (the readout launch's and the flush's) in tensor-core products,
     # one row per product kind of the readout's tile: an fp32 tile against fp32 C (tf32x3),
     # bf16 LP and bf16 C (dot16), an fp32 tile against bf16 C (bf16x3), fp16 LP and fp16
@@ -90,7 +98,11 @@ SCENARIOS = {
 def test_kernel_matches_naive(case, device):
     c = {**SCENARIO_BASE, **SCENARIOS[case]}
     fam = Mamba2Family(
-        GEOMS[c["geom"]], act_dtype=c["act"], decode_op=_op(**c["knobs"]), device=device, seed=3
+        SCENARIO_GEOMS[c["geom"]],
+        act_dtype=c["act"],
+        decode_op=_op(**c["knobs"]),
+        device=device,
+        seed=3,
     )
     check_scenario(
         fam,
@@ -242,6 +254,21 @@ def test_resolved_config_is_memoised_but_refuses_every_time():
     # an unhashable knob value bypasses the memo (and is refused here as a bad products name)
     with pytest.raises(ValueError, match="readout_products must be one of"):
         decode.resolved_config(*shape, {"readout_products": ["dot"]})
+
+
+def test_fused_tile_below_16_rows_refuses_dot_products():
+    """The fused launch's one tile serves both bodies: with either product "dot" it needs
+    16 rows (a tensor-core product's smallest M), refused before anything is launched;
+    steps above fused_max_rows do not run it and are not refused."""
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    shape = (4, 8, 16, 32, bf16, bf16, cpu, 4, False)
+    with pytest.raises(ValueError, match='readout_products and flush_products "dot" need'):
+        decode.resolved_config(*shape, {"fused_block_p": 8})
+    with pytest.raises(ValueError, match='flush_products "dot" need fused_block_p >= 16'):
+        decode.resolved_config(*shape, {"fused_block_p": 8, "readout_products": "fma"})
+    fma = {"readout_products": "fma", "flush_products": "fma"}
+    assert decode.resolved_config(*shape, {"fused_block_p": 8, **fma})["fused_block_p"] == 8
+    assert decode.resolved_config(*shape, {"fused_block_p": 8, "fused_max_rows": 2})
 
 
 def test_fused_launch_policy():
@@ -398,12 +425,15 @@ def test_real_geometry_lockstep_on_gpu(lp, T):
 # Window launch knobs not on by default, on the GPU (up to 6 rows): the readouts in
 # elementwise products; both in tensor-core products (the flush's is the default with an
 # LP copy only); the flush capped at 128 registers with four programs per SM; the readout
-# and the flush as one launch for every step (the default with an LP copy at these rows).
+# and the flush as one launch for every step (the default with an LP copy at these rows),
+# also on 16-row tiles with four and two warps (fused_block_p, fused_warps).
 WINDOW_KNOBS = {
     "fma": FMA,
     "dot": DOT,
     "flush_maxnreg128": dict(flush_maxnreg=128, flush_programs=528, **UNFUSED),
     "fused": FUSED,
+    "fused16": FUSED16,
+    "fused16_2_warps": dict(FUSED16, fused_warps=2),
 }
 
 

@@ -89,8 +89,11 @@ def launch_config(
     programs, with the "fma" flush) and 725.9 (HP only, capped, 264): single `--quick`
     points 1.1% and 0.5% ahead, so neither is on.
     fused_max_rows: speculative steps of up to this many rows run the readout and the flush
-    in one launch (`fused.py`: the flush's tile, warps and products; no register cap);
-    0 never (plain decode never). H100 at 5542074, Super T = 4, µs per step and layer,
+    in one launch (`fused.py`: the flush's products, no register cap; fused_block_p rows of
+    a head per program, the flush's tile by default, on fused_warps warps); 0 never (plain
+    decode never). sm_90 (Super T = 4, `kernels/README.md`): 32 rows on four warps 128
+    registers bf16 LP and 139 HP only; 16 rows on four warps 114 and 72, on two 108 and 146;
+    no spills. H100 at 5542074, Super T = 4, µs per step and layer,
     two launches / fused (`kernels-h100-20261206-5542074-mamba2-window4-fused.json`):
     bf16 LP bs 1 14.6 / 10.7, 2 18.3 / 13.4, 4 22.3 / 18.8, 8 31.4 / 30.1, 16 53.3 / 54.5;
     HP only bs 1 16.1 / 14.2, 2 18.8 / 20.9, 4 24.8 / 29.0, 8 37.0 / 49.0 (vLLM's kernel
@@ -122,6 +125,8 @@ def launch_config(
         fused_max_rows=0
         if window == 1
         else (FUSED_MAX_ROWS_LP if ckpt_itemsize < 4 else FUSED_MAX_ROWS_HP),
+        fused_block_p=flush_p,
+        fused_warps=4,
     )
 
 
@@ -168,9 +173,11 @@ def _resolve(num_rows, nheads, headdim, dstate, ckpt_dtype, c_dtype, device, win
         raise ValueError(f"flush_maxnreg must be >= 0, got {cfg['flush_maxnreg']}")
     if cfg["fused_max_rows"] < 0:
         raise ValueError(f"fused_max_rows must be >= 0, got {cfg['fused_max_rows']}")
-    if not plain and num_rows <= cfg["fused_max_rows"]:  # one tile for both bodies
-        window_products(
-            cfg["readout_products"], ckpt_dtype, c_dtype, cfg["flush_block_p"], plain, "fused"
+    fused = not plain and num_rows <= cfg["fused_max_rows"]
+    dots = [k for k in ("readout_products", "flush_products") if cfg[k] == "dot"]
+    if fused and dots and cfg["fused_block_p"] < 16:  # one tile for both bodies
+        raise ValueError(
+            f'{" and ".join(dots)} "dot" need fused_block_p >= 16, got {cfg["fused_block_p"]}'
         )
     return tuple(cfg.items())
 
@@ -200,7 +207,8 @@ def mamba2_replay_decode(
     scratch: `Mamba2Scratch` for at least R rows and this window; None allocates one per
     call (tests; not for CUDA graphs). knobs override `launch_config` (readout_block_p,
     readout_warps, readout_products, flush_block_p, flush_warps, flush_programs,
-    flush_products, flush_maxnreg, plan_warps, overlap, fused_max_rows, dot_precision).
+    flush_products, flush_maxnreg, plan_warps, overlap, fused_max_rows, fused_block_p,
+    fused_warps, dot_precision).
     """
     H, P = x.shape[1], x.shape[2]
     N = B.shape[2]
@@ -262,8 +270,8 @@ def mamba2_replay_decode(
             scratch,
             num_rows=R,
             null_block_id=null_block_id,
-            block_p=cfg["flush_block_p"],
-            num_warps=cfg["flush_warps"],
+            block_p=cfg["fused_block_p"],
+            num_warps=cfg["fused_warps"],
             readout_products=cfg["readout_products"],
             flush_products=cfg["flush_products"],
             dot_precision=cfg.get("dot_precision"),
