@@ -1012,7 +1012,17 @@ HEADER = [
     "match",
     "prefix",
     "distinct",
+    "probe ms",
 ]
+
+
+def probe_range(probes: list[float] | None) -> str | None:
+    """The host's Python probe over a run's repeats as 'min-max' ms (one value when they
+    agree to the ms), None when not recorded."""
+    if not probes:
+        return None
+    lo, hi = round(min(probes)), round(max(probes))
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
 def table_rows(runs: list[dict], comparisons: list[dict]) -> list[list]:
@@ -1056,6 +1066,7 @@ def table_rows(runs: list[dict], comparisons: list[dict]) -> list[list]:
                     c and f"{c['identical']}/{r['bs']}",
                     c and c["mean_common_prefix"],
                     r["distinct_tokens"],
+                    probe_range(r.get("python_probe_ms_per_repeat")),
                 ]
             )
     return rows
@@ -1504,7 +1515,8 @@ def main(argv: list[str] | None = None) -> int:
         "token time of the full generate's last request to start decoding); speedup = this mode's "
         "decode tok/s over the 'vs' mode's (in full: of the in-full rates); match = identical "
         "greedy sequences; prefix = mean common "
-        "prefix / out"
+        "prefix / out; probe ms = the host's Python probe before each repeat, min-max (a fixed "
+        "loop: where two modes' probes differ, their ratio mixes in the host's speed)"
     )
     print(common.format_table(HEADER, table_rows(payload["runs"], payload["comparisons"])))
     for run in payload["runs"]:

@@ -211,3 +211,29 @@ def test_resolved_settings_record_the_captured_sizes_as_vllm_rounded_them():
     assert got["compilation.cudagraph_capture_sizes"] == str(comp.cudagraph_capture_sizes)
     assert all(size % 4 == 0 for size in comp.cudagraph_capture_sizes)
     assert 1024 in comp.cudagraph_capture_sizes
+
+
+def test_the_table_shows_each_runs_host_probe_range():
+    """The results table carries each run's Python probe over its repeats (min-max ms), so a
+    ratio between modes measured on a drifting host is visible as such; runs without the
+    probe show none."""
+    result = dict(
+        bs=1,
+        route="replay",
+        decode_tok_s=458.3,
+        output_tok_s=428.5,
+        t_full_s=0.6,
+        t_prefill_s=0.04,
+        distinct_tokens=2,
+    )
+    runs = [
+        dict(model="m", mode="on", error=None,
+             results=[dict(result, python_probe_ms_per_repeat=[24.856, 24.758, 24.983])]),
+        dict(model="m", mode="off", error=None,
+             results=[dict(result, python_probe_ms_per_repeat=[45.4, 24.939, 44.933])]),
+        dict(model="m", mode="on_spec", error=None, results=[result]),
+    ]  # fmt: skip
+    rows = bench.table_rows(runs, [])
+    col = bench.HEADER.index("probe ms")
+    assert [row[col] for row in rows] == ["25", "25-45", None]
+    assert all(len(row) == len(bench.HEADER) for row in rows)
