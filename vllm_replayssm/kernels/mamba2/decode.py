@@ -40,9 +40,10 @@ TILE_BYTES = 8192  # checkpoint bytes per readout program
 # Speculative steps of up to this many rows run the readout and the flush as one launch
 # (`fused.py`): one launch and one memset fewer per layer and step. Measured on the H100
 # (5542074, Super T = 4, `kernels-h100-20261206-5542074-mamba2-window4-fused.json`): with
-# an LP copy the fused launch is ahead up to 8 rows and behind at 16; HP only, where every
-# row runs the flush's four-warp item, ahead at 1 row and behind from 2. Nemotron-3 Nano-4B
-# alike (dde4507, `kernels-h100-20261206-dde4507-mamba2-window4-fused-nano4b.json`).
+# an LP copy the fused launch is ahead up to 8 rows and behind at 16; HP only, where the
+# readout's body runs on the flush's 32 x 128 fp32 tile (four warps; the readout launch's
+# tile is 16 x 128 on one), ahead at 1 row and behind from 2. Nemotron-3 Nano-4B alike
+# (dde4507, `kernels-h100-20261206-dde4507-mamba2-window4-fused-nano4b.json`).
 FUSED_MAX_ROWS_LP = 8
 FUSED_MAX_ROWS_HP = 1
 
