@@ -367,9 +367,9 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
             )
         )
     # The readout and the flush in one launch (`fused.py`, steps of up to fused_max_rows
-    # rows): the flush's 32-row tile on four warps (the defaults of fused_block_p and
-    # fused_warps) and 16-row tiles on four and two, default products (bf16 LP: dot16
-    # readout, "dot" flush; HP only: bf16x3 readout, "fma" flush).
+    # rows): the flush's 32-row tile on four warps, 16-row tiles on four and on two (the
+    # defaults of fused_block_p and fused_warps since 7333e0a's H200 sweep), default
+    # products (bf16 LP: dot16 readout, "dot" flush; HP only: bf16x3 readout, "fma" flush).
     for lp, r_products, f_products in (("*bf16", "dot16", "bf16x3"), ("*fp32", "bf16x3", "fma")):
         fargs = {**args, "lp_ptr": lp, "meta_ptr": "*i32", "null_block_id": 0}
         fargs.update(_strides("meta", PAGE, 1))

@@ -36,8 +36,10 @@ def _op(**knobs):
 FUSED = dict(fused_max_rows=8)
 UNFUSED = dict(fused_max_rows=0)
 MIXED = dict(fused_max_rows=1)
-# The fused launch on 16-row tiles (the flush's window tile is 32 rows).
-FUSED16 = dict(FUSED, fused_block_p=16)
+# The fused launch's tile: 16 rows on two warps by default; the former default, the flush's
+# window tile (32 rows on four warps), and 16 rows on four warps stay knobs.
+FUSED32 = dict(FUSED, fused_block_p=32, fused_warps=4)
+FUSED16_4_WARPS = dict(FUSED, fused_block_p=16, fused_warps=4)
 DOT = dict(readout_products="dot", flush_products="dot")
 # The products windows took before tensor cores became their default (decode.launch_config).
 FMA = dict(readout_products="fma", flush_products="fma")
@@ -69,9 +71,10 @@ SCENARIOS = {
     "spec_T4_L16_lp_bf16": dict(L=16, T=4, lp=torch.bfloat16),  # the production shape
     "spec_T4_L16_lp_bf16_unfused": dict(L=16, T=4, lp=torch.bfloat16, knobs=UNFUSED),
     "spec_T4_L16_lp_bf16_fma": dict(L=16, T=4, lp=torch.bfloat16, knobs={**FMA, **MIXED}),
-    "spec_T3_wide_head_fused16": dict(geom="wide_head", L=5, T=3, knobs=FUSED16),
-    "spec_T4_wide_head_lp_bf16_fused16_2_warps": dict(
-        geom="wide_head", L=8, T=4, lp=torch.bfloat16, knobs=dict(FUSED16, fused_warps=2)
+    "spec_T3_wide_head_fused": dict(geom="wide_head", L=5, T=3, knobs=FUSED),
+    "spec_T4_wide_head_lp_bf16_fused": dict(geom="wide_head", L=8, T=4, lp=torch.bfloat16),
+    "spec_T4_wide_head_lp_bf16_fused32": dict(
+        geom="wide_head", L=8, T=4, lp=torch.bfloat16, knobs=FUSED32
     ),
     # The window's readouts (the readout launch's and the flush's) in tensor-core products,
     # one row per product kind of the readout's tile: an fp32 tile against fp32 C (tf32x3),
@@ -274,11 +277,12 @@ def test_fused_tile_below_16_rows_refuses_dot_products():
 def test_fused_launch_policy():
     """Which steps run the readout and the flush as one launch by default: speculative
     steps of up to 8 rows with a 2-byte LP copy, of one row HP only, plain steps never (the
-    H100 sweep in `decode.launch_config`)."""
+    H100 sweep in `decode.launch_config`), on 16-row tiles and two warps (the H200 sweep)."""
     cpu = torch.device("cpu")
     for itemsize, window, want in ((2, 4, 8), (4, 4, 1), (2, 1, 0), (4, 1, 0)):
         cfg = decode.launch_config(8, 8, 64, 128, itemsize, cpu, window)
         assert cfg["fused_max_rows"] == want, (itemsize, window)
+        assert (cfg["fused_block_p"], cfg["fused_warps"]) == (16, 2), (itemsize, window)
 
 
 # Bad arguments of a decode step, each refused with the tensor's name before any launch:
@@ -426,14 +430,15 @@ def test_real_geometry_lockstep_on_gpu(lp, T):
 # elementwise products; both in tensor-core products (the flush's is the default with an
 # LP copy only); the flush capped at 128 registers with four programs per SM; the readout
 # and the flush as one launch for every step (the default with an LP copy at these rows),
-# also on 16-row tiles with four and two warps (fused_block_p, fused_warps).
+# on its default 16-row tiles on two warps, on 32 rows on four (the former default) and on
+# 16 rows on four (fused_block_p, fused_warps).
 WINDOW_KNOBS = {
     "fma": FMA,
     "dot": DOT,
     "flush_maxnreg128": dict(flush_maxnreg=128, flush_programs=528, **UNFUSED),
     "fused": FUSED,
-    "fused16": FUSED16,
-    "fused16_2_warps": dict(FUSED16, fused_warps=2),
+    "fused32": FUSED32,
+    "fused16_4_warps": FUSED16_4_WARPS,
 }
 
 

@@ -43,7 +43,10 @@ TILE_BYTES = 8192  # checkpoint bytes per readout program
 # an LP copy the fused launch is ahead up to 8 rows and behind at 16; HP only, where the
 # readout's body runs on the flush's 32 x 128 fp32 tile (four warps; the readout launch's
 # tile is 16 x 128 on one), ahead at 1 row and behind from 2. Nemotron-3 Nano-4B alike
-# (dde4507, `kernels-h100-20261206-dde4507-mamba2-window4-fused-nano4b.json`).
+# (dde4507, `kernels-h100-20261206-dde4507-mamba2-window4-fused-nano4b.json`). Both were
+# measured on that 32-row tile; the fused tile is 16 rows on two warps since 7333e0a's
+# H200 sweep (`launch_config`), where HP only on 32 rows and two warps ran 24% faster than
+# on four at 2 rows: whether that beats the two launches is not yet measured.
 FUSED_MAX_ROWS_LP = 8
 FUSED_MAX_ROWS_HP = 1
 
@@ -91,14 +94,21 @@ def launch_config(
     points 1.1% and 0.5% ahead, so neither is on.
     fused_max_rows: speculative steps of up to this many rows run the readout and the flush
     in one launch (`fused.py`: the flush's products, no register cap; fused_block_p rows of
-    a head per program, the flush's tile by default, on fused_warps warps); 0 never (plain
-    decode never). sm_90 (Super T = 4, `kernels/README.md`): 32 rows on four warps 128
-    registers bf16 LP and 139 HP only; 16 rows on four warps 114 and 72, on two 108 and 146;
-    no spills. H100 at 5542074, Super T = 4, µs per step and layer,
-    two launches / fused (`kernels-h100-20261206-5542074-mamba2-window4-fused.json`):
+    a head per program on fused_warps warps, by default 16 rows on two warps); 0 never
+    (plain decode never). sm_90 (Super T = 4, `kernels/README.md`): 32 rows on four warps
+    128 registers bf16 LP and 139 HP only; 16 rows on four warps 114 and 72, on two 108 and
+    146; no spills. H100 at 5542074, Super T = 4, µs per step and layer,
+    two launches / fused on 32 rows and four warps
+    (`kernels-h100-20261206-5542074-mamba2-window4-fused.json`):
     bf16 LP bs 1 14.6 / 10.7, 2 18.3 / 13.4, 4 22.3 / 18.8, 8 31.4 / 30.1, 16 53.3 / 54.5;
     HP only bs 1 16.1 / 14.2, 2 18.8 / 20.9, 4 24.8 / 29.0, 8 37.0 / 49.0 (vLLM's kernel
-    9.6 µs at bs 1, 17.1 at 2)."""
+    9.6 µs at bs 1, 17.1 at 2). The fused tile, H200 at 7333e0a, every step fused,
+    fused_block_p / fused_warps 16 / 2, 16 / 4, 32 / 2, 32 / 4
+    (`kernels-h200-20261206-7333e0a-mamba2-window4-fused-tiles.json`): bf16 LP bs 1 9.95,
+    10.40, 10.74, 10.69; bs 2 12.27, 15.02, 11.95, 12.23; bs 4 17.42, 22.57, 18.08, 17.35;
+    bs 8 27.47, 37.70, 25.13, 27.38; HP only bs 1 13.25, 14.00, 13.81, 13.76 (vLLM's kernel
+    8.41 µs at bs 1). So 16 rows on two warps: 7% and 4% ahead where the fused launch runs
+    by default at one row, within 0.5% at 2-8 rows with an LP copy."""
     if readout_products is None:
         readout_products = "dot" if window > 1 else "fma"
     block_p = TILE_BYTES // (next_pow2(dstate) * ckpt_itemsize)
@@ -126,8 +136,8 @@ def launch_config(
         fused_max_rows=0
         if window == 1
         else (FUSED_MAX_ROWS_LP if ckpt_itemsize < 4 else FUSED_MAX_ROWS_HP),
-        fused_block_p=flush_p,
-        fused_warps=4,
+        fused_block_p=16,
+        fused_warps=2,
     )
 
 

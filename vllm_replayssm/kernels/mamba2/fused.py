@@ -10,9 +10,10 @@ them, reads its row's plan: a row that reads LP runs the readout's program
 flush's item for the same tile (`flush.flush_window_item`). So there is no HP list, and the
 plan writes none (`mamba2_plan(hp_list=False)`).
 
-One tile size and one warp count serve both bodies (the flush's, 32 rows on four warps):
-the kernel takes the registers of the larger body, which costs occupancy in wide batches,
-where the two launches' own tiles and the flush's persistent grid are the better choice.
+One tile size and one warp count serve both bodies (`fused_block_p`, `fused_warps`: 16 rows
+on two warps by default, from the H200 sweep in `decode.launch_config`): the kernel takes
+the registers of the larger body, which costs occupancy in wide batches, where the two
+launches' own tiles and the flush's persistent grid are the better choice.
 """
 
 from __future__ import annotations
