@@ -5,10 +5,14 @@ eager mode. Neither says whether a graph-mode step waits on the GPU or on the ho
 runs the e2e benchmark's engine (same model geometry, dummy weights, same compilation config,
 vLLM's engine-core process as in the benchmark) with vLLM's own torch profiler
 (`profiler_config`, worker traces with CPU and CUDA activity), profiles one greedy generate of
---batch-size prompts for 1 + --steps tokens per mode, and reads the worker's trace:
+--batch-size prompts per mode for about --steps decode steps (1 + --steps tokens; in the
+speculative modes 1 + --steps x (1 + k) tokens, as a verify step gives each row up to 1 + k),
+and reads the worker's trace:
 
-- step period: time between successive `gpu_model_runner: preprocess` starts over the decode
-  steps (the middle of the run, away from prefill and the tail);
+- step period: time between successive decode steps' starts, over the middle half of the
+  full-batch decode steps (vLLM's worker names each step's rows: no prefill rows, all
+  --batch-size rows decoding; a speculative mode's verify steps likewise), away from prefill
+  and the tail;
 - host phases per step: mean duration of each `gpu_model_runner: *` annotation;
 - GPU busy per step: the union of kernel / memcpy / memset intervals in the decode window
   divided by the number of steps (so `period - busy` is the GPU idle time per step);
@@ -29,6 +33,7 @@ import gzip
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -47,6 +52,9 @@ from benchmarks.e2e import bench_decode_e2e as e2e
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 PHASE_PREFIX = "gpu_model_runner: "
+# vLLM's worker names each step by its rows: prefill ("context") and decode ("generation")
+# requests, each with its tokens (a detailed form adds sequence figures in the brackets).
+EXECUTE = re.compile(r"execute_context_(\d+)\(.*?\)_generation_(\d+)\(")
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
@@ -64,25 +72,44 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def full_decode_steps(spans: list[dict]) -> list[float]:
+    """Start times (µs) of the steps that decode the most rows and prefill none, from
+    vLLM's per-step annotation (`EXECUTE`; host events only, not their copies on the GPU
+    timeline); [] where the trace has none."""
+    steps: list[tuple[int, float]] = []
+    for e in spans:
+        if e.get("cat") != "user_annotation":
+            continue
+        m = EXECUTE.match(e.get("name", ""))
+        if m and m.group(1) == "0":
+            steps.append((int(m.group(2)), e["ts"]))
+    if not steps:
+        return []
+    full = max(rows for rows, _ in steps)
+    return sorted(ts for rows, ts in steps if rows == full)
+
+
 def analyse_trace(events: list[dict], steps: int) -> dict:
     """Summary of a worker trace's decode steps (module docstring). events: chrome-trace
     "X" events (ts and dur in µs)."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    # Host annotations only: the trace repeats each one on the GPU timeline
-    # (cat "gpu_user_annotation"), which must not count as a second step.
-    pre = sorted(
-        e["ts"]
-        for e in spans
-        if e.get("name") == PHASE_PREFIX + "preprocess" and e.get("cat") == "user_annotation"
-    )
-    if len(pre) < 8:  # no phase annotations: steps from the host's graph launches
-        pre = sorted(e["ts"] for e in spans if e.get("name") == "cudaGraphLaunch")
-    if len(pre) < 8:
-        names = sorted({e.get("name", "") for e in spans if e.get("cat") != "kernel"})[:40]
-        raise RuntimeError(f"only {len(pre)} steps in the trace; CPU event names: {names}")
-    # The last `steps` steps are decode steps; drop a quarter at each end of them (prefill
-    # hand-over, the tail where requests finish).
-    decode = pre[-steps:] if steps < len(pre) else pre
+    decode = full_decode_steps(spans)
+    if len(decode) < 8:
+        # Steps by their preprocess phase, else the host's graph launches, of which the
+        # last `steps` are decode steps. Host annotations only: the trace repeats each one
+        # on the GPU timeline (cat "gpu_user_annotation"), which must not count twice.
+        pre = sorted(
+            e["ts"]
+            for e in spans
+            if e.get("name") == PHASE_PREFIX + "preprocess" and e.get("cat") == "user_annotation"
+        )
+        if len(pre) < 8:
+            pre = sorted(e["ts"] for e in spans if e.get("name") == "cudaGraphLaunch")
+        if len(pre) < 8:
+            names = sorted({e.get("name", "") for e in spans if e.get("cat") != "kernel"})[:40]
+            raise RuntimeError(f"only {len(pre)} steps in the trace; CPU event names: {names}")
+        decode = pre[-steps:] if steps < len(pre) else pre
+    # Drop a quarter at each end (prefill hand-over, the tail where requests finish).
     cut = max(1, len(decode) // 4)
     window = decode[cut : len(decode) - cut]
     t0, t1 = window[0], window[-1]
@@ -145,16 +172,30 @@ def load_worker_trace(trace_dir: str) -> list[dict]:
     return best
 
 
+def step_tokens(mode: str, args: argparse.Namespace) -> int:
+    """The most tokens a row gains in one decode step of `mode`: 1 + k in the speculative
+    modes (args.speculative's num_speculative_tokens), else 1."""
+    if not e2e.is_spec(mode):
+        return 1
+    return 1 + int((args.speculative or {}).get("num_speculative_tokens", 0))
+
+
+def max_model_len(modes: list[str], args: argparse.Namespace) -> int:
+    return args.input_len + args.steps * max(step_tokens(m, args) for m in modes) + 32
+
+
 def profile_mode(model: str, mode: str, model_dir: Path, args: argparse.Namespace, vocab: int):
     import torch
     from vllm import LLM, SamplingParams
 
+    # About args.steps decode steps: a verify step gives each row up to 1 + k tokens.
+    decode_tokens = args.steps * step_tokens(mode, args)
     kwargs = e2e.tool_engine_kwargs(
         args,
         model,
         mode,
         model_dir,
-        args.input_len + args.steps + 32,
+        max_model_len([mode], args),
         torch.cuda.is_available(),
         compilation_config=args.compilation_config,
     )
@@ -176,16 +217,19 @@ def profile_mode(model: str, mode: str, model_dir: Path, args: argparse.Namespac
         {"prompt_token_ids": p}
         for p in e2e.make_prompts(args.batch_size, args.input_len, vocab, args.seed + 1)
     ]
-    llm.generate(warm, SamplingParams(max_tokens=args.steps, **greedy), use_tqdm=False)
+    llm.generate(warm, SamplingParams(max_tokens=decode_tokens, **greedy), use_tqdm=False)
     # Unprofiled timing of the same generate, for the profiler's overhead.
     t0 = time.perf_counter()
     llm.generate(prompts, SamplingParams(max_tokens=1, **greedy), use_tqdm=False)
     t_pre = time.perf_counter() - t0
+    counters = e2e.SPEC_COUNTERS if e2e.is_spec(mode) else ()
+    before = e2e.counter_values(llm, counters)
     t0 = time.perf_counter()
-    llm.generate(prompts, SamplingParams(max_tokens=1 + args.steps, **greedy), use_tqdm=False)
+    llm.generate(prompts, SamplingParams(max_tokens=1 + decode_tokens, **greedy), use_tqdm=False)
     t_full = time.perf_counter() - t0
+    counted = {k: v - before[k] for k, v in e2e.counter_values(llm, counters).items()}
     llm.start_profile()
-    llm.generate(prompts, SamplingParams(max_tokens=1 + args.steps, **greedy), use_tqdm=False)
+    llm.generate(prompts, SamplingParams(max_tokens=1 + decode_tokens, **greedy), use_tqdm=False)
     llm.stop_profile()
     time.sleep(2.0)  # the worker writes its trace after stop
     scheduler = llm.llm_engine.vllm_config.scheduler_config
@@ -216,11 +260,18 @@ def profile_mode(model: str, mode: str, model_dir: Path, args: argparse.Namespac
         f"({summary['gpu_busy_fraction']:.0%}), phases {json.dumps(summary['host_phases_us'])}",
         f"{model}/{mode}",
     )
+    # Tokens per row and decode step in the unprofiled generate: 1 plain; in the
+    # speculative modes 1 + the accepted drafts (vLLM's counters, one draft per row and step).
+    drafts = counted.get("vllm:spec_decode_num_drafts", 0.0)
+    per_step = 1 + counted["vllm:spec_decode_num_accepted_tokens"] / drafts if drafts else 1.0
     return {
         "mode": mode,
         "kwargs": {k: v for k, v in kwargs.items() if k != "profiler_config"},
         "async_scheduling": getattr(scheduler, "async_scheduling", None),
-        "unprofiled_decode_step_us": (t_full - t_pre) / args.steps * 1e6,
+        "decode_tokens": decode_tokens,
+        "mean_tokens_per_step": per_step,
+        "spec_counters": counted,
+        "unprofiled_decode_step_us": (t_full - t_pre) / (decode_tokens / per_step) * 1e6,
         **summary,
     }
 
@@ -231,7 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=52)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=48, help="decode steps profiled per mode")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=48,
+        help="decode steps profiled per mode (1 + steps x (1 + k) tokens in the *_spec modes)",
+    )
     p.add_argument("--modes", default="off,on", help=f"comma list of {', '.join(e2e.MODES)}")
     e2e.add_engine_json_args(p, {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
@@ -255,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(tmp),
             tiny=False,
             layers=args.layers,
-            max_model_len=args.input_len + args.steps + 32,
+            max_model_len=max_model_len(modes, args),
         )
         payload["model_config"] = config
         if len(modes) == 1:
@@ -278,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             [
                 m["mode"],
+                round(m["mean_tokens_per_step"], 2),
                 round(m["unprofiled_decode_step_us"]),
                 round(m["period_us"]),
                 round(m["gpu_busy_us"]),
@@ -286,7 +343,16 @@ def main(argv: list[str] | None = None) -> int:
                 " ".join(f"{k}={v:.0f}" for k, v in m["host_phases_us"].items()),
             ]
         )
-    head = ["mode", "step (no prof)", "period", "GPU busy", "busy", "kernel sum", "host phases"]
+    head = [
+        "mode",
+        "tok/step",
+        "step (no prof)",
+        "period",
+        "GPU busy",
+        "busy",
+        "kernel sum",
+        "host phases",
+    ]
     print(f"# {args.model} {args.layers} layers bs {args.batch_size}, µs per decode step")
     print(common.format_table(head, rows))
     path = (
