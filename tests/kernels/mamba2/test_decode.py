@@ -45,7 +45,9 @@ DOT = dict(readout_products="dot", flush_products="dot")
 FMA = dict(readout_products="fma", flush_products="fma")
 
 # Decode scenarios against the float64 oracle (outputs every step, materialised states).
-SCENARIO_BASE = dict(geom="tiny", L=4, T=1, lp=None, act=torch.float32, churn=False, knobs={})
+SCENARIO_BASE = dict(
+    geom="tiny", L=4, T=1, lp=None, act=torch.float32, churn=False, knobs={}, cycles=3
+)
 # headdim 40: three 16-row tiles per head, the last one partly masked
 SCENARIO_GEOMS = {**GEOMS, "wide_head": Mamba2Geometry(nheads=4, headdim=40, dstate=16, ngroups=2)}
 SCENARIOS = {
@@ -70,6 +72,8 @@ SCENARIOS = {
     "spec_T2_lp_fp16_churn_mixed": dict(L=4, T=2, lp=torch.float16, churn=True, knobs=MIXED),
     "spec_T4_L16_lp_bf16": dict(L=16, T=4, lp=torch.bfloat16),  # the production shape
     "spec_T4_L16_lp_bf16_unfused": dict(L=16, T=4, lp=torch.bfloat16, knobs=UNFUSED),
+    # a longer ring (buffer_len 32: a flush every eighth step at T = 4; two cycles of it)
+    "spec_T4_L32_lp_bf16_unfused": dict(L=32, T=4, lp=torch.bfloat16, knobs=UNFUSED, cycles=2),
     "spec_T4_L16_lp_bf16_fma": dict(L=16, T=4, lp=torch.bfloat16, knobs={**FMA, **MIXED}),
     "spec_T3_wide_head_fused": dict(geom="wide_head", L=5, T=3, knobs=FUSED),
     "spec_T4_wide_head_lp_bf16_fused": dict(geom="wide_head", L=8, T=4, lp=torch.bfloat16),
@@ -115,7 +119,7 @@ def test_kernel_matches_naive(case, device):
         spec=c["T"] > 1,
         churn=c["churn"],
         requests=3,
-        cycles=3,
+        cycles=c["cycles"],
         seed=len(case),
     )
 
