@@ -534,13 +534,12 @@ def measure_batch(
         # recomputation too.
         row["preemptions"] = counted[PREEMPTIONS]
     if is_spec(spec["mode"]):
-        drafts = counted["vllm:spec_decode_num_drafts"]
         draft_tokens = counted["vllm:spec_decode_num_draft_tokens"]
         accepted = counted["vllm:spec_decode_num_accepted_tokens"]
         # over the timed full generates
         row["spec_counters"] = {name: counted[name] for name in SPEC_COUNTERS}
         row["acceptance_rate"] = accepted / draft_tokens if draft_tokens else None
-        row["mean_accepted_length"] = 1 + accepted / drafts if drafts else None
+        row["mean_accepted_length"] = mean_accepted_length(counted)
     if lengths != [n_out]:
         row["error"] = f"output lengths {lengths}, expected {n_out} (ignore_eos not honoured?)"
     dec, dec_in = row["decode_tok_s"], row["decode_tok_s_in_full"]
@@ -568,6 +567,14 @@ def counter_names(spec: dict) -> tuple[str, ...]:
     every mode, `engine_kwargs`)."""
     names = SPEC_COUNTERS if is_spec(spec["mode"]) else ()
     return names + ((PREEMPTIONS,) if spec.get("interleave") else ())
+
+
+def mean_accepted_length(counted: dict[str, float]) -> float | None:
+    """Tokens a row gains per verify step over counter deltas `counted` (SPEC_COUNTERS): 1
+    + the accepted drafts per draft (vLLM drafts once per row and step); None without
+    drafts."""
+    drafts = counted.get("vllm:spec_decode_num_drafts", 0.0)
+    return 1 + counted["vllm:spec_decode_num_accepted_tokens"] / drafts if drafts else None
 
 
 def counter_values(llm: Any, names: tuple[str, ...]) -> dict[str, float]:

@@ -222,7 +222,7 @@ def profile_mode(model: str, mode: str, model_dir: Path, args: argparse.Namespac
     t0 = time.perf_counter()
     llm.generate(prompts, SamplingParams(max_tokens=1, **greedy), use_tqdm=False)
     t_pre = time.perf_counter() - t0
-    counters = e2e.SPEC_COUNTERS if e2e.is_spec(mode) else ()
+    counters = e2e.counter_names({"mode": mode})
     before = e2e.counter_values(llm, counters)
     t0 = time.perf_counter()
     llm.generate(prompts, SamplingParams(max_tokens=1 + decode_tokens, **greedy), use_tqdm=False)
@@ -260,10 +260,8 @@ def profile_mode(model: str, mode: str, model_dir: Path, args: argparse.Namespac
         f"({summary['gpu_busy_fraction']:.0%}), phases {json.dumps(summary['host_phases_us'])}",
         f"{model}/{mode}",
     )
-    # Tokens per row and decode step in the unprofiled generate: 1 plain; in the
-    # speculative modes 1 + the accepted drafts (vLLM's counters, one draft per row and step).
-    drafts = counted.get("vllm:spec_decode_num_drafts", 0.0)
-    per_step = 1 + counted["vllm:spec_decode_num_accepted_tokens"] / drafts if drafts else 1.0
+    # Tokens per row and decode step in the unprofiled generate (1 without drafts).
+    per_step = e2e.mean_accepted_length(counted) or 1.0
     return {
         "mode": mode,
         "kwargs": {k: v for k, v in kwargs.items() if k != "profiler_config"},

@@ -237,3 +237,15 @@ def test_the_table_shows_each_runs_host_probe_range():
     col = bench.HEADER.index("probe ms")
     assert [row[col] for row in rows] == ["25", "25-45", None]
     assert all(len(row) == len(bench.HEADER) for row in rows)
+
+
+def test_mean_accepted_length_from_counters():
+    """1 + accepted drafts per draft (shared by the benchmark's rows and timeline_decode.py);
+    None where nothing was drafted."""
+    counted = {
+        "vllm:spec_decode_num_drafts": 4.0,
+        "vllm:spec_decode_num_draft_tokens": 12.0,
+        "vllm:spec_decode_num_accepted_tokens": 6.0,
+    }
+    assert bench.mean_accepted_length(counted) == 2.5
+    assert bench.mean_accepted_length({**counted, "vllm:spec_decode_num_drafts": 0.0}) is None
