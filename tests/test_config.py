@@ -11,8 +11,26 @@ from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 
 def test_defaults():
     cfg = ReplayConfig.from_dict(None)
-    assert not cfg.enabled and cfg.buffer_len == 16 and cfg.lp_torch_dtype == torch.bfloat16
+    assert not cfg.enabled and cfg.buffer_len is None and cfg.lp_torch_dtype == torch.bfloat16
     assert cfg.gdn_flush == "exact" and cfg.stagger
+
+
+@pytest.mark.parametrize(
+    "family, lp_dtype, default",
+    [
+        ("mamba2", "bfloat16", 32),
+        ("mamba2", "float16", 32),
+        ("mamba2", "none", 16),
+        ("gdn", "bfloat16", 16),
+        ("gdn", "none", 16),
+    ],
+)
+def test_buffer_len_default_by_family(family, lp_dtype, default):
+    cfg = ReplayConfig.from_dict({"lp_dtype": lp_dtype})
+    assert cfg.for_family(family).buffer_len == default
+    assert cfg.for_family(family).lp_dtype == lp_dtype  # the rest unchanged
+    given = ReplayConfig.from_dict({"lp_dtype": lp_dtype, "buffer_len": 8})
+    assert given.for_family(family).buffer_len == 8
 
 
 def test_values_and_aliases():

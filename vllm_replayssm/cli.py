@@ -57,8 +57,9 @@ REPLAY_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(
             type=int,
             metavar="N",
-            help="L, decode steps between checkpoint writes, 1..256 (default 16); must be >= "
-            "1 + num_speculative_tokens, twice that advised",
+            help="L, decode steps between checkpoint writes, 1..256 (default 32 for Mamba-2 "
+            "with an LP copy, 16 otherwise); must be >= 1 + num_speculative_tokens, twice that "
+            "advised",
         ),
     ),
     "--replayssm-lp-dtype": (
@@ -271,7 +272,7 @@ def _given(argv: list[str], option: str) -> bool:
 def plan_serve(argv: list[str], *, on_cpu: bool | None = None) -> ServePlan:
     """Translate `vllm-replayssm serve` arguments into vLLM's; raise LauncherError.
     `on_cpu` (None: ask vLLM's platform) decides the demo's CPU defaults."""
-    from vllm_replayssm.config_checks import SUPPORTED_ARCHS
+    from vllm_replayssm.config_checks import SUPPORTED_ARCHS, ssm_family
     from vllm_replayssm.demo import DEFAULT_DEMO, demo_path, served_name
 
     ours, rest = split_argv(argv)
@@ -313,20 +314,26 @@ def plan_serve(argv: list[str], *, on_cpu: bool | None = None) -> ServePlan:
             '\'{"method": "ngram", "num_speculative_tokens": 3, '
             '"prompt_lookup_max": 4}\'; or use --use-replayssm'
         )
-    if cfg.enabled and isinstance(k, int):
+    model = args.model_tag or args.model
+    config_json = Path(model) / "config.json"
+    archs = None  # a hub model's: not known here
+    if config_json.is_file():
+        archs = json.loads(config_json.read_text()).get("architectures") or []
+    if cfg.enabled and archs is not None and not set(archs) & set(SUPPORTED_ARCHS):
+        raise LauncherError(
+            f"replayssm does not support {', '.join(archs) or 'this model'} yet (supported: "
+            f"{', '.join(SUPPORTED_ARCHS)}); drop --use-replayssm for {model}"
+        )
+    # A local model's family sets an unset buffer_len here, so that the launcher's line and
+    # replayssm_info show the value that runs; a hub model's is set by the layers.
+    known = [a for a in archs or () if a in SUPPORTED_ARCHS]
+    if known:
+        cfg = cfg.for_family(ssm_family(known[0]))
+    if cfg.enabled and isinstance(k, int) and cfg.buffer_len is not None:
         try:
             cfg.check_window(k)
         except ReplayConfigError as exc:
             raise LauncherError(str(exc)) from None
-    model = args.model_tag or args.model
-    config_json = Path(model) / "config.json"
-    if cfg.enabled and config_json.is_file():
-        archs = json.loads(config_json.read_text()).get("architectures") or []
-        if not set(archs) & set(SUPPORTED_ARCHS):
-            raise LauncherError(
-                f"replayssm does not support {', '.join(archs) or 'this model'} yet (supported: "
-                f"{', '.join(SUPPORTED_ARCHS)}); drop --use-replayssm for {model}"
-            )
 
     vllm_argv = list(rest)
     if flags:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -16,6 +16,17 @@ _LP_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 GDN_FLUSH_MODES = ("exact", "fold")
 ROUTES = ("auto", "replay", "stock")
 MAX_BUFFER_LEN = 256
+# buffer_len where the settings leave it unset, by SSM family ("mamba2" / "gdn") and whether
+# the checkpoint has an LP copy. Mamba-2 with an LP copy: 32, where its window kernels ran
+# 17-20% faster than at 16 (a row flushes half as often; bs 64 / 256, T = 4) and its plain
+# kernel 3% faster at bs 256 (H100, ef84825). HP only, its window kernels ran 4-8% slower at
+# 32; GDN's window step measured slower at 24 and 32 (7f92125): both keep 16.
+DEFAULT_BUFFER_LEN = {
+    ("mamba2", True): 32,
+    ("mamba2", False): 16,
+    ("gdn", True): 16,
+    ("gdn", False): 16,
+}
 CONFIG_KEY = "replayssm"  # additional_config[CONFIG_KEY]
 
 
@@ -27,7 +38,9 @@ class ReplayConfigError(ValueError):
 class ReplayConfig:
     """Validated ReplaySSM settings.
 
-    buffer_len: L, decode steps between checkpoint writes (flushes).
+    buffer_len: L, decode steps between checkpoint writes (flushes); None (unset) stands for
+        the family's default, `for_family` (DEFAULT_BUFFER_LEN: 32 for Mamba-2 with an LP
+        copy, otherwise 16).
     lp_dtype: dtype of the low-precision read copy of the checkpoint, or "none".
     hp_dtype: dtype of the checkpoint that recurrences read; float32 only.
     gdn_flush: "exact" replays the delta rule from HP over (k, v, g, beta) at a flush;
@@ -39,7 +52,7 @@ class ReplayConfig:
     """
 
     enabled: bool = False
-    buffer_len: int = 16
+    buffer_len: int | None = None
     lp_dtype: str = "bfloat16"
     hp_dtype: str = "float32"
     gdn_flush: str = "exact"
@@ -55,7 +68,17 @@ class ReplayConfig:
         """T = 1 + k tokens per decode step."""
         return 1 + num_speculative_tokens
 
+    def for_family(self, family: str) -> ReplayConfig:
+        """These settings with buffer_len set for an SSM family ("mamba2" or "gdn"): its
+        default where unset, the given value otherwise."""
+        if self.buffer_len is not None:
+            return self
+        default = DEFAULT_BUFFER_LEN[(family, self.lp_dtype != "none")]
+        return replace(self, buffer_len=default)
+
     def check_window(self, num_speculative_tokens: int) -> None:
+        """Raise where the ring cannot hold a verify window; buffer_len set (`for_family`)."""
+        assert self.buffer_len is not None, "check_window needs for_family's buffer_len"
         T = self.window(num_speculative_tokens)
         if self.buffer_len < T:
             raise ReplayConfigError(

@@ -32,6 +32,13 @@ GDN_ARCHS = (
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration",
 )
+
+
+def ssm_family(arch: str) -> str:
+    """The SSM family of a supported architecture: "gdn" or "mamba2" (`ReplayConfig.for_family`)."""
+    return "gdn" if arch in GDN_ARCHS else "mamba2"
+
+
 # Architectures ReplaySSM will support (design.md §3.2) but does not yet.
 PLANNED_ARCHS = ("NemotronHPuzzleForCausalLM",)
 
@@ -93,7 +100,7 @@ def verify_replay_config(vllm_config: Any) -> None:
                 f"path needs vLLM's non-AMX conv layout): unset {ENV}"
             )
     if spec is not None:
-        cfg.check_window(spec.num_speculative_tokens)
+        cfg.for_family(ssm_family(arch)).check_window(spec.num_speculative_tokens)
         problems += _spec_problems(arch, spec)
     if problems:
         raise ReplayConfigError("replayssm cannot run with " + "; ".join(problems))

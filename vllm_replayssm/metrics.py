@@ -250,4 +250,6 @@ def export_info(replay: dict[str, Any], version: str) -> None:
 
 
 def _label(value: Any) -> str:
+    if value is None:  # a setting left to the model (buffer_len of a hub model)
+        return "default"
     return str(value).lower() if isinstance(value, bool) else str(value)

@@ -66,6 +66,17 @@ def test_bad_configuration_is_refused(qwen3_next, replayssm, kw, match):
         _config(qwen3_next, replayssm, **kw)
 
 
+def test_window_checked_against_the_familys_buffer_len(qwen3_next, nemotron_h):
+    """buffer_len unset: the ring holds 32 steps for Mamba-2 with an LP copy, 16 for GDN, so
+    a 17-token window fits NemotronH's and not Qwen3-Next's."""
+    spec = {"method": "ngram", "num_speculative_tokens": 16, "prompt_lookup_max": 3}
+    _config(nemotron_h, {"enabled": True}, speculative_config=spec)
+    with pytest.raises(Exception, match="buffer_len=16 is smaller than the verify window"):
+        _config(qwen3_next, {"enabled": True}, speculative_config=spec)
+    with pytest.raises(Exception, match="buffer_len=16 is smaller than the verify window"):
+        _config(nemotron_h, {"enabled": True, "lp_dtype": "none"}, speculative_config=spec)
+
+
 @pytest.mark.parametrize("kind", ["qwen3_next", "nemotron_h"])
 def test_prefix_caching_runs_in_align_mode(kind, request):
     """vLLM would pick "all" for NemotronH (SupportsMambaPrefixCaching); ReplaySSM runs

@@ -147,6 +147,8 @@ def _check_lossless(
 
 NEMOTRON_H_CASES = {
     "k3_L16": (3, {"buffer_len": 16}),
+    # buffer_len unset: Mamba-2 with an LP copy rings 32 steps (config.DEFAULT_BUFFER_LEN)
+    "k3_default": (3, {}),
     "k5_L6_hp_only": (5, {"buffer_len": 6, "lp_dtype": "none"}),
 }
 

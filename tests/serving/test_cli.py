@@ -78,6 +78,26 @@ def test_flags_become_additional_config_merged_with_the_users(tmp_path):
     assert not any(a == "--enforce-eager" for a in plan.vllm_argv)  # no demo defaults
 
 
+@pytest.mark.parametrize(
+    "arch, lp_flag, buffer_len",
+    [
+        ("NemotronHForCausalLM", [], 32),
+        ("NemotronHForCausalLM", ["--replayssm-lp-dtype", "none"], 16),
+        ("Qwen3NextForCausalLM", [], 16),
+        (None, [], None),
+    ],
+    ids=["mamba2_lp", "mamba2_hp_only", "gdn", "hub_model"],
+)
+def test_unset_buffer_len_follows_the_models_family(tmp_path, arch, lp_flag, buffer_len):
+    """The plan's settings (the launcher's line, replayssm_info) carry the buffer_len that
+    will run where the model's config is at hand; the flags passed to vLLM stay the user's."""
+    if arch is not None:
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    plan = cli.plan_serve([str(tmp_path), "--use-replayssm", *lp_flag], on_cpu=True)
+    assert plan.replay.buffer_len == buffer_len
+    assert "buffer_len" not in _extra(plan).get("replayssm", {})
+
+
 def test_spec_alias_turns_replayssm_on(tmp_path):
     plan = cli.plan_serve(
         [

@@ -120,7 +120,7 @@ def test_models_health_and_info_metric(setup):
     assert httpx.get(server.url + "/health").status_code == 200
     metrics = httpx.get(server.url + "/metrics").text
     info = [line for line in metrics.splitlines() if line.startswith("replayssm_info{")]
-    assert len(info) == 1 and 'enabled="true"' in info[0] and 'buffer_len="16"' in info[0]
+    assert len(info) == 1 and 'enabled="true"' in info[0] and 'buffer_len="32"' in info[0]
     assert 'lp_dtype="bfloat16"' in info[0] and 'route="auto"' in info[0]
     assert info[0].endswith(" 1.0")
 

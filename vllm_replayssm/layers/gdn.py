@@ -77,7 +77,7 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
 
     def __init__(self, config, vllm_config, prefix: str = "", *args, **kwargs) -> None:
         super().__init__(config, vllm_config, prefix, *args, **kwargs)
-        if not self._start_replay(vllm_config):
+        if not self._start_replay(vllm_config, "gdn"):
             return
         self.replay_specs = gdn_page_specs(vllm_config, config)
         self._scratch = None

@@ -78,7 +78,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         vllm_config = get_current_vllm_config()
-        if not self._start_replay(vllm_config):
+        if not self._start_replay(vllm_config, "mamba2"):
             return
         if self.cache_config is not None and self.cache_config.mamba_cache_mode not in (
             "none",

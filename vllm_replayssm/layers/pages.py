@@ -44,7 +44,7 @@ def gdn_page_specs(vllm_config: Any, hf_config: Any) -> list[StateTensorSpec]:
         MambaStateShapeCalculator,
     )
 
-    cfg = ReplayConfig.from_vllm_config(vllm_config)
+    cfg = ReplayConfig.from_vllm_config(vllm_config).for_family("gdn")
     tp = vllm_config.parallel_config.tensor_parallel_size
     num_spec = _num_spec(vllm_config)
     Hk, Hv = hf_config.linear_num_key_heads, hf_config.linear_num_value_heads
@@ -88,7 +88,7 @@ def mamba2_page_specs(
         MambaStateShapeCalculator,
     )
 
-    cfg = ReplayConfig.from_vllm_config(vllm_config)
+    cfg = ReplayConfig.from_vllm_config(vllm_config).for_family("mamba2")
     tp = vllm_config.parallel_config.tensor_parallel_size
     num_spec = _num_spec(vllm_config)
     if num_heads % tp:
@@ -259,11 +259,12 @@ class ReplayPage:
             memo = self._page_views = PageViews(kv, self.replay_specs)
         return memo
 
-    def _start_replay(self, vllm_config: Any) -> bool:
-        """Read the replayssm settings into `self.replay`; when enabled, refuse what the layer
-        cannot run (an architecture whose page vLLM sizes, a window the ring cannot hold) and
-        set `self.replay_window`. Returns whether replayssm is enabled."""
-        self.replay = ReplayConfig.from_vllm_config(vllm_config)
+    def _start_replay(self, vllm_config: Any, family: str) -> bool:
+        """Read the replayssm settings into `self.replay` (buffer_len set for `family`, "mamba2"
+        or "gdn"); when enabled, refuse what the layer cannot run (an architecture whose page
+        vLLM sizes, a window the ring cannot hold) and set `self.replay_window`. Returns
+        whether replayssm is enabled."""
+        self.replay = ReplayConfig.from_vllm_config(vllm_config).for_family(family)
         if not self.replay.enabled:
             return False
         arch = vllm_config.model_config.architecture

@@ -10,6 +10,7 @@ import functools
 import pytest
 import torch
 
+from vllm_replayssm.config import DEFAULT_BUFFER_LEN
 from vllm_replayssm.kernels.mamba2 import decode, dispatch, readout, stock_route
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch
 from vllm_replayssm.layout import Mamba2Geometry
@@ -407,8 +408,10 @@ REAL = {
 @pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
 @pytest.mark.parametrize("T", [1, 4])
 def test_real_geometry_on_gpu(geom, lp, T):
+    """At the ring length that runs by default (32 steps with an LP copy, 16 HP only)."""
     fam = Mamba2Family(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=1, decode_op=_op())
-    check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)
+    L = DEFAULT_BUFFER_LEN[("mamba2", lp is not None)]
+    check_scenario(fam, L=L, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)
 
 
 @pytest.mark.gpu
