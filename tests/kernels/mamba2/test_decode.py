@@ -56,6 +56,8 @@ SCENARIOS = {
     "lp_fp16": dict(lp=torch.float16),
     "lp_bf16": dict(lp=torch.bfloat16),
     "L16": dict(L=16),
+    # the default ring with an LP copy (config.DEFAULT_BUFFER_LEN), two cycles of it
+    "L32_lp_bf16": dict(L=32, lp=torch.bfloat16, cycles=2),
     "nano4b_geometry": dict(geom="nemotron_nano4b"),  # headdim 10, 12 heads per group
     "super_geometry": dict(geom="nemotron_super"),  # 16 heads per group
     "act_bf16": dict(act=torch.bfloat16),
