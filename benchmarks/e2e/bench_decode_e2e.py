@@ -15,8 +15,9 @@ GPU memory is released between engines (with --interleave every mode's engine st
 its share of the memory, and their timed phases take turns: `interleave.py`); modes:
 `off` = stock vLLM (no replayssm key: the plugin's classes, if loaded, defer to vLLM's),
 `on` =
-`additional_config={"replayssm": {"enabled": true, "buffer_len": 16, "lp_dtype": "bfloat16"}}`
-(--replay-config merges keys onto that); `off_spec` and `on_spec` = the same with
+`additional_config={"replayssm": {"enabled": true, "lp_dtype": "bfloat16"}}`, buffer_len the
+family's default (32 for Mamba-2 with an LP copy, 16 otherwise; each run's `state_bytes`
+records it) (--replay-config merges keys onto that); `off_spec` and `on_spec` = the same with
 `speculative_config` = --speculative (default ngram, k = 3), with vLLM's acceptance
 counters (acceptance rate and mean accepted length per step over the timed generate).
 Stats logging is on in every mode. Compared pairs: on/off, on_spec/off_spec, on_pc/off_pc,
@@ -142,7 +143,8 @@ SPEC_COUNTERS = (
 PREEMPTIONS = "vllm:num_preemptions"
 ARCHITECTURE = {"nemotron_h": "NemotronHForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
 CONFIG_CLASS = {"nemotron_h": "NemotronHConfig", "qwen3_next": "Qwen3NextConfig"}
-DEFAULT_REPLAY: dict[str, Any] = {"enabled": True, "buffer_len": 16, "lp_dtype": "bfloat16"}
+# buffer_len unset: what runs by default (config.DEFAULT_BUFFER_LEN, by SSM family)
+DEFAULT_REPLAY: dict[str, Any] = {"enabled": True, "lp_dtype": "bfloat16"}
 NEMOTRON_UNIT = "M-M-M*M-M-M-"  # M = Mamba-2, - = MLP, * = attention
 DEFAULT_LAYERS = {False: 12, True: 4}  # by --tiny
 PROMPT_ID_MARGIN = 100  # prompt ids in [100, vocab - 100)
@@ -687,6 +689,7 @@ def state_bytes(llm: Any) -> dict:
     from vllm.model_executor.models.registry import ModelRegistry
 
     from vllm_replayssm.config import ReplayConfig
+    from vllm_replayssm.config_checks import ssm_family
 
     cfg = llm.llm_engine.vllm_config
     model_cls, _ = ModelRegistry.resolve_model_cls(cfg.model_config.architectures, cfg.model_config)
@@ -694,7 +697,8 @@ def state_bytes(llm: Any) -> dict:
     dtypes = model_cls.get_mamba_state_dtype_from_config(cfg)
     page = sum(math.prod(s) * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
     k = cfg.speculative_config.num_speculative_tokens if cfg.speculative_config else 0
-    pages = 1 if ReplayConfig.from_vllm_config(cfg).enabled or not k else 1 + k
+    replay = ReplayConfig.from_vllm_config(cfg)
+    pages = 1 if replay.enabled or not k else 1 + k
     layers = 0
     for block_type in ("mamba", "linear_attention"):
         try:
@@ -703,11 +707,14 @@ def state_bytes(llm: Any) -> dict:
             continue
         if layers:
             break
+    family = ssm_family(cfg.model_config.architecture)
     return {
         "page_bytes_per_layer": page,
         "pages_per_request_and_layer": pages,
         "ssm_layers": layers,
         "bytes_per_request": page * pages * layers,
+        # the ring's length that ran (None: stock state)
+        "buffer_len": replay.for_family(family).buffer_len if replay.enabled else None,
     }
 
 
@@ -1533,7 +1540,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"# SSM state {run['model']}/{run['mode']}: {_size(sb['bytes_per_request'])}"
                 f" per request ({sb['ssm_layers']} layers x "
                 f"{sb['pages_per_request_and_layer']} x {_size(sb['page_bytes_per_layer'])}"
-                " pages, before vLLM pads them)"
+                " pages, before vLLM pads them"
+                + (f"; buffer_len {sb['buffer_len']})" if sb.get("buffer_len") else ")")
             )
         cap = run.get("kv_cache_capacity") or {}
         if cap:

@@ -249,3 +249,31 @@ def test_mean_accepted_length_from_counters():
     }
     assert bench.mean_accepted_length(counted) == 2.5
     assert bench.mean_accepted_length({**counted, "vllm:spec_decode_num_drafts": 0.0}) is None
+
+
+def _state_bytes(model_dir, replayssm: dict | None) -> dict:
+    """`state_bytes` of an engine config as vLLM builds it (no engine started)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    cfg = EngineArgs(
+        model=str(model_dir),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=256,
+        mamba_ssm_cache_dtype="float32",
+        additional_config={"replayssm": replayssm} if replayssm else {},
+    ).create_engine_config()
+    return bench.state_bytes(SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=cfg)))
+
+
+def test_state_bytes_record_the_ring_that_ran(runs):
+    """The benchmark's default replayssm settings run the family's ring (32 steps for Mamba-2
+    with an LP copy) and the record says so; the page grows with the ring."""
+    model = runs.checkpoint("nemotron_h")
+    default = _state_bytes(model, bench.DEFAULT_REPLAY)
+    short = _state_bytes(model, {**bench.DEFAULT_REPLAY, "buffer_len": 16})
+    hp_only = _state_bytes(model, {**bench.DEFAULT_REPLAY, "lp_dtype": "none"})
+    assert (default["buffer_len"], short["buffer_len"], hp_only["buffer_len"]) == (32, 16, 16)
+    assert default["page_bytes_per_layer"] > short["page_bytes_per_layer"]
+    assert _state_bytes(model, None)["buffer_len"] is None  # stock state
