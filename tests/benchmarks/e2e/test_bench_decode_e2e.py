@@ -253,17 +253,9 @@ def test_mean_accepted_length_from_counters():
 
 def _state_bytes(model_dir, replayssm: dict | None) -> dict:
     """`state_bytes` of an engine config as vLLM builds it (no engine started)."""
-    from vllm.engine.arg_utils import EngineArgs
+    from ...plugin.test_config_checks import _config
 
-    cfg = EngineArgs(
-        model=str(model_dir),
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        enforce_eager=True,
-        max_model_len=256,
-        mamba_ssm_cache_dtype="float32",
-        additional_config={"replayssm": replayssm} if replayssm else {},
-    ).create_engine_config()
+    cfg = _config(model_dir, replayssm or {}, mamba_ssm_cache_dtype="float32")
     return bench.state_bytes(SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=cfg)))
 
 
