@@ -55,3 +55,16 @@ def test_step_counts_the_route_it_took():
     assert got["decode_rows"] == 6 and got["stock_route_rows"] == 4, got
     with pytest.raises(ValueError, match="returned route None"):
         counters.step(meta, slots, lambda: None)
+
+
+def test_info_metric_labels_a_buffer_len_left_to_the_model():
+    """A hub model's launcher cannot set buffer_len from the family; the label says so."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    from vllm_replayssm.config import ReplayConfig
+    from vllm_replayssm.metrics import export_info
+
+    export_info(ReplayConfig.from_dict({"enabled": True}).as_dict(), "0.test")
+    text = generate_latest(REGISTRY).decode()
+    info = [line for line in text.splitlines() if line.startswith("replayssm_info{")]
+    assert len(info) == 1 and 'buffer_len="default"' in info[0] and 'enabled="true"' in info[0]
