@@ -46,7 +46,9 @@ TILE_BYTES = 8192  # checkpoint bytes per readout program
 # (dde4507, `kernels-h100-20261206-dde4507-mamba2-window4-fused-nano4b.json`). Both were
 # measured on that 32-row tile; the fused tile is 16 rows on two warps since 7333e0a's
 # H200 sweep (`launch_config`), where HP only on 32 rows and two warps ran 24% faster than
-# on four at 2 rows: whether that beats the two launches is not yet measured.
+# on four at 2 rows. Against the two launches in one run (H100, ef84825, Super T = 4,
+# `kernels-h100-20261206-ef84825-mamba2-window4-hp-fused32x2.json`) that tile is 7% / 2%
+# ahead at 2 / 4 rows and 11% behind at 8, so HP only still fuses one row only.
 FUSED_MAX_ROWS_LP = 8
 FUSED_MAX_ROWS_HP = 1
 
