@@ -21,6 +21,9 @@ from a fresh page (`layers/fresh.py`).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -34,6 +37,7 @@ from vllm_replayssm import trace
 from vllm_replayssm.backends.mamba2 import ReplayMamba2AttentionBackend
 from vllm_replayssm.config import ReplayConfigError
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
+from vllm_replayssm.kernels.common.streams import join_deferred, run_deferred
 from vllm_replayssm.kernels.mamba2 import reference
 from vllm_replayssm.layers.conv import (
     conv_context_to_back,
@@ -54,6 +58,20 @@ logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only t
 
 
 _SCRATCH: dict[tuple, Any] = {}
+
+
+def last_of_stack(prefix: str, prefixes: Iterable[str]) -> bool:
+    """Whether layer `prefix` ("model.layers.12.mixer") has the highest layer number among
+    the `prefixes` of its stack (those with the same text before their first number), so
+    that no layer of the stack runs after it in a forward pass. A prefix without a number
+    is a stack of its own."""
+
+    def split(name: str) -> tuple[str, int]:
+        m = re.search(r"(?:^|\.)(\d+)(?:\.|$)", name)
+        return (name, -1) if m is None else (name[: m.start(1)], int(m.group(1)))
+
+    root, index = split(prefix)
+    return all(i <= index for r, i in map(split, prefixes) if r == root)
 
 
 def _shared_scratch(max_rows: int, nheads: int, buffer_len: int, window: int, device: torch.device):
@@ -106,6 +124,14 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             conv_kernel=self.conv_kernel_size,
         )
         self.spec_windows = SpecWindows(self.replay.buffer_len, self.replay_window)
+        # replayssm.defer_fold (GPU, speculative steps); whether this layer is its stack's
+        # last is known at its first forward (`_fold_sink`)
+        self._defer_fold = (
+            self._scratch is not None and self.replay_window > 1 and self.replay.defer_fold
+        )
+        self._last_of_stack: bool | None = None
+        if self._defer_fold:
+            logger.info_once("ReplaySSM defers the Mamba-2 window folds (defer_fold)")
         self.step_counters = StepCounters(
             "mamba2", ring_rows(self.replay.buffer_len, self.replay_window)
         )
@@ -139,6 +165,9 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         cpu = current_platform.is_cpu()
         if not self.replay.enabled and not cpu:
             return super().conv_ssm_forward(projected_states=projected_states, output=output)
+        if not cpu:
+            # A fold the Mamba-2 layer before this one deferred reads the shared scratch.
+            join_deferred(projected_states.device)
         attn_metadata = get_forward_context().attn_metadata
         if attn_metadata is None:  # profile run
             if cpu:
@@ -369,7 +398,14 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 return "replay"
             from vllm_replayssm.kernels.mamba2.dispatch import mamba2_decode
 
-            return mamba2_decode(cache, *args, route="replay", scratch=self._scratch, **common)
+            return mamba2_decode(
+                cache,
+                *args,
+                route="replay",
+                scratch=self._scratch,
+                fold_sink=self._fold_sink(dev),
+                **common,
+            )
 
         self.step_counters.step(
             cache.meta,
@@ -377,6 +413,22 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             run,
             accepted,
         )
+
+    def _fold_sink(self, device: torch.device):
+        """`dispatch.mamba2_decode`'s fold_sink for a speculative step: with
+        `replayssm.defer_fold`, `run_deferred` on this device, for every Mamba-2 layer but
+        the last of its stack, whose fold the next layer's `join_deferred` waits for;
+        otherwise None (the step folds itself beside its readout), so that no deferred work
+        outlives a forward pass (a CUDA-graph capture ends with it joined)."""
+        if not self._defer_fold:
+            return None
+        if self._last_of_stack is None:
+            layers = get_forward_context().no_compile_layers
+            ours = [n for n, m in layers.items() if isinstance(m, ReplayMambaMixer2)]
+            self._last_of_stack = last_of_stack(self.prefix, ours)
+        if self._last_of_stack:
+            return None
+        return functools.partial(run_deferred, device)
 
     def _prefill_spec(
         self,
