@@ -324,6 +324,10 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         cache = page.mamba2()
         nd = state_indices.shape[0]
         dev = projected_states.device
+        if not cpu:
+            # This layer's own deferred fold, when its prefill rows with drafts step here
+            # after its decode rows: the plan below reuses the shared scratch.
+            join_deferred(dev)
         # On GPUs the launches take the int32 slots and derive each row's token count from
         # qsl themselves: an eager step (PIECEWISE graphs run the SSM layers eagerly) is
         # paced by the host, where each small torch op costs about as much as a launch.
