@@ -343,27 +343,10 @@ def test_fold_sink_takes_the_fold_of_split_window_steps_only(device):
     handed = []
     for _step in range(4):  # all fresh, every draft accepted: the third step flushes
         tok = fam.tokens(rows * T, gen)
-        outs = []
-        for cache, sink in ((inline, None), (deferred, handed.append)):
-            out = torch.empty(fam.out_shape(rows * T), device=device)
-            decode.mamba2_replay_decode(
-                cache,
-                tok["x"],
-                tok["dt"],
-                fam.params["A"],
-                tok["B"],
-                tok["C"],
-                fam.params["D"],
-                fam.params["dt_bias"],
-                slots,
-                out,
-                buffer_len=L,
-                window=T,
-                query_start_loc=qsl,
-                fold_sink=sink,
-                **UNFUSED,
-            )
-            outs.append(out)
+        outs = [
+            _window_step(fam, cache, tok, slots, L, T, qsl, fold_sink=sink, **UNFUSED)
+            for cache, sink in ((inline, None), (deferred, handed.append))
+        ]
         torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
         assert len(handed) == 1
         handed.pop()()
@@ -375,24 +358,32 @@ def test_fold_sink_takes_the_fold_of_split_window_steps_only(device):
         for t in cache:
             t.zero_()
         tok = fam.tokens(rows * window, gen)
-        decode.mamba2_replay_decode(
-            cache,
-            tok["x"],
-            tok["dt"],
-            fam.params["A"],
-            tok["B"],
-            tok["C"],
-            fam.params["D"],
-            fam.params["dt_bias"],
-            slots,
-            torch.empty(fam.out_shape(rows * window), device=device),
-            buffer_len=L,
-            window=window,
-            query_start_loc=qsl if window > 1 else None,
-            fold_sink=handed.append,
-            **knobs,
-        )
+        qsl_w = qsl if window > 1 else None
+        _window_step(fam, cache, tok, slots, L, window, qsl_w, fold_sink=handed.append, **knobs)
         assert handed == [], (knobs, window)
+
+
+def _window_step(fam, cache, tok, slots, L, T, qsl, **kwargs) -> torch.Tensor:
+    """One decode step of the kernels (windows of T tokens per row by `qsl`, or plain with
+    T = 1 and qsl None) on `slots` with the tokens `tok`; returns its outputs."""
+    out = torch.empty(fam.out_shape(tok["x"].shape[0]), device=cache.hp.device)
+    decode.mamba2_replay_decode(
+        cache,
+        tok["x"],
+        tok["dt"],
+        fam.params["A"],
+        tok["B"],
+        tok["C"],
+        fam.params["D"],
+        fam.params["dt_bias"],
+        slots,
+        out,
+        buffer_len=L,
+        window=T,
+        query_start_loc=qsl,
+        **kwargs,
+    )
+    return out
 
 
 # Bad arguments of a decode step, each refused with the tensor's name before any launch:

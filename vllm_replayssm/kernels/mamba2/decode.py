@@ -306,74 +306,48 @@ def mamba2_replay_decode(
             **common,
         )
         return
-    if defer:
-        mamba2_readout(
-            cache,
-            x,
-            C,
-            out,
-            scratch,
-            num_rows=R,
-            null_block_id=null_block_id,
-            block_p=cfg["readout_block_p"],
-            num_warps=cfg["readout_warps"],
-            products=cfg["readout_products"],
-            defer=True,
-            **windows,
-            **common,
-        )
-        fold_sink(
-            functools.partial(
-                mamba2_flush,
-                cache,
-                x,
-                C,
-                out,
-                scratch,
-                block_p=cfg["flush_block_p"],
-                num_warps=cfg["flush_warps"],
-                num_programs=cfg["flush_programs"],
-                dot_precision=cfg.get("dot_precision"),
-                products=cfg["flush_products"],
-                maxnreg=cfg["flush_maxnreg"],
-                defer=True,
-                **windows,
-                **common,
-            )
-        )
+    flush = functools.partial(
+        mamba2_flush,
+        cache,
+        x,
+        C,
+        out,
+        scratch,
+        block_p=cfg["flush_block_p"],
+        num_warps=cfg["flush_warps"],
+        num_programs=cfg["flush_programs"],
+        dot_precision=cfg.get("dot_precision"),
+        products=cfg["flush_products"],
+        maxnreg=cfg["flush_maxnreg"],
+        defer=defer,
+        **windows,
+        **common,
+    )
+    readout = functools.partial(
+        mamba2_readout,
+        cache,
+        x,
+        C,
+        out,
+        scratch,
+        num_rows=R,
+        null_block_id=null_block_id,
+        block_p=cfg["readout_block_p"],
+        num_warps=cfg["readout_warps"],
+        products=cfg["readout_products"],
+        defer=defer,
+        **windows,
+        **common,
+    )
+    if defer:  # the readout of every row, then the fold to the caller
+        readout()
+        fold_sink(flush)
         return
     # the flush and the readout touch different rows: run both at once
     with beside(x.device, cfg["overlap"], rows=R) as on_side:
         with on_side:
-            mamba2_flush(
-                cache,
-                x,
-                C,
-                out,
-                scratch,
-                block_p=cfg["flush_block_p"],
-                num_warps=cfg["flush_warps"],
-                num_programs=cfg["flush_programs"],
-                dot_precision=cfg.get("dot_precision"),
-                products=cfg["flush_products"],
-                maxnreg=cfg["flush_maxnreg"],
-                **windows,
-                **common,
-            )
-        mamba2_readout(
-            cache,
-            x,
-            C,
-            out,
-            scratch,
-            num_rows=R,
-            null_block_id=null_block_id,
-            block_p=cfg["readout_block_p"],
-            num_warps=cfg["readout_warps"],
-            products=cfg["readout_products"],
-            **windows,
-            **common,
-        )
+            flush()
+        readout()
 
 
 def check_args(
