@@ -126,8 +126,9 @@ SCENARIOS = {
     # history, folded after the step; HP only, an LP copy at the default ring, "fma"
     # readouts, rows joining and leaving
     "spec_T3_deferred": dict(L=5, T=3, knobs=UNFUSED, deferred=True),
+    # (one cycle of 50 steps: 8 flushes over its 3 rows)
     "spec_T4_L32_lp_bf16_deferred": dict(
-        L=32, T=4, lp=torch.bfloat16, knobs=UNFUSED, cycles=2, deferred=True
+        L=32, T=4, lp=torch.bfloat16, knobs=UNFUSED, cycles=1, deferred=True
     ),
     "spec_T3_fma_deferred": dict(L=5, T=3, knobs={**FMA, **UNFUSED}, deferred=True),
     "spec_T2_lp_fp16_churn_deferred": dict(
