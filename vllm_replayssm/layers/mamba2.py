@@ -165,9 +165,6 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         cpu = current_platform.is_cpu()
         if not self.replay.enabled and not cpu:
             return super().conv_ssm_forward(projected_states=projected_states, output=output)
-        if not cpu:
-            # A fold the Mamba-2 layer before this one deferred reads the shared scratch.
-            join_deferred(projected_states.device)
         attn_metadata = get_forward_context().attn_metadata
         if attn_metadata is None:  # profile run
             if cpu:
@@ -325,8 +322,10 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         nd = state_indices.shape[0]
         dev = projected_states.device
         if not cpu:
-            # This layer's own deferred fold, when its prefill rows with drafts step here
-            # after its decode rows: the plan below reuses the shared scratch.
+            # A deferred fold reads the shared scratch that the plan below rewrites: the
+            # previous Mamba-2 layer's, or this layer's own when its prefill rows with drafts
+            # step here after its decode rows. Every layer of a batch with decode rows comes
+            # here, the last of the stack too, so no fold outlives the forward pass.
             join_deferred(dev)
         # On GPUs the launches take the int32 slots and derive each row's token count from
         # qsl themselves: an eager step (PIECEWISE graphs run the SSM layers eagerly) is
@@ -421,7 +420,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
     def _fold_sink(self, device: torch.device):
         """`dispatch.mamba2_decode`'s fold_sink for a speculative step: with
         `replayssm.defer_fold`, `run_deferred` on this device, for every Mamba-2 layer but
-        the last of its stack, whose fold the next layer's `join_deferred` waits for;
+        the last of its stack, whose fold the next layer's step waits for (`join_deferred`);
         otherwise None (the step folds itself beside its readout), so that no deferred work
         outlives a forward pass (a CUDA-graph capture ends with it joined)."""
         if not self._defer_fold:
