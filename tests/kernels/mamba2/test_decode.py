@@ -443,23 +443,8 @@ def test_scratch_too_small_is_refused(device):
 
 def _plain_step(fam, cache, slots: list[int], **kwargs) -> None:
     """One plain decode step (buffer_len 4) of the kernels on `slots` with fresh tokens."""
-    device = cache.hp.device
     tok = fam.tokens(len(slots), torch.Generator().manual_seed(0))
-    decode.mamba2_replay_decode(
-        cache,
-        tok["x"],
-        tok["dt"],
-        fam.params["A"],
-        tok["B"],
-        tok["C"],
-        fam.params["D"],
-        fam.params["dt_bias"],
-        torch.tensor(slots, device=device),
-        torch.empty(fam.out_shape(len(slots)), device=device),
-        buffer_len=4,
-        window=1,
-        **kwargs,
-    )
+    _window_step(fam, cache, tok, torch.tensor(slots, device=cache.hp.device), 4, 1, None, **kwargs)
 
 
 def _strided_column(slots: list[int], width: int, device) -> torch.Tensor:
