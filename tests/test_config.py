@@ -12,8 +12,7 @@ from vllm_replayssm.config import ReplayConfig, ReplayConfigError
 def test_defaults():
     cfg = ReplayConfig.from_dict(None)
     assert not cfg.enabled and cfg.buffer_len is None and cfg.lp_torch_dtype == torch.bfloat16
-    assert cfg.gdn_flush == "exact" and cfg.stagger and not cfg.defer_fold
-    assert ReplayConfig.from_dict({"defer_fold": True}).defer_fold
+    assert cfg.gdn_flush == "exact" and cfg.stagger
 
 
 @pytest.mark.parametrize(
@@ -58,7 +57,6 @@ def test_values_and_aliases():
         ({"hp_dtype": "bfloat16"}, "hp_dtype must be float32"),
         ({"gdn_flush": "approx"}, "gdn_flush must be one of"),
         ({"enabled": "yes"}, "enabled must be true or false"),
-        ({"defer_fold": 1}, "defer_fold must be true or false"),
         ({"bufer_len": 16}, r"unknown replayssm key\(s\) \['bufer_len'\]"),
         ([1, 2], "must be a JSON object"),
     ],

@@ -94,15 +94,6 @@ REPLAY_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             help="spread first flushes of co-admitted requests over a cycle (default on)",
         ),
     ),
-    "--replayssm-defer-fold": (
-        "defer_fold",
-        dict(
-            action="store_true",
-            default=None,
-            help="experimental: Mamba-2 speculative steps on GPUs run their flush rows' fold "
-            "beside the layers after them (default off)",
-        ),
-    ),
     "--replayssm-debug-checks": (
         "debug_checks",
         dict(

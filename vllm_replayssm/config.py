@@ -49,10 +49,6 @@ class ReplayConfig:
     route: "auto" (the measured policy: the stock read + write route where replay is slower),
         "replay" or "stock" (forced; speculative steps always replay).
     debug_checks: extra host-side checks in the torch paths (slow).
-    defer_fold: experimental, off until measured end to end: a Mamba-2 speculative step on a
-        GPU that does not fuse its launches reads its flush rows out from their unfolded
-        history and leaves their fold to run beside the layers after it (the next Mamba-2
-        layer waits for it); elsewhere it changes nothing.
     """
 
     enabled: bool = False
@@ -63,7 +59,6 @@ class ReplayConfig:
     stagger: bool = True
     route: str = "auto"
     debug_checks: bool = False
-    defer_fold: bool = False
 
     @property
     def lp_torch_dtype(self) -> torch.dtype | None:
@@ -117,7 +112,7 @@ class ReplayConfig:
                 f"unknown replayssm key(s) {unknown}; valid keys: {sorted(known)}"
             )
         vals = dict(raw)
-        for key in ("enabled", "stagger", "debug_checks", "defer_fold"):
+        for key in ("enabled", "stagger", "debug_checks"):
             if key in vals and not isinstance(vals[key], bool):
                 raise ReplayConfigError(f"replayssm.{key} must be true or false, got {vals[key]!r}")
         if "buffer_len" in vals:

@@ -3,7 +3,7 @@
 API-server process (the `vllm-replayssm` launcher):
 
     replayssm_info{enabled, buffer_len, lp_dtype, hp_dtype, gdn_flush, stagger, route,
-                   defer_fold, version} 1
+                   version} 1
 
 Worker processes (where the layers run), per SSM family (`mamba2`, `gdn`), summed over the
 layers and tensor-parallel ranks of the server:

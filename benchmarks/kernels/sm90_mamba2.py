@@ -250,32 +250,27 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
     }
     for key in [k for k in args if k.startswith("stride_rx_")]:
         args.pop(key)
-    # DEFER: the fold taken out of the step (`decode.mamba2_replay_decode`'s fold_sink).
-    off_f = plan.fold_offset(L, T)
-    for defer in (False, True):
-        out.append(
-            (
-                f"plan window {T}" + (" deferred" if defer else ""),
-                plan._mamba2_plan_window_kernel,
-                args,
-                dict(
-                    HEADS_PER_GROUP=H // G,
-                    dstate=N,
-                    BLOCK_N=N,
-                    BLOCK_HG=H // G,
-                    BLOCK_L=L,
-                    HAS_D=True,
-                    HAS_LP=True,
-                    HAS_ACC=True,
-                    OFF_D=off_d,
-                    HP_LIST=True,
-                    DEFER=defer,
-                    OFF_F=off_f if defer else 0,
-                    **win,
-                ),
-                4,
-            )
+    out.append(
+        (
+            f"plan window {T}",
+            plan._mamba2_plan_window_kernel,
+            args,
+            dict(
+                HEADS_PER_GROUP=H // G,
+                dstate=N,
+                BLOCK_N=N,
+                BLOCK_HG=H // G,
+                BLOCK_L=L,
+                HAS_D=True,
+                HAS_LP=True,
+                HAS_ACC=True,
+                OFF_D=off_d,
+                HP_LIST=True,
+                **win,
+            ),
+            4,
         )
+    )
     ptrs = {
         "ring_x_ptr": "*bf16",
         "ring_B_ptr": "*bf16",
@@ -297,20 +292,18 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
     # tensor-core products (`readout_products="dot"`: bf16 LP against bf16 C one bf16
     # product, an fp32 tile its three bf16 parts in 32-column chunks).
     readouts = (
-        ("*fp32", 8, "fma", N, False),
-        ("*bf16", 16, "fma", N, False),
-        ("*fp32", 16, "bf16x3", 32, False),
-        ("*bf16", 16, "dot16", N, False),
-        ("*bf16", 32, "dot16", N, False),
-        ("*fp32", 16, "bf16x3", 32, True),
-        ("*bf16", 32, "dot16", N, True),
+        ("*fp32", 8, "fma", N),
+        ("*bf16", 16, "fma", N),
+        ("*fp32", 16, "bf16x3", 32),
+        ("*bf16", 16, "dot16", N),
+        ("*bf16", 32, "dot16", N),
     )
-    for ck, rows, products, block_k, defer in readouts:
+    for ck, rows, products, block_k in readouts:
         args = {**ptrs, **common, "ckpt_ptr": ck, "meta_ptr": "*i32", "null_block_id": 0}
         args.update(_strides("ck", PAGE, P * N, N, 1))
         for key in ("ring_B_ptr", *[k for k in args if k.startswith("stride_rB_")]):
             args.pop(key)
-        tag = ("" if products == "fma" else f" {products}") + (" deferred" if defer else "")
+        tag = "" if products == "fma" else f" {products}"
         out.append(
             (
                 f"readout window {T} {rows} x {N} {ck[1:]}{tag}",
@@ -327,7 +320,6 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
                     PRODUCTS=products,
                     BLOCK_K=block_k,
                     DOT_T=max(16, bt),
-                    DEFER=defer,
                     **{k: v for k, v in win.items() if k != "OFF_D"},
                 ),
                 1,
@@ -347,8 +339,8 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
         args.pop(key)
     # The window's readout from the folded tile: "fma" (the default) or tensor-core products
     # (`flush_products="dot"`: the fp32 tile's bf16 parts against bf16 C).
-    for products, defer in (("fma", False), ("bf16x3", False), ("bf16x3", True)):
-        tag = ("" if products == "fma" else " dot") + (" deferred" if defer else "")
+    for products in ("fma", "bf16x3"):
+        tag = "" if products == "fma" else " dot"
         out.append(
             (
                 f"flush window {T} 32 x {N} bf16x3{tag}",
@@ -369,8 +361,6 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
                     OFF_D=off_d,
                     PRODUCTS=products,
                     DOT_T=max(16, bt),
-                    DEFER=defer,
-                    OFF_F=off_f if defer else 0,
                     **win,
                 ),
                 4,

@@ -170,37 +170,6 @@ def test_spec_decode_on_gpu_is_lossless(runs, case, capsys):
     _check_partly_accepted(name, metrics, capsys)
 
 
-# replayssm.defer_fold: a split speculative step reads its flush rows out from their
-# unfolded history, and their fold runs after the readout beside the layers after it (the
-# next Mamba-2 layer waits for it). HP only (split above one row) and with a bf16 LP copy at
-# 16 rows (split above 8: the 8 prompts and the same rotated by one token).
-DEFERRED_CASES = {
-    "hp_only": (3, {"buffer_len": 16, "lp_dtype": "none"}, 3),
-    "lp_bf16_16_rows": (3, {}, 16),
-}
-
-
-@pytest.mark.parametrize("case", list(DEFERRED_CASES))
-def test_spec_decode_with_deferred_fold_on_gpu_is_lossless(runs, case, capsys):
-    k, settings, rows = DEFERRED_CASES[case]
-    prompts = NEMOTRON_H_PROMPTS
-    if rows > len(prompts):
-        prompts = prompts + [p[1:] + p[:1] for p in prompts]
-    name = f"nemotron_h (GPU) deferred fold {case}"
-    metrics = _check_lossless(
-        runs,
-        capsys,
-        name,
-        runs.checkpoint("nemotron_h", **PEAKED),
-        prompts,
-        NEMOTRON_H_TOKENS,
-        {"enabled": True, "debug_checks": True, "defer_fold": True, **settings},
-        k,
-        rows=rows,
-    )
-    _check_partly_accepted(name, metrics, capsys)
-
-
 GDN_CASES = {
     "k3_L4": (3, {"buffer_len": 4}),
     "k2_L16_hp_only": (2, {"buffer_len": 16, "lp_dtype": "none"}),

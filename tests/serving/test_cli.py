@@ -66,20 +66,13 @@ def test_flags_become_additional_config_merged_with_the_users(tmp_path):
             "stock",
             "--replayssm-lp-dtype",
             "fp16",
-            "--replayssm-defer-fold",
         ],
         on_cpu=True,
     )
     assert plan.vllm_argv[:3] == [str(model), "--port", "8001"]  # passed through unchanged
     assert _extra(plan) == {
         "other_plugin": {"x": 1},
-        "replayssm": {
-            "buffer_len": 8,
-            "enabled": True,
-            "route": "stock",
-            "lp_dtype": "float16",
-            "defer_fold": True,
-        },
+        "replayssm": {"buffer_len": 8, "enabled": True, "route": "stock", "lp_dtype": "float16"},
     }
     assert plan.replay.enabled and plan.replay.buffer_len == 8 and plan.demo is None
     assert not any(a == "--enforce-eager" for a in plan.vllm_argv)  # no demo defaults

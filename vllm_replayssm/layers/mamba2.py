@@ -21,9 +21,6 @@ from a fresh page (`layers/fresh.py`).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import re
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -37,7 +34,6 @@ from vllm_replayssm import trace
 from vllm_replayssm.backends.mamba2 import ReplayMamba2AttentionBackend
 from vllm_replayssm.config import ReplayConfigError
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
-from vllm_replayssm.kernels.common.streams import join_deferred, run_deferred
 from vllm_replayssm.kernels.mamba2 import reference
 from vllm_replayssm.layers.conv import (
     conv_context_to_back,
@@ -58,20 +54,6 @@ logger = init_logger(f"vllm.{__name__}")  # under "vllm": vLLM configures only t
 
 
 _SCRATCH: dict[tuple, Any] = {}
-
-
-def last_of_stack(prefix: str, prefixes: Iterable[str]) -> bool:
-    """Whether layer `prefix` ("model.layers.12.mixer") has the highest layer number among
-    the `prefixes` of its stack (those with the same text before their first number), so
-    that no layer of the stack runs after it in a forward pass. A prefix without a number
-    is a stack of its own."""
-
-    def split(name: str) -> tuple[str, int]:
-        m = re.search(r"(?:^|\.)(\d+)(?:\.|$)", name)
-        return (name, -1) if m is None else (name[: m.start(1)], int(m.group(1)))
-
-    root, index = split(prefix)
-    return all(i <= index for r, i in map(split, prefixes) if r == root)
 
 
 def _shared_scratch(max_rows: int, nheads: int, buffer_len: int, window: int, device: torch.device):
@@ -124,14 +106,6 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             conv_kernel=self.conv_kernel_size,
         )
         self.spec_windows = SpecWindows(self.replay.buffer_len, self.replay_window)
-        # replayssm.defer_fold (GPU, speculative steps); whether this layer is its stack's
-        # last is known at its first forward (`_fold_sink`)
-        self._defer_fold = (
-            self._scratch is not None and self.replay_window > 1 and self.replay.defer_fold
-        )
-        self._last_of_stack: bool | None = None
-        if self._defer_fold:
-            logger.info_once("ReplaySSM defers the Mamba-2 window folds (defer_fold)")
         self.step_counters = StepCounters(
             "mamba2", ring_rows(self.replay.buffer_len, self.replay_window)
         )
@@ -321,12 +295,6 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
         cache = page.mamba2()
         nd = state_indices.shape[0]
         dev = projected_states.device
-        if not cpu:
-            # A deferred fold reads the shared scratch that the plan below rewrites: the
-            # previous Mamba-2 layer's, or this layer's own when its prefill rows with drafts
-            # step here after its decode rows. Every layer of a batch with decode rows comes
-            # here, the last of the stack too, so no fold outlives the forward pass.
-            join_deferred(dev)
         # On GPUs the launches take the int32 slots and derive each row's token count from
         # qsl themselves: an eager step (PIECEWISE graphs run the SSM layers eagerly) is
         # paced by the host, where each small torch op costs about as much as a launch.
@@ -401,14 +369,7 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
                 return "replay"
             from vllm_replayssm.kernels.mamba2.dispatch import mamba2_decode
 
-            return mamba2_decode(
-                cache,
-                *args,
-                route="replay",
-                scratch=self._scratch,
-                fold_sink=self._fold_sink(dev),
-                **common,
-            )
+            return mamba2_decode(cache, *args, route="replay", scratch=self._scratch, **common)
 
         self.step_counters.step(
             cache.meta,
@@ -416,22 +377,6 @@ class ReplayMambaMixer2(ReplayPage, MambaMixer2):
             run,
             accepted,
         )
-
-    def _fold_sink(self, device: torch.device):
-        """`dispatch.mamba2_decode`'s fold_sink for a speculative step: with
-        `replayssm.defer_fold`, `run_deferred` on this device, for every Mamba-2 layer but
-        the last of its stack, whose fold the next layer's step waits for (`join_deferred`);
-        otherwise None (the step folds itself beside its readout), so that no deferred work
-        outlives a forward pass (a CUDA-graph capture ends with it joined)."""
-        if not self._defer_fold:
-            return None
-        if self._last_of_stack is None:
-            layers = get_forward_context().no_compile_layers
-            ours = [n for n, m in layers.items() if isinstance(m, ReplayMambaMixer2)]
-            self._last_of_stack = last_of_stack(self.prefix, ours)
-        if self._last_of_stack:
-            return None
-        return functools.partial(run_deferred, device)
 
     def _prefill_spec(
         self,

@@ -1,6 +1,5 @@
 """kernels/common/streams.py: one side stream per device, the fork and join around a flush
-beside its readout, work run on it until a later join (`run_deferred`), the device's SM
-count."""
+beside its readout, the device's SM count."""
 
 from __future__ import annotations
 
@@ -12,9 +11,7 @@ import torch
 from vllm_replayssm.kernels.common.streams import (
     EAGER_OVERLAP_MIN_ROWS,
     beside,
-    join_deferred,
     num_sms,
-    run_deferred,
     side_stream,
 )
 
@@ -81,39 +78,3 @@ def test_beside_overlaps_a_captured_step_of_any_size():
     torch.cuda.synchronize()
     assert seen == [True]
     assert bool((d == 3).all())
-
-
-@pytest.mark.gpu
-def test_run_deferred_runs_beside_the_current_stream_until_joined():
-    """Deferred work sees what the current stream did before it, runs beside what it does
-    next, and the current stream waits for it at the join; a second join waits for
-    nothing more. Captured: the join inside the capture ends it cleanly."""
-    dev = torch.device("cuda", torch.cuda.current_device())
-    main = torch.cuda.current_stream(dev)
-    a = torch.zeros(1 << 20, device=dev)
-    a += 1
-    out = {}
-
-    def later():
-        assert torch.cuda.current_stream(dev) == side_stream(dev)
-        torch.cuda._sleep(10_000_000)
-        out["b"] = a * 2
-
-    run_deferred(dev, later)
-    assert torch.cuda.current_stream(dev) == main
-    c = a + 5  # beside the deferred work
-    join_deferred(dev)
-    d = out["b"] + c
-    join_deferred(dev)
-    torch.cuda.synchronize()
-    assert bool((d == 8).all())
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run_deferred(dev, lambda: out.update(e=a + 1))
-        f = a + 2
-        join_deferred(dev)
-        g = out["e"] + f
-    graph.replay()
-    torch.cuda.synchronize()
-    assert bool((g == 5).all())

@@ -30,19 +30,6 @@ def _op(**knobs):
     return functools.partial(decode.mamba2_replay_decode, **knobs)
 
 
-def _deferred_op(**knobs):
-    """The step with the fold of its flush rows taken out (`fold_sink`) and run once the
-    step has returned, as the layer runs it later on a side stream."""
-
-    def op(*args, **kwargs):
-        folds = []
-        decode.mamba2_replay_decode(*args, fold_sink=folds.append, **knobs, **kwargs)
-        for fold in folds:
-            fold()
-
-    return op
-
-
 # The readout and the flush of a speculative step as one launch (`fused.py`): by default
 # for steps of up to 8 rows with an LP copy, so every step of these tests (at most 8 rows),
 # and for one-row steps HP only (decode.FUSED_MAX_ROWS_LP / _HP). FUSED takes it for every
@@ -60,15 +47,7 @@ FMA = dict(readout_products="fma", flush_products="fma")
 
 # Decode scenarios against the float64 oracle (outputs every step, materialised states).
 SCENARIO_BASE = dict(
-    geom="tiny",
-    L=4,
-    T=1,
-    lp=None,
-    act=torch.float32,
-    churn=False,
-    knobs={},
-    cycles=3,
-    deferred=False,
+    geom="tiny", L=4, T=1, lp=None, act=torch.float32, churn=False, knobs={}, cycles=3
 )
 # headdim 40: three 16-row tiles per head, the last one partly masked
 SCENARIO_GEOMS = {**GEOMS, "wide_head": Mamba2Geometry(nheads=4, headdim=40, dstate=16, ngroups=2)}
@@ -122,18 +101,6 @@ SCENARIOS = {
     ),
     # a register cap on the window flush (the interpreter ignores it; the GPU test runs it)
     "spec_T3_flush_maxnreg": dict(L=5, T=3, knobs=dict(flush_maxnreg=128, **UNFUSED)),
-    # the fold taken out of the step (`fold_sink`): flush rows read out from their unfolded
-    # history, folded after the step; HP only, an LP copy at the default ring, "fma"
-    # readouts, rows joining and leaving
-    "spec_T3_deferred": dict(L=5, T=3, knobs=UNFUSED, deferred=True),
-    # (one cycle of 50 steps: 8 flushes over its 3 rows)
-    "spec_T4_L32_lp_bf16_deferred": dict(
-        L=32, T=4, lp=torch.bfloat16, knobs=UNFUSED, cycles=1, deferred=True
-    ),
-    "spec_T3_fma_deferred": dict(L=5, T=3, knobs={**FMA, **UNFUSED}, deferred=True),
-    "spec_T2_lp_fp16_churn_deferred": dict(
-        L=4, T=2, lp=torch.float16, churn=True, knobs=MIXED, deferred=True
-    ),
 }
 
 
@@ -143,7 +110,7 @@ def test_kernel_matches_naive(case, device):
     fam = Mamba2Family(
         SCENARIO_GEOMS[c["geom"]],
         act_dtype=c["act"],
-        decode_op=(_deferred_op if c["deferred"] else _op)(**c["knobs"]),
+        decode_op=_op(**c["knobs"]),
         device=device,
         seed=3,
     )
@@ -163,9 +130,7 @@ def test_kernel_matches_naive(case, device):
 # Lockstep with the torch reference: outputs, cursor words (exact), records, HP and LP.
 # out_tol None: `out_tolerance`; the window readouts' tensor-core products from an fp32
 # tile are held to 1e-6 (fp32-accurate: a bf16x3 product without its low part is 5e-6 off).
-LOCKSTEP_BASE = dict(
-    lp=None, T=1, stock_share=0.0, act=torch.float16, knobs={}, out_tol=None, deferred=False
-)
+LOCKSTEP_BASE = dict(lp=None, T=1, stock_share=0.0, act=torch.float16, knobs={}, out_tol=None)
 LOCKSTEP = {
     "base": {},
     "lp_fp16": dict(lp=torch.float16),
@@ -177,7 +142,6 @@ LOCKSTEP = {
     "spec_T3_dot": dict(T=3, knobs=DOT, out_tol=1e-6),  # fp32 tile, fp16 C: tf32x3
     "spec_T3_act_bf16_dot": dict(T=3, act=torch.bfloat16, knobs=DOT, out_tol=1e-6),  # bf16x3
     "spec_T3_lp_fp16_dot": dict(T=3, lp=torch.float16, knobs=DOT),  # dot16
-    "spec_T3_lp_bf16_deferred": dict(T=3, lp=torch.bfloat16, knobs=UNFUSED, deferred=True),
 }
 
 
@@ -188,7 +152,7 @@ def test_kernel_matches_reference_buffers(case, device):
         lambda op: Mamba2Family(
             GEOMS["tp_groups"], act_dtype=c["act"], device=device, decode_op=op, seed=4
         ),
-        (_deferred_op if c["deferred"] else _op)(**c["knobs"]),
+        _op(**c["knobs"]),
         L=4,
         T=c["T"],
         lp=c["lp"],
@@ -328,65 +292,6 @@ def test_fused_launch_policy():
         assert (cfg["fused_block_p"], cfg["fused_warps"]) == (16, 2), (itemsize, window)
 
 
-def test_fold_sink_takes_the_fold_of_split_window_steps_only(device):
-    """A split speculative step hands the fold of its flush rows to `fold_sink` (one
-    callable; the flush rows are read out from their unfolded history): its outputs match
-    the step that folds itself before the fold has run, and its pages once it has. Fused
-    and plain steps fold themselves and leave the sink alone."""
-    fam = Mamba2Family(GEOMS["tiny"], device=device, seed=2)
-    L, T, rows = 4, 2, 3
-    inline, deferred = (fam.cache(fam.specs(L, T, torch.bfloat16), rows + 1) for _ in range(2))
-    for a, b in zip(inline, deferred, strict=True):  # a zero state and no history
-        a.zero_(), b.zero_()
-    slots = torch.arange(1, rows + 1, device=device)
-    qsl = torch.arange(0, (rows + 1) * T, T, dtype=torch.int32, device=device)
-    gen = torch.Generator().manual_seed(0)
-    handed = []
-    for _step in range(4):  # all fresh, every draft accepted: the third step flushes
-        tok = fam.tokens(rows * T, gen)
-        outs = [
-            _window_step(fam, cache, tok, slots, L, T, qsl, fold_sink=sink, **UNFUSED)
-            for cache, sink in ((inline, None), (deferred, handed.append))
-        ]
-        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
-        assert len(handed) == 1
-        handed.pop()()
-        for a, b in zip(inline, deferred, strict=True):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-    assert inline.hp[1:].abs().amax() > 0  # HP is written by folds only: one ran
-    for knobs, window in ((FUSED, T), ({}, 1)):
-        cache = fam.cache(fam.specs(L, window, torch.bfloat16), rows + 1)
-        for t in cache:
-            t.zero_()
-        tok = fam.tokens(rows * window, gen)
-        qsl_w = qsl if window > 1 else None
-        _window_step(fam, cache, tok, slots, L, window, qsl_w, fold_sink=handed.append, **knobs)
-        assert handed == [], (knobs, window)
-
-
-def _window_step(fam, cache, tok, slots, L, T, qsl, **kwargs) -> torch.Tensor:
-    """One decode step of the kernels (windows of T tokens per row by `qsl`, or plain with
-    T = 1 and qsl None) on `slots` with the tokens `tok`; returns its outputs."""
-    out = torch.empty(fam.out_shape(tok["x"].shape[0]), device=cache.hp.device)
-    decode.mamba2_replay_decode(
-        cache,
-        tok["x"],
-        tok["dt"],
-        fam.params["A"],
-        tok["B"],
-        tok["C"],
-        fam.params["D"],
-        fam.params["dt_bias"],
-        slots,
-        out,
-        buffer_len=L,
-        window=T,
-        query_start_loc=qsl,
-        **kwargs,
-    )
-    return out
-
-
 # Bad arguments of a decode step, each refused with the tensor's name before any launch:
 # name -> (the page's tensor or the argument, how it is spoiled, message).
 BAD_ARGS = {
@@ -443,8 +348,23 @@ def test_scratch_too_small_is_refused(device):
 
 def _plain_step(fam, cache, slots: list[int], **kwargs) -> None:
     """One plain decode step (buffer_len 4) of the kernels on `slots` with fresh tokens."""
+    device = cache.hp.device
     tok = fam.tokens(len(slots), torch.Generator().manual_seed(0))
-    _window_step(fam, cache, tok, torch.tensor(slots, device=cache.hp.device), 4, 1, None, **kwargs)
+    decode.mamba2_replay_decode(
+        cache,
+        tok["x"],
+        tok["dt"],
+        fam.params["A"],
+        tok["B"],
+        tok["C"],
+        fam.params["D"],
+        fam.params["dt_bias"],
+        torch.tensor(slots, device=device),
+        torch.empty(fam.out_shape(len(slots)), device=device),
+        buffer_len=4,
+        window=1,
+        **kwargs,
+    )
 
 
 def _strided_column(slots: list[int], width: int, device) -> torch.Tensor:
@@ -554,31 +474,6 @@ def test_real_geometry_window_knobs_on_gpu(lp, knobs):
         REAL["nemotron3_super"], act_dtype=torch.bfloat16, device="cuda", seed=1, decode_op=op
     )
     check_scenario(fam, L=16, T=4, lp=lp, spec=True, requests=8, cycles=2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
-def test_real_geometry_deferred_fold_on_gpu(lp):
-    """The split window step with its fold taken out (`fold_sink`) and run after it, at
-    Nemotron-3 Super, T = 4 and the default ring: lockstep with the torch reference and the
-    float64 oracle."""
-    op = _deferred_op(**UNFUSED)
-    L = DEFAULT_BUFFER_LEN[("mamba2", lp is not None)]
-    check_kernel_matches_reference(
-        lambda o: Mamba2Family(
-            REAL["nemotron3_super"], act_dtype=torch.bfloat16, device="cuda", decode_op=o, seed=4
-        ),
-        op,
-        L=L,
-        T=4,
-        lp=lp,
-        out_tol=out_tolerance(lp, "cuda"),
-        requests=6,
-    )
-    fam = Mamba2Family(
-        REAL["nemotron3_super"], act_dtype=torch.bfloat16, device="cuda", seed=1, decode_op=op
-    )
-    check_scenario(fam, L=L, T=4, lp=lp, spec=True, requests=8, cycles=2)
 
 
 @pytest.mark.gpu

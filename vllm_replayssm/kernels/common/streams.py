@@ -1,6 +1,5 @@
 """GPU facts the decode launchers share: the side stream a step's flush runs on beside its
-readout (the two touch different rows) or, deferred, beside the layers after it, and the
-SM count that sizes persistent grids."""
+readout (the two touch different rows), and the SM count that sizes persistent grids."""
 
 from __future__ import annotations
 
@@ -61,31 +60,6 @@ def beside(device: torch.device, enabled: bool, rows: int | None = None):
         yield torch.cuda.stream(side)
     finally:
         current.wait_stream(side)
-
-
-# Devices whose side stream holds work launched by `run_deferred` that no `join_deferred`
-# has waited for yet.
-_DEFERRED: set[torch.device] = set()
-
-
-def run_deferred(device: torch.device, work) -> None:
-    """Call `work()` with the side stream current, after the current stream's work so far:
-    its kernels run beside whatever the current stream does next, until `join_deferred`.
-    Under CUDA-graph capture the same `join_deferred` must come before the capture ends."""
-    current = torch.cuda.current_stream(device)
-    side = side_stream(device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        work()
-    _DEFERRED.add(device)
-
-
-def join_deferred(device: torch.device) -> None:
-    """Make the current stream wait for the work `run_deferred` launched on this device
-    (nothing when there is none)."""
-    if device in _DEFERRED:
-        _DEFERRED.discard(device)
-        torch.cuda.current_stream(device).wait_stream(side_stream(device))
 
 
 def num_sms(device: torch.device) -> int:

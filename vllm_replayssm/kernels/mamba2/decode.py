@@ -23,7 +23,6 @@ batch: safe in CUDA graphs. Semantics: `reference.mamba2_replay_decode`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 
@@ -214,7 +213,6 @@ def mamba2_replay_decode(
     num_accepted_tokens: torch.Tensor | None = None,
     null_block_id: int = NULL_BLOCK_ID,
     scratch: Mamba2Scratch | None = None,
-    fold_sink: Callable[[Callable[[], None]], None] | None = None,
     **knobs,
 ) -> None:
     """Triton twin of `reference.mamba2_replay_decode` (same arguments and effects).
@@ -224,16 +222,6 @@ def mamba2_replay_decode(
     readout_warps, readout_products, flush_block_p, flush_warps, flush_programs,
     flush_products, flush_maxnreg, plan_warps, overlap, fused_max_rows, fused_block_p,
     fused_warps, dot_precision).
-
-    fold_sink: for a speculative step of more rows than `fused_max_rows`, take the fold
-    of the flush rows out of the step: the readout reads every row out (flush rows from
-    their checkpoint and unfolded history), and fold_sink receives a callable that launches
-    the fold (HP and LP of the flush rows), to call later on a stream of its choice. Until
-    it has run, the flush rows' pages and `scratch` hold this step's plan: the fold must
-    run after the readout (on the stream it was launched on) and before anything reads
-    those pages or plans into `scratch`. The call's outputs are final without it. Its rows
-    must have a fresh LP (no stock-route step: speculative layers); a stale-LP row is read
-    out by the fold launch. None, plain decode and fused steps: the step folds itself.
     """
     H, P = x.shape[1], x.shape[2]
     N = B.shape[2]
@@ -269,7 +257,6 @@ def mamba2_replay_decode(
     common = dict(num_ring_rows=num_ring_rows, buffer_len=buffer_len)
     windows = dict(window=window, query_start_loc=query_start_loc)
     fused = not plain and cfg["fused_max_rows"] >= R
-    defer = fold_sink is not None and not plain and not fused
     mamba2_plan(
         cache,
         dt,
@@ -284,7 +271,6 @@ def mamba2_replay_decode(
         num_accepted_tokens=num_accepted_tokens,
         num_warps=cfg["plan_warps"],
         hp_list=not fused,
-        defer=defer,
         **windows,
         **common,
     )
@@ -306,48 +292,38 @@ def mamba2_replay_decode(
             **common,
         )
         return
-    flush = functools.partial(
-        mamba2_flush,
-        cache,
-        x,
-        C,
-        out,
-        scratch,
-        block_p=cfg["flush_block_p"],
-        num_warps=cfg["flush_warps"],
-        num_programs=cfg["flush_programs"],
-        dot_precision=cfg.get("dot_precision"),
-        products=cfg["flush_products"],
-        maxnreg=cfg["flush_maxnreg"],
-        defer=defer,
-        **windows,
-        **common,
-    )
-    readout = functools.partial(
-        mamba2_readout,
-        cache,
-        x,
-        C,
-        out,
-        scratch,
-        num_rows=R,
-        null_block_id=null_block_id,
-        block_p=cfg["readout_block_p"],
-        num_warps=cfg["readout_warps"],
-        products=cfg["readout_products"],
-        defer=defer,
-        **windows,
-        **common,
-    )
-    if defer:  # the readout of every row, then the fold to the caller
-        readout()
-        fold_sink(flush)
-        return
     # the flush and the readout touch different rows: run both at once
     with beside(x.device, cfg["overlap"], rows=R) as on_side:
         with on_side:
-            flush()
-        readout()
+            mamba2_flush(
+                cache,
+                x,
+                C,
+                out,
+                scratch,
+                block_p=cfg["flush_block_p"],
+                num_warps=cfg["flush_warps"],
+                num_programs=cfg["flush_programs"],
+                dot_precision=cfg.get("dot_precision"),
+                products=cfg["flush_products"],
+                maxnreg=cfg["flush_maxnreg"],
+                **windows,
+                **common,
+            )
+        mamba2_readout(
+            cache,
+            x,
+            C,
+            out,
+            scratch,
+            num_rows=R,
+            null_block_id=null_block_id,
+            block_p=cfg["readout_block_p"],
+            num_warps=cfg["readout_warps"],
+            products=cfg["readout_products"],
+            **windows,
+            **common,
+        )
 
 
 def check_args(

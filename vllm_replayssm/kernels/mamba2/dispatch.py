@@ -8,8 +8,6 @@ picks by batch size, from H200 measurements (`STOCK_ROUTE_MAX_ROWS`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from vllm_replayssm.kernels.mamba2.decode import mamba2_replay_decode
@@ -56,7 +54,6 @@ def mamba2_decode(
     num_accepted_tokens: torch.Tensor | None = None,
     scratch: Mamba2Scratch | None = None,
     null_block_id: int = NULL_BLOCK_ID,
-    fold_sink: Callable[[Callable[[], None]], None] | None = None,
 ) -> str:
     """One decode step of a Mamba-2 layer on its ReplaySSM page; returns the route it took
     ("replay" or "stock").
@@ -64,9 +61,8 @@ def mamba2_decode(
     Arguments as `reference.mamba2_replay_decode` (x: [num_tokens, H, P] act; dt:
     [num_tokens, H]; B, C: [num_tokens, G, N]; A, D, dt_bias: [H]; state_indices: [R];
     out: [num_tokens, H, P] written), plus route ("auto", "replay", "stock"), stagger (the
-    stock route's cursor reset), scratch (`Mamba2Scratch` for >= R rows; required under
-    CUDA graphs) and fold_sink (`decode.mamba2_replay_decode`'s: where a split speculative
-    step's fold goes).
+    stock route's cursor reset) and scratch (`Mamba2Scratch` for >= R rows; required under
+    CUDA graphs).
     """
     plain = window == 1 and query_start_loc is None and num_accepted_tokens is None
     if choose_route(route, state_indices.shape[0], plain) == "stock":
@@ -104,6 +100,5 @@ def mamba2_decode(
         num_accepted_tokens=num_accepted_tokens,
         null_block_id=null_block_id,
         scratch=scratch,
-        fold_sink=fold_sink,
     )
     return "replay"

@@ -43,7 +43,6 @@ from vllm_replayssm.kernels.common.triton_cursor import row_tokens
 from vllm_replayssm.kernels.mamba2.plan import (
     Mamba2Scratch,
     coef_offsets,
-    fold_offset,
     history_block,
     window_block,
 )
@@ -325,8 +324,6 @@ def _mamba2_flush_window_kernel(
     IS_VARLEN: tl.constexpr,
     PRODUCTS: tl.constexpr,
     DOT_T: tl.constexpr,
-    DEFER: tl.constexpr,
-    OFF_F: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -390,8 +387,6 @@ def _mamba2_flush_window_kernel(
             IS_VARLEN,
             PRODUCTS,
             DOT_T,
-            DEFER,
-            OFF_F,
             tl.load(hp_rows_ptr + item // items_per_row),
             (item % items_per_row) // TILES_PER_HEAD,
             item % TILES_PER_HEAD,
@@ -456,17 +451,13 @@ def flush_window_item(
     IS_VARLEN: tl.constexpr,
     PRODUCTS: tl.constexpr,
     DOT_T: tl.constexpr,
-    DEFER: tl.constexpr,
-    OFF_F: tl.constexpr,
     r,
     h,
     tile,
 ):
     """One item of the window flush (`_mamba2_flush_window_kernel`): tile `tile` of head h
     of row r, a row that reads HP (a flush row folds its records first; a stale-LP row reads
-    out from HP). Also the HP rows' part of `fused.py`'s launch. DEFER (after a plan and a
-    readout with defer): a flush row only folds, with the fold weights at OFF_F; the
-    readout launch has read it out and stored its records."""
+    out from HP). Also the HP rows' part of `fused.py`'s launch."""
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < dstate
     o_j = tl.arange(0, BLOCK_L)
@@ -517,7 +508,7 @@ def flush_window_item(
             ring_B_ptr + slot * stride_rB_slot + g * stride_rB_group,
             fo,
             fn,
-            tl.load(p_coef + (OFF_F if DEFER else 0) + o_j),
+            tl.load(p_coef + o_j),
             tl.load(p_coef + OFF_D),
             num_ring_rows,
             o_j,
@@ -534,87 +525,84 @@ def flush_window_item(
             LP_IS_FP16,
             DOT_PRECISION,
         )
-    # DEFER: the readout launch has read the flush rows out and stored their records.
-    if (flush == 0) | (not DEFER):
-        if flush != 0:
-            if PRODUCTS == "fma":
-                x_h = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # the history is folded
-        else:  # stale LP: read out from HP and the history, as the readout would from LP
-            if PRODUCTS == "fma":
-                rows = o + o_j
-                rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-                x_h = tl.load(
-                    p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-                    mask=(o_j < n)[:, None] & m_p[None, :],
-                    other=0.0,
-                ).to(tl.float32)
         if PRODUCTS == "fma":
-            read_window(
-                S,
-                p_coef,
-                x_h,
-                x_w.to(tl.float32),
-                C_ptr,
-                out_ptr + bos * stride_out_tok + h * stride_out_head + o_p * stride_out_dim,
-                bos,
-                q,
-                g,
-                o_n,
-                m_n,
-                m_p,
-                stride_C_tok,
-                stride_C_group,
-                stride_C_dstate,
-                stride_out_tok,
-                WINDOW,
-                BLOCK_T,
-                BLOCK_L,
-                OFF_W,
-                OFF_S,
-            )
-        else:  # tensor-core products from the tile in registers (`readout.read_window_dot`)
-            o_d = tl.arange(0, DOT_T)
-            c_t = tl.load(
-                C_ptr
-                + (bos + o_d[None, :]) * stride_C_tok
-                + g * stride_C_group
-                + o_n[:, None] * stride_C_dstate,
-                mask=m_n[:, None] & (o_d < q)[None, :],
-                other=0.0,
-            )  # [BLOCK_N, DOT_T]
-            y = window_tile_dot(S, c_t, tl.zeros([BLOCK_P, DOT_T], dtype=tl.float32), PRODUCTS)
+            x_h = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # the history is folded
+    else:  # stale LP: read out from HP and the history, as the readout would from LP
+        if PRODUCTS == "fma":
             rows = o + o_j
             rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
-            finish_window_dot(
-                y,
-                p_rx,
-                rows,
-                n,  # 0 for a flush row: the plan's history after the fold
-                x_ptr + bos * stride_x_tok + h * stride_x_head,
-                p_coef,
-                out_ptr + bos * stride_out_tok + h * stride_out_head,
-                q,
-                o_p,
-                m_p,
-                stride_rx_row,
-                stride_rx_dim,
-                stride_x_tok,
-                stride_x_dim,
-                stride_out_tok,
-                stride_out_dim,
-                BLOCK_L,
-                BLOCK_T,
-                DOT_T,
-                OFF_W,
-                OFF_S,
-            )
-        w_rows = first + o_t
-        w_rows = tl.where(w_rows >= num_ring_rows, w_rows - num_ring_rows, w_rows)
-        tl.store(
-            p_rx + w_rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
-            x_w,
-            mask=m_t[:, None] & m_p[None, :],
+            x_h = tl.load(
+                p_rx + rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+                mask=(o_j < n)[:, None] & m_p[None, :],
+                other=0.0,
+            ).to(tl.float32)
+    if PRODUCTS == "fma":
+        read_window(
+            S,
+            p_coef,
+            x_h,
+            x_w.to(tl.float32),
+            C_ptr,
+            out_ptr + bos * stride_out_tok + h * stride_out_head + o_p * stride_out_dim,
+            bos,
+            q,
+            g,
+            o_n,
+            m_n,
+            m_p,
+            stride_C_tok,
+            stride_C_group,
+            stride_C_dstate,
+            stride_out_tok,
+            WINDOW,
+            BLOCK_T,
+            BLOCK_L,
+            OFF_W,
+            OFF_S,
         )
+    else:  # tensor-core products from the tile in registers (`readout.read_window_dot`)
+        o_d = tl.arange(0, DOT_T)
+        c_t = tl.load(
+            C_ptr
+            + (bos + o_d[None, :]) * stride_C_tok
+            + g * stride_C_group
+            + o_n[:, None] * stride_C_dstate,
+            mask=m_n[:, None] & (o_d < q)[None, :],
+            other=0.0,
+        )  # [BLOCK_N, DOT_T]
+        y = window_tile_dot(S, c_t, tl.zeros([BLOCK_P, DOT_T], dtype=tl.float32), PRODUCTS)
+        rows = o + o_j
+        rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
+        finish_window_dot(
+            y,
+            p_rx,
+            rows,
+            n,  # 0 for a flush row: the plan's history after the fold
+            x_ptr + bos * stride_x_tok + h * stride_x_head,
+            p_coef,
+            out_ptr + bos * stride_out_tok + h * stride_out_head,
+            q,
+            o_p,
+            m_p,
+            stride_rx_row,
+            stride_rx_dim,
+            stride_x_tok,
+            stride_x_dim,
+            stride_out_tok,
+            stride_out_dim,
+            BLOCK_L,
+            BLOCK_T,
+            DOT_T,
+            OFF_W,
+            OFF_S,
+        )
+    w_rows = first + o_t
+    w_rows = tl.where(w_rows >= num_ring_rows, w_rows - num_ring_rows, w_rows)
+    tl.store(
+        p_rx + w_rows[:, None] * stride_rx_row + o_p[None, :] * stride_rx_dim,
+        x_w,
+        mask=m_t[:, None] & m_p[None, :],
+    )
 
 
 def fold_precision(cache, x: torch.Tensor, dot_precision: str | None) -> str:
@@ -645,7 +633,6 @@ def mamba2_flush(
     query_start_loc: torch.Tensor | None = None,
     products: str = "fma",
     maxnreg: int = 0,
-    defer: bool = False,
 ) -> None:
     """Launch the flush over the plan's HP list (after `mamba2_plan`, before
     `mamba2_readout`): HP and LP of flush rows written; out [num_tokens, H, P] and the x
@@ -656,9 +643,7 @@ def mamba2_flush(
     speculative window reads its tokens out of the folded fp32 tile, as
     `readout.mamba2_readout` takes it ("fma" or "dot"; plain decode "fma" only). maxnreg:
     a cap on the program's registers (Triton's launch option; 0: the compiler's choice),
-    so that more programs of the persistent grid fit on an SM. defer (speculative steps,
-    after a plan and a readout with defer): flush rows only fold (HP and LP written), the
-    readout has read them out; stale-LP rows read out as before."""
+    so that more programs of the persistent grid fit on an SM."""
     if maxnreg < 0:
         raise ValueError(f"maxnreg must be >= 0, got {maxnreg}")
     dot_precision = fold_precision(cache, x, dot_precision)
@@ -710,8 +695,6 @@ def mamba2_flush(
     )
     grid = (max(1, num_programs),)
     if plain:  # plain decode (the window layout at T = 1)
-        if defer:
-            raise ValueError("a deferred fold is planned for speculative steps only")
         launch(_mamba2_flush_kernel, grid, *tensors, *args, **shapes)
         return
     off_w, off_s, off_d = coef_offsets(buffer_len, window)
@@ -729,7 +712,5 @@ def mamba2_flush(
         IS_VARLEN=query_start_loc is not None,
         PRODUCTS=tile_products,
         DOT_T=max(16, window_block(window)),
-        DEFER=defer,
-        OFF_F=fold_offset(buffer_len, window) if defer else 0,
         **shapes,
     )

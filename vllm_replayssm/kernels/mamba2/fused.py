@@ -153,7 +153,6 @@ def _mamba2_window_fused_kernel(
         READOUT_PRODUCTS,
         BLOCK_K,
         DOT_T,
-        False,  # DEFER: the fused launch folds and reads out HP rows itself
         pid,
         r,
     )
@@ -219,8 +218,6 @@ def _mamba2_window_fused_kernel(
             IS_VARLEN,
             FLUSH_PRODUCTS,
             DOT_T,
-            False,  # DEFER
-            0,  # OFF_F
             r,
             pid // TILES_PER_HEAD,
             pid % TILES_PER_HEAD,

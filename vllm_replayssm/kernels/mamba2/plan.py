@@ -69,8 +69,7 @@ def coef_offsets(buffer_len: int, window: int) -> tuple[int, int, int]:
     [0, BLOCK_T * BLOCK_L) history coefficients of token i at i * BLOCK_L (flush rows, whose
     history is folded: the fold weights, in every token's row), then [BLOCK_T, BLOCK_T]
     window coefficients (token i, token j), BLOCK_T output scales and the fold decay. For
-    plain decode (T = 1) that is [BLOCK_L history, current token, scale, decay]. A
-    speculative row has BLOCK_L more slots after the decay (`fold_offset`)."""
+    plain decode (T = 1) that is [BLOCK_L history, current token, scale, decay]."""
     bt, bl = window_block(window), history_block(buffer_len)
     off_w = bt * bl
     off_s = off_w + bt * bt
@@ -78,24 +77,11 @@ def coef_offsets(buffer_len: int, window: int) -> tuple[int, int, int]:
 
 
 @functools.cache
-def fold_offset(buffer_len: int, window: int) -> int:
-    """Offset of a speculative (row, head) coefficient row's BLOCK_L fold weights, which a
-    deferred fold reads (`mamba2_plan`'s defer): the history slots then hold a flush row's
-    readout coefficients over its unfolded history."""
-    if window < 2:
-        raise ValueError(f"fold weights have their own slots in windows only, got {window}")
-    return coef_offsets(buffer_len, window)[2] + 1
-
-
-@functools.cache
 def coef_len(buffer_len: int, window: int = 1) -> int:
-    """Length of a (row, head) coefficient row (`coef_offsets`, and for windows the fold
-    weights at `fold_offset`), padded to a multiple of 2 * BLOCK_L."""
-    bl = history_block(buffer_len)
-    end = coef_offsets(buffer_len, window)[2] + 1
-    if window > 1:
-        end = fold_offset(buffer_len, window) + bl
-    return 2 * bl * cdiv(end, 2 * bl)
+    """Length of a (row, head) coefficient row (`coef_offsets`), padded to a multiple of
+    2 * BLOCK_L."""
+    unit = 2 * history_block(buffer_len)
+    return unit * cdiv(coef_offsets(buffer_len, window)[2] + 1, unit)
 
 
 @dataclass
@@ -372,15 +358,10 @@ def _mamba2_plan_window_kernel(
     HAS_ACC: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     HP_LIST: tl.constexpr = True,
-    DEFER: tl.constexpr = False,
-    OFF_F: tl.constexpr = 0,
 ):
     """The plan of a speculative step: as `_mamba2_plan_kernel`, for the q <= WINDOW tokens
     of each row (window token i at logical position n + i, n the committed history).
-    HP_LIST False: no HP list (`fused.py`'s launch reads each row's plan itself). DEFER:
-    a flush row is read out like any other row, from its checkpoint and its whole unfolded
-    history (readout coefficients in the history slots), and its fold weights go to OFF_F
-    for a fold launched after the readout (`mamba2_plan`'s defer)."""
+    HP_LIST False: no HP list (`fused.py`'s launch reads each row's plan itself)."""
     pid_g = tl.program_id(0)
     r = tl.program_id(1)
     p_plan = plan_ptr + r * T_PLAN_LEN
@@ -452,7 +433,7 @@ def _mamba2_plan_window_kernel(
         + pid_g * stride_rB_group
         + rows[:, None] * stride_rB_row
         + o_n[None, :] * stride_rB_dstate,
-        mask=(m_j & ((flush == 0) | DEFER))[:, None] & m_n[None, :],
+        mask=(m_j & (flush == 0))[:, None] & m_n[None, :],
         other=0.0,
     ).to(tl.float32)  # [BLOCK_L, BLOCK_N]
     # Group-shared dot products: bc_h[i, l] = B_l . C_i (history), bc_w[i, j] = B_j . C_i.
@@ -474,9 +455,7 @@ def _mamba2_plan_window_kernel(
     lam_h = tl.cumsum(dt_h, axis=1)  # [BLOCK_HG, BLOCK_L]
     lam_n = tl.sum(dt_h, axis=1)  # [BLOCK_HG]
     lam_w = tl.cumsum(dt_w, axis=1)  # [BLOCK_HG, BLOCK_T]
-    # (DEFER: every row reads out before any fold.)
-    folded = (flush != 0) & (not DEFER)
-    lam_i = tl.where(folded, 0.0, lam_n)[:, None] + lam_w  # [BLOCK_HG, BLOCK_T]
+    lam_i = tl.where(flush, 0.0, lam_n)[:, None] + lam_w  # [BLOCK_HG, BLOCK_T]
     # History coefficients [BLOCK_HG, BLOCK_T, BLOCK_L]; flush rows: the fold weights.
     keep = m_hg[:, None, None] & m_t[None, :, None] & m_j[None, None, :]
     expo = A[:, None, None] * (lam_i[:, :, None] - lam_h[:, None, :])
@@ -484,7 +463,7 @@ def _mamba2_plan_window_kernel(
     fold_expo = A[:, None] * (lam_n[:, None] - lam_h)
     keep_f = m_hg[:, None] & m_j[None, :]
     w_fold = tl.where(keep_f, dt_h * tl.exp(tl.where(keep_f, fold_expo, 0.0)), 0.0)
-    coef_h = tl.where(folded, w_fold[:, None, :], w_hist * bc_h[None, :, :])
+    coef_h = tl.where(flush, w_fold[:, None, :], w_hist * bc_h[None, :, :])
     # Window coefficients [BLOCK_HG, BLOCK_T (i), BLOCK_T (j)], j <= i; D on the diagonal.
     tri = m_hg[:, None, None] & (o_t[None, None, :] <= o_t[None, :, None]) & m_t[None, :, None]
     expo_w = A[:, None, None] * (lam_w[:, :, None] - lam_w[:, None, :])
@@ -504,8 +483,6 @@ def _mamba2_plan_window_kernel(
     tl.store(p_w3, coef_w, mask=m_hg[:, None, None])
     tl.store(p_coef[:, None] + OFF_S + o_t[None, :], scale, mask=m_hg[:, None])
     tl.store(p_coef + OFF_D, decay, mask=m_hg)
-    if DEFER:
-        tl.store(p_coef[:, None] + OFF_F + o_j[None, :], w_fold, mask=m_hg[:, None])
 
     # Row-shared records of the window tokens (dt after softplus per head, B per group).
     w_rows = first + o_t
@@ -573,7 +550,6 @@ def mamba2_plan(
     num_accepted_tokens: torch.Tensor | None = None,
     num_warps: int = 1,
     hp_list: bool = True,
-    defer: bool = False,
 ) -> None:
     """Launch the plan for R rows: plain decode (window 1, one token per row) or a
     speculative step (windows of up to `window` tokens).
@@ -585,9 +561,7 @@ def mamba2_plan(
     scratch (for `window`): written (plan rows, coefficients, HP list and its length).
     hp_list False (speculative steps only): neither the HP list nor its length is written,
     for `fused.mamba2_window_fused`, which reads each row's plan itself: no zeroing of the
-    count (a memset per layer and step). defer (speculative steps only): plan the readout
-    of flush rows from their unfolded history and store their fold weights apart, for a
-    `mamba2_flush(..., defer=True)` launched after the readout.
+    count (a memset per layer and step).
     """
     H = dt.shape[1]
     R = state_indices.shape[0]
@@ -595,8 +569,6 @@ def mamba2_plan(
     plain = window == 1 and query_start_loc is None and num_accepted_tokens is None
     if not hp_list and plain:
         raise ValueError("plain decode's flush reads the HP list: hp_list must be True")
-    if defer and (plain or not hp_list):
-        raise ValueError("a deferred fold is planned for split speculative steps only")
     if hp_list:
         scratch.hp_count.zero_()
     common = (
@@ -647,7 +619,5 @@ def mamba2_plan(
         HAS_ACC=num_accepted_tokens is not None,
         IS_VARLEN=query_start_loc is not None,
         HP_LIST=hp_list,
-        DEFER=defer,
-        OFF_F=fold_offset(buffer_len, window) if defer else 0,
         **shapes,
     )

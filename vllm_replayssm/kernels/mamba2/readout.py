@@ -30,9 +30,6 @@ from vllm_replayssm.kernels.common.blocks import cdiv, pow2_block
 from vllm_replayssm.kernels.common.launch import launch
 from vllm_replayssm.kernels.common.plan_row import (
     T_PLAN_COUNT,
-    T_PLAN_FLUSH,
-    T_PLAN_FOLD_COUNT,
-    T_PLAN_FOLD_ORIGIN,
     T_PLAN_LEN,
     T_PLAN_ORIGIN,
     T_PLAN_READ_HP,
@@ -427,7 +424,6 @@ def _mamba2_readout_window_kernel(
     PRODUCTS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_T: tl.constexpr,
-    DEFER: tl.constexpr,
 ):
     readout_window_program(
         ckpt_ptr,
@@ -477,7 +473,6 @@ def _mamba2_readout_window_kernel(
         PRODUCTS,
         BLOCK_K,
         DOT_T,
-        DEFER,
         tl.program_id(0),
         tl.program_id(1),
     )
@@ -532,15 +527,12 @@ def readout_window_program(
     PRODUCTS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_T: tl.constexpr,
-    DEFER: tl.constexpr,
     pid,
     r,
 ):
     """One readout program of a speculative step (`_mamba2_readout_window_kernel`): tile
     pid (head pid // TILES_PER_HEAD) of row r. Also the readout rows' part of
-    `fused.py`'s launch. DEFER (a plan with defer): flush rows read out here too, from the
-    checkpoint and their unfolded history (the plan row's fold region); their fold comes
-    after this launch."""
+    `fused.py`'s launch."""
     h = pid // TILES_PER_HEAD
     g = h // HEADS_PER_GROUP
     o_p = (pid % TILES_PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -581,11 +573,6 @@ def readout_window_program(
             mask=m_t[:, None] & m_p[None, :],
         )
         return
-    if DEFER:
-        flush = tl.load(p_plan + T_PLAN_FLUSH)
-        o = tl.where(flush != 0, tl.load(p_plan + T_PLAN_FOLD_ORIGIN), o)
-        n = tl.where(flush != 0, tl.load(p_plan + T_PLAN_FOLD_COUNT), n)
-        read_hp = read_hp & (flush == 0)  # a stale LP only
     if read_hp != 0:
         return
     slot = slot32.to(tl.int64)
@@ -688,19 +675,15 @@ def mamba2_readout(
     window: int = 1,
     query_start_loc: torch.Tensor | None = None,
     products: str = "fma",
-    defer: bool = False,
 ) -> None:
-    """Launch the readout for num_rows rows after `mamba2_plan` (alongside `mamba2_flush`;
-    with defer, after a plan with defer and before `mamba2_flush(..., defer=True)`).
+    """Launch the readout for num_rows rows after `mamba2_plan` (alongside `mamba2_flush`).
 
     Reads LP (HP when LP is off), ring_x history, the plan; writes out [num_tokens, H, P]
     for rows that read neither HP nor a NULL slot (zeros for NULL rows), their x records
     and every row's cursor words. window / query_start_loc: as given to the plan.
     products: how a speculative window's readout forms its sums, "fma" (elementwise
     products and warp reductions, `read_window`) or "dot" (tensor-core products,
-    `read_window_dot`; block_p >= 16); plain decode takes "fma" only. defer (speculative
-    steps): flush rows are read out here too (from the checkpoint and their unfolded
-    history), not by the flush launch.
+    `read_window_dot`; block_p >= 16); plain decode takes "fma" only.
     """
     H, P = x.shape[1], x.shape[2]
     G, N = C.shape[1], C.shape[2]
@@ -731,8 +714,6 @@ def mamba2_readout(
     tensors = (ckpt, cache.ring_x, cache.meta, x, C, out, scratch.plan, scratch.coef)
     grid = (H * tiles, num_rows)
     if window == 1 and query_start_loc is None:  # plain decode (the window layout at T = 1)
-        if defer:
-            raise ValueError("a deferred fold is planned for speculative steps only")
         launch(
             _mamba2_readout_kernel, grid, *tensors, null_block_id, num_ring_rows, *args, **shapes
         )
@@ -756,7 +737,6 @@ def mamba2_readout(
         # 80 registers; 64 columns spill 8 bytes).
         BLOCK_K=shapes["BLOCK_N"] if ckpt.element_size() == 2 else min(32, shapes["BLOCK_N"]),
         DOT_T=max(16, window_block(window)),
-        DEFER=defer,
         **shapes,
     )
 
