@@ -74,10 +74,13 @@ SCENARIOS = {
     "spec_T2_lp_fp16_churn": dict(L=4, T=2, lp=torch.float16, churn=True),
     "spec_T2_lp_fp16_churn_mixed": dict(L=4, T=2, lp=torch.float16, churn=True, knobs=MIXED),
     "spec_T4_L16_lp_bf16": dict(L=16, T=4, lp=torch.bfloat16),  # the production shape
-    "spec_T4_L16_lp_bf16_unfused": dict(L=16, T=4, lp=torch.bfloat16, knobs=UNFUSED),
-    # a longer ring (buffer_len 32: a flush every eighth step at T = 4; two cycles of it)
-    "spec_T4_L32_lp_bf16_unfused": dict(L=32, T=4, lp=torch.bfloat16, knobs=UNFUSED, cycles=2),
-    "spec_T4_L16_lp_bf16_fma": dict(L=16, T=4, lp=torch.bfloat16, knobs={**FMA, **MIXED}),
+    # The production shape's knob variants run one cycle of steps (26): at T = 4 a row
+    # commits up to 4 tokens a step, so each of the 3 rows still flushes several times.
+    "spec_T4_L16_lp_bf16_unfused": dict(L=16, T=4, lp=torch.bfloat16, knobs=UNFUSED, cycles=1),
+    # a longer ring (buffer_len 32: a flush about every eighth step at T = 4; one cycle of
+    # steps, 50: several flushes per row)
+    "spec_T4_L32_lp_bf16_unfused": dict(L=32, T=4, lp=torch.bfloat16, knobs=UNFUSED, cycles=1),
+    "spec_T4_L16_lp_bf16_fma": dict(L=16, T=4, lp=torch.bfloat16, knobs={**FMA, **MIXED}, cycles=1),
     "spec_T3_wide_head_fused": dict(geom="wide_head", L=5, T=3, knobs=FUSED),
     "spec_T4_wide_head_lp_bf16_fused": dict(geom="wide_head", L=8, T=4, lp=torch.bfloat16),
     "spec_T4_wide_head_lp_bf16_fused32": dict(
@@ -89,7 +92,9 @@ SCENARIOS = {
     # C with churn (dot16); the flush's fp32 tile takes tf32x3 or bf16x3; T = 3: masked
     # token slots.
     "spec_T3_dot": dict(L=5, T=3, knobs=DOT),
-    "spec_T4_L16_lp_bf16_dot": dict(L=16, T=4, lp=torch.bfloat16, act=torch.bfloat16, knobs=DOT),
+    "spec_T4_L16_lp_bf16_dot": dict(
+        L=16, T=4, lp=torch.bfloat16, act=torch.bfloat16, knobs=DOT, cycles=1
+    ),
     "spec_T4_act_bf16_dot": dict(L=8, T=4, act=torch.bfloat16, knobs=DOT),
     "spec_T2_lp_fp16_churn_dot": dict(
         L=4,
