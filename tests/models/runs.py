@@ -56,6 +56,15 @@ QWEN3_NEXT_SPEC: dict[str, Any] = dict(
 )
 
 
+# The MTP drafter tests' checkpoints (`mtp_checkpoint`): per family, the overrides beyond
+# PEAKED. Qwen3-Next's MTP layer (index 0) must be MoE, so the target's layer 0 is too; all 4
+# experts are active per token, so that batch shape noise cannot flip expert choices.
+MTP_CHECKPOINTS: dict[str, dict[str, Any]] = {
+    "qwen3_next": dict(mlp_only_layers=[1, 2, 3], num_experts_per_tok=4),
+    "nemotron_h": {},
+}
+
+
 def prompts(lens: list[int] = PROMPT_LENS) -> list[list[int]]:
     return [[(7 * i + 3 * j) % 500 + 1 for j in range(n)] for i, n in enumerate(lens)]
 
@@ -87,6 +96,12 @@ def nemotron_h_run(
         **kwargs,
         **SCHEDULER,
     )
+
+
+def mtp_checkpoint(runs: EngineRuns, kind: str) -> Path:
+    """The tiny `kind` checkpoint (PEAKED, MTP_CHECKPOINTS) with an MTP head (`add_mtp_head`:
+    its drafts are what the target, scaled to follow them, often produces)."""
+    return runs.checkpoint(kind, mtp_head=True, **PEAKED, **MTP_CHECKPOINTS[kind])
 
 
 class EngineRuns:

@@ -27,10 +27,12 @@ import pytest
 from ..models.compare import check_greedy, check_logprobs
 from ..models.runs import (
     BUFFER_LEN,
+    MTP_CHECKPOINTS,
     PEAKED,
     QWEN3_NEXT_SPEC,
     SCHEDULER,
     UNIT,
+    mtp_checkpoint,
     nemotron_h_run,
     prompts,
 )
@@ -257,9 +259,8 @@ def test_gdn_one_token_prompts_in_recycled_slots(runs, qwen_dir, capsys):
 # predicts, and the target is scaled to follow that often, so these runs test acceptance and
 # rollback with the drafter's own KV cache and metadata: at least a tenth of the drafts must
 # be accepted and a tenth rejected.
-# - Qwen3-Next (Qwen3NextMTP: an attention + MoE layer, followed about 40% of the time): the
-#   MTP layer (index 0) must be MoE, so the target's layer 0 is too; all 4 experts are
-#   active per token, so that batch shape noise cannot flip expert choices.
+# - Qwen3-Next (Qwen3NextMTP: an attention + MoE layer, followed about 40% of the time; the
+#   checkpoint: runs.MTP_CHECKPOINTS).
 # - NemotronH (NemotronHMTP, which vLLM 0.26 builds for a NemotronH config with
 #   num_nextn_predict_layers > 0): one attention layer (pattern "*", no Mamba-2 layer in
 #   the drafter); transformers' run of the target on these prompts followed it at 201 of 320
@@ -269,15 +270,6 @@ MTP_CASES = {
     "k1_L2": (1, {"buffer_len": 2}),
     "k3_L16_hp_only": (3, {"buffer_len": 16, "lp_dtype": "none"}),
 }
-MTP_CHECKPOINTS = {  # per family: the tiny checkpoint's overrides beyond PEAKED
-    "qwen3_next": dict(mlp_only_layers=[1, 2, 3], num_experts_per_tok=4),
-    "nemotron_h": {},
-}
-
-
-def mtp_checkpoint(runs, kind: str):
-    """The tiny `kind` checkpoint with an MTP head (built once per session by `runs`)."""
-    return runs.checkpoint(kind, mtp_head=True, **PEAKED, **MTP_CHECKPOINTS[kind])
 
 
 @pytest.fixture(scope="module")

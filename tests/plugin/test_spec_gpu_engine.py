@@ -36,20 +36,20 @@ from ..models.compare import check_greedy
 from ..models.runs import (
     BUFFER_LEN,
     GPU_ENGINE,
+    MTP_CHECKPOINTS,
     NEMOTRON_H_PROMPTS,
     NEMOTRON_H_TOKENS,
     PEAKED,
+    mtp_checkpoint,
 )
 from ..models.tiny import TeacherForcedOracle, add_eagle_head
 from .test_spec_cpu_engine import (
     GDN_NGRAM,
     GDN_ONE_TOKEN_PROMPTS,
     MTP_CASES,
-    MTP_CHECKPOINTS,
     NEW_TOKENS,
     ONE_TOKEN_NEW_TOKENS,
     _check_partly_accepted,
-    mtp_checkpoint,
     mtp_prompts,  # noqa: F401
     qwen_dir,  # noqa: F401  (module fixture: the tiny Qwen3-Next with one MoE layer)
     qwen_prompts,  # noqa: F401
