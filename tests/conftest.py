@@ -1,8 +1,9 @@
 """Test session setup: Triton kernels run in the interpreter where there is no GPU
-(`TRITON_INTERPRET` must be set before any kernel module is imported), `gpu`-marked tests
-are skipped there, and vLLM's CPU kernels run without AMX in this process and every engine
-and server it starts, stock ones included (REPLAYSSM_CPU_AMX=0; vllm_replayssm.cpu_amx: an
-engine with ReplaySSM on hides AMX in its own processes, stock vLLM keeps it)."""
+(`TRITON_INTERPRET` must be set before any kernel module is imported; its dead work is
+skipped: tests/triton_interpreter.py), `gpu`-marked tests are skipped there, and vLLM's CPU
+kernels run without AMX in this process and every engine and server it starts, stock ones
+included (REPLAYSSM_CPU_AMX=0; vllm_replayssm.cpu_amx: an engine with ReplaySSM on hides
+AMX in its own processes, stock vLLM keeps it)."""
 
 import os
 
@@ -16,6 +17,9 @@ if not HAS_CUDA:
     from vllm_replayssm.cpu_amx import hide_amx
 
     hide_amx()
+    from .triton_interpreter import speed_up
+
+    speed_up()
 
 
 def pytest_collection_modifyitems(config, items):
