@@ -339,9 +339,8 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
         args.pop(key)
     # The window's readout from the folded tile: "fma" (the default) or tensor-core products
     # (`flush_products="dot"`: the fp32 tile's bf16 parts against bf16 C).
-    # `flush_prefetch`: the next item's HP tile loads ahead (the bf16 LP default's products).
-    for products, prefetch in (("fma", False), ("bf16x3", False), ("bf16x3", True)):
-        tag = ("" if products == "fma" else " dot") + (" prefetch" if prefetch else "")
+    for products in ("fma", "bf16x3"):
+        tag = "" if products == "fma" else " dot"
         out.append(
             (
                 f"flush window {T} 32 x {N} bf16x3{tag}",
@@ -362,7 +361,6 @@ def window_variants(plan_args: dict, T: int = 4) -> list[tuple[str, object, dict
                     OFF_D=off_d,
                     PRODUCTS=products,
                     DOT_T=max(16, bt),
-                    PREFETCH=prefetch,
                     **win,
                 ),
                 4,

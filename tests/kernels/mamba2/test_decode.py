@@ -106,15 +106,6 @@ SCENARIOS = {
     ),
     # a register cap on the window flush (the interpreter ignores it; the GPU test runs it)
     "spec_T3_flush_maxnreg": dict(L=5, T=3, knobs=dict(flush_maxnreg=128, **UNFUSED)),
-    # the window flush loading each next item's HP tile ahead; two programs walk the list,
-    # so every program's items cross heads and rows
-    "spec_T3_lp_bf16_flush_prefetch": dict(
-        geom="wide_head",
-        L=5,
-        T=3,
-        lp=torch.bfloat16,
-        knobs=dict(flush_prefetch=True, flush_programs=2, **UNFUSED),
-    ),
 }
 
 
@@ -242,14 +233,8 @@ def test_window_readout_products():
         (dict(flush_maxnreg=-1), "flush_maxnreg must be >= 0"),
         (dict(readout_products="dot"), "speculative windows only"),
         (dict(flush_products="mma"), "flush_products must be one of"),
-        (dict(flush_prefetch=True), "flush_prefetch: speculative windows only"),
     ],
-    ids=[
-        "negative_register_cap",
-        "plain_dot_readout",
-        "unknown_flush_products",
-        "plain_flush_prefetch",
-    ],
+    ids=["negative_register_cap", "plain_dot_readout", "unknown_flush_products"],
 )
 def test_bad_launch_knobs_are_refused_before_any_launch(knobs, match, device):
     """A bad knob is refused before the plan launch: the page (cursor words, records,
@@ -460,13 +445,11 @@ def test_real_geometry_lockstep_on_gpu(lp, T):
 # LP copy only); the flush capped at 128 registers with four programs per SM; the readout
 # and the flush as one launch for every step (the default with an LP copy at these rows),
 # on its default 16-row tiles on two warps, on 32 rows on four (the former default) and on
-# 16 rows on four (fused_block_p, fused_warps); the flush loading each next item's HP tile
-# ahead (flush_prefetch) on a small grid, so that each program walks several items.
+# 16 rows on four (fused_block_p, fused_warps).
 WINDOW_KNOBS = {
     "fma": FMA,
     "dot": DOT,
     "flush_maxnreg128": dict(flush_maxnreg=128, flush_programs=528, **UNFUSED),
-    "flush_prefetch": dict(flush_prefetch=True, flush_programs=16, **UNFUSED),
     "fused": FUSED,
     "fused32": FUSED32,
     "fused16_4_warps": FUSED16_4_WARPS,

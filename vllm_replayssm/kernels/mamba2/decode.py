@@ -94,9 +94,6 @@ def launch_config(
     631.3 µs and HP only 729.8; the best other points were 624.5 (bf16 LP, capped, 528
     programs, with the "fma" flush) and 725.9 (HP only, capped, 264): single `--quick`
     points 1.1% and 0.5% ahead, so neither is on.
-    flush_prefetch (windows only; off until measured): each program of the window flush's
-    persistent grid loads its next item's HP tile before it folds and reads out the
-    current item, so two tiles per program are in flight (the flush is latency-bound).
     fused_max_rows: speculative steps of up to this many rows run the readout and the flush
     in one launch (`fused.py`: the flush's products, no register cap; fused_block_p rows of
     a head per program on fused_warps warps, by default 16 rows on two warps); 0 never
@@ -138,7 +135,6 @@ def launch_config(
         readout_products=readout_products,
         flush_products="dot" if window > 1 and ckpt_itemsize < 4 else "fma",
         flush_maxnreg=0,
-        flush_prefetch=False,
         fused_max_rows=0
         if window == 1
         else (FUSED_MAX_ROWS_LP if ckpt_itemsize < 4 else FUSED_MAX_ROWS_HP),
@@ -188,8 +184,6 @@ def _resolve(num_rows, nheads, headdim, dstate, ckpt_dtype, c_dtype, device, win
     )
     if cfg["flush_maxnreg"] < 0:
         raise ValueError(f"flush_maxnreg must be >= 0, got {cfg['flush_maxnreg']}")
-    if cfg["flush_prefetch"] and plain:
-        raise ValueError("flush_prefetch: speculative windows only")
     if cfg["fused_max_rows"] < 0:
         raise ValueError(f"fused_max_rows must be >= 0, got {cfg['fused_max_rows']}")
     fused = not plain and num_rows <= cfg["fused_max_rows"]
@@ -226,8 +220,8 @@ def mamba2_replay_decode(
     scratch: `Mamba2Scratch` for at least R rows and this window; None allocates one per
     call (tests; not for CUDA graphs). knobs override `launch_config` (readout_block_p,
     readout_warps, readout_products, flush_block_p, flush_warps, flush_programs,
-    flush_products, flush_maxnreg, flush_prefetch, plan_warps, overlap, fused_max_rows,
-    fused_block_p, fused_warps, dot_precision).
+    flush_products, flush_maxnreg, plan_warps, overlap, fused_max_rows, fused_block_p,
+    fused_warps, dot_precision).
     """
     H, P = x.shape[1], x.shape[2]
     N = B.shape[2]
@@ -313,7 +307,6 @@ def mamba2_replay_decode(
                 dot_precision=cfg.get("dot_precision"),
                 products=cfg["flush_products"],
                 maxnreg=cfg["flush_maxnreg"],
-                prefetch=cfg["flush_prefetch"],
                 **windows,
                 **common,
             )

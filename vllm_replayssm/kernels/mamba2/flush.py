@@ -324,56 +324,12 @@ def _mamba2_flush_window_kernel(
     IS_VARLEN: tl.constexpr,
     PRODUCTS: tl.constexpr,
     DOT_T: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     items_per_row: tl.constexpr = NUM_HEADS * TILES_PER_HEAD
     total = tl.load(hp_count_ptr) * items_per_row
-    if PREFETCH:
-        # The next item's HP tile (and its row and slot) loads before this item's fold,
-        # readout and stores, so two tiles per program are in flight instead of one.
-        r_n, slot_n, S_n = _hp_tile_ahead(
-            hp_ptr,
-            plan_ptr,
-            hp_rows_ptr,
-            pid,
-            total,
-            stride_hp_slot,
-            stride_hp_head,
-            stride_hp_dim,
-            stride_hp_dstate,
-            items_per_row,
-            TILES_PER_HEAD,
-            headdim,
-            dstate,
-            BLOCK_P,
-            BLOCK_N,
-        )
-    else:
-        r_n, slot_n, S_n = 0, 0, 0.0
     for item in tl.range(pid, total, num_programs):
-        if PREFETCH:
-            r, slot, S = r_n, slot_n, S_n
-            r_n, slot_n, S_n = _hp_tile_ahead(
-                hp_ptr,
-                plan_ptr,
-                hp_rows_ptr,
-                item + num_programs,
-                total,
-                stride_hp_slot,
-                stride_hp_head,
-                stride_hp_dim,
-                stride_hp_dstate,
-                items_per_row,
-                TILES_PER_HEAD,
-                headdim,
-                dstate,
-                BLOCK_P,
-                BLOCK_N,
-            )
-        else:
-            r, slot, S = tl.load(hp_rows_ptr + item // items_per_row), 0, 0.0
         flush_window_item(
             hp_ptr,
             lp_ptr,
@@ -431,52 +387,10 @@ def _mamba2_flush_window_kernel(
             IS_VARLEN,
             PRODUCTS,
             DOT_T,
-            r,
+            tl.load(hp_rows_ptr + item // items_per_row),
             (item % items_per_row) // TILES_PER_HEAD,
             item % TILES_PER_HEAD,
-            slot,
-            S,
-            PREFETCH,
         )
-
-
-@triton.jit
-def _hp_tile_ahead(
-    hp_ptr,
-    plan_ptr,
-    hp_rows_ptr,
-    item,
-    total,
-    stride_hp_slot,
-    stride_hp_head,
-    stride_hp_dim,
-    stride_hp_dstate,
-    ITEMS_PER_ROW: tl.constexpr,
-    TILES_PER_HEAD: tl.constexpr,
-    headdim: tl.constexpr,
-    dstate: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Item `item` of the window flush's list ahead of its turn: its row, its slot and its
-    HP tile ([BLOCK_P, BLOCK_N] fp32), as `flush_window_item` would load them (zeros past
-    the list's end, `total` items)."""
-    valid = item < total
-    r = tl.load(hp_rows_ptr + item // ITEMS_PER_ROW, mask=valid, other=0)
-    h = (item % ITEMS_PER_ROW) // TILES_PER_HEAD
-    o_p = (item % TILES_PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
-    o_n = tl.arange(0, BLOCK_N)
-    slot = tl.load(plan_ptr + r * T_PLAN_LEN + T_PLAN_SLOT, mask=valid, other=0)
-    S = tl.load(
-        hp_ptr
-        + slot.to(tl.int64) * stride_hp_slot
-        + h * stride_hp_head
-        + o_p[:, None] * stride_hp_dim
-        + o_n[None, :] * stride_hp_dstate,
-        mask=(o_p < headdim)[:, None] & (o_n < dstate)[None, :] & valid,
-        other=0.0,
-    )
-    return r, slot, S
 
 
 @triton.jit
@@ -540,15 +454,10 @@ def flush_window_item(
     r,
     h,
     tile,
-    slot_pre,
-    S_pre,
-    PRELOADED: tl.constexpr,
 ):
     """One item of the window flush (`_mamba2_flush_window_kernel`): tile `tile` of head h
     of row r, a row that reads HP (a flush row folds its records first; a stale-LP row reads
-    out from HP). Also the HP rows' part of `fused.py`'s launch. PRELOADED: the caller
-    loaded the row's slot and the HP tile (`_hp_tile_ahead`: slot_pre, S_pre); otherwise
-    they load here."""
+    out from HP). Also the HP rows' part of `fused.py`'s launch."""
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < dstate
     o_j = tl.arange(0, BLOCK_L)
@@ -561,10 +470,7 @@ def flush_window_item(
     bos, q = row_tokens(qsl_ptr, r64, IS_VARLEN)
     m_t = o_t < q
     p_plan = plan_ptr + r * T_PLAN_LEN
-    if PRELOADED:
-        slot = slot_pre.to(tl.int64)
-    else:
-        slot = tl.load(p_plan + T_PLAN_SLOT).to(tl.int64)
+    slot = tl.load(p_plan + T_PLAN_SLOT).to(tl.int64)
     o = tl.load(p_plan + T_PLAN_ORIGIN)
     n = tl.load(p_plan + T_PLAN_COUNT)
     first = tl.load(p_plan + T_PLAN_WRITE_ROW)
@@ -587,10 +493,7 @@ def flush_window_item(
         + o_p[:, None] * stride_hp_dim
         + o_n[None, :] * stride_hp_dstate
     )
-    if PRELOADED:
-        S = S_pre
-    else:
-        S = tl.load(p_hp, mask=m_pn, other=0.0)  # [BLOCK_P, BLOCK_N]
+    S = tl.load(p_hp, mask=m_pn, other=0.0)  # [BLOCK_P, BLOCK_N]
     p_rx = ring_x_ptr + slot * stride_rx_slot + h * stride_rx_head
     if flush != 0:
         S = _flush_tile(
@@ -730,7 +633,6 @@ def mamba2_flush(
     query_start_loc: torch.Tensor | None = None,
     products: str = "fma",
     maxnreg: int = 0,
-    prefetch: bool = False,
 ) -> None:
     """Launch the flush over the plan's HP list (after `mamba2_plan`, before
     `mamba2_readout`): HP and LP of flush rows written; out [num_tokens, H, P] and the x
@@ -741,8 +643,7 @@ def mamba2_flush(
     speculative window reads its tokens out of the folded fp32 tile, as
     `readout.mamba2_readout` takes it ("fma" or "dot"; plain decode "fma" only). maxnreg:
     a cap on the program's registers (Triton's launch option; 0: the compiler's choice),
-    so that more programs of the persistent grid fit on an SM. prefetch (windows only): each
-    program loads its next item's HP tile before it folds and reads out the current one."""
+    so that more programs of the persistent grid fit on an SM."""
     if maxnreg < 0:
         raise ValueError(f"maxnreg must be >= 0, got {maxnreg}")
     dot_precision = fold_precision(cache, x, dot_precision)
@@ -794,8 +695,6 @@ def mamba2_flush(
     )
     grid = (max(1, num_programs),)
     if plain:  # plain decode (the window layout at T = 1)
-        if prefetch:
-            raise ValueError("prefetch: speculative windows only")
         launch(_mamba2_flush_kernel, grid, *tensors, *args, **shapes)
         return
     off_w, off_s, off_d = coef_offsets(buffer_len, window)
@@ -813,6 +712,5 @@ def mamba2_flush(
         IS_VARLEN=query_start_loc is not None,
         PRODUCTS=tile_products,
         DOT_T=max(16, window_block(window)),
-        PREFETCH=bool(prefetch),
         **shapes,
     )

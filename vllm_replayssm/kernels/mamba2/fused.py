@@ -221,9 +221,6 @@ def _mamba2_window_fused_kernel(
             r,
             pid // TILES_PER_HEAD,
             pid % TILES_PER_HEAD,
-            0,
-            0.0,
-            False,
         )
 
 
