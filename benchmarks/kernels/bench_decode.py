@@ -2,7 +2,8 @@
 one process on one GPU, per decode step and SSM layer, at real geometries.
 
 Measured: microseconds per decode step per layer for a batch of bs rows (plain decode,
-window T = 1, buffer_len L = 16, fp32 HP, bf16 activations, GDN exact flush). With
+window T = 1, fp32 HP, bf16 activations, GDN exact flush; buffer_len L the production
+default of the family and LP, `config.DEFAULT_BUFFER_LEN`, unless --buffer-len). With
 --window T: speculative verify steps of T = 1 + k tokens per row, every draft accepted,
 against vLLM's kernels as its layers call them under speculative decoding (state indices
 [bs, T], one page per token: the state read from the accepted column and written to all
@@ -48,6 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 from benchmarks import common
+from vllm_replayssm.config import DEFAULT_BUFFER_LEN
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -70,8 +72,8 @@ GEOMETRIES: dict[str, Mamba2Geometry | GDNGeometry] = {
 LP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 LP_ALIASES = {"bfloat16": "bf16", "float16": "fp16"}
 BUFFER_LEN = 16
-# Tokens per row and step, and steps per graph (one flush cycle, `common.flush_cycle`);
-# --window sets both.
+# Tokens per row and step, and steps per graph (one flush cycle, `common.flush_cycle`):
+# `set_steps` sets all three per measurement (`buffer_len_for`, --window).
 WINDOW = 1
 STEPS = BUFFER_LEN // WINDOW
 ACT = torch.bfloat16
@@ -100,6 +102,15 @@ DEV = "cuda"
 
 def family(geom) -> str:
     return "mamba2" if isinstance(geom, Mamba2Geometry) else "gdn"
+
+
+def buffer_len_for(geom, lp_name: str, requested: int | None = None) -> int:
+    """L of a measurement: `requested` (--buffer-len) where given, else what the plugin
+    runs for this family and LP (`config.DEFAULT_BUFFER_LEN`: 32 for Mamba-2 with an LP
+    copy, 16 otherwise)."""
+    if requested is not None:
+        return requested
+    return DEFAULT_BUFFER_LEN[(family(geom), lp_name != "none")]
 
 
 def conv_dim(geom) -> int:
@@ -584,6 +595,7 @@ HEADER = [
     "geometry",
     "bs",
     "lp",
+    "L",
     "NL",
     "route",
     "vLLM us",
@@ -607,6 +619,7 @@ def table_row(row: dict) -> list[str]:
         row["geometry"],
         str(row["bs"]),
         row["lp"],
+        str(row["buffer_len"]),
         str(row["num_layers"]),
         row["ours"].get("route", "-"),
         f("us", ".2f", row["vllm"]),
@@ -679,15 +692,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--buffer-len",
         type=int,
-        default=BUFFER_LEN,
-        help=f"our layers' buffer_len L (default {BUFFER_LEN}; vLLM's kernel does not take it)",
+        default=None,
+        help="our layers' buffer_len L (default: the plugin's per family and LP, 32 for "
+        "Mamba-2 with an LP copy, 16 otherwise; vLLM's kernel does not take it)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the bytes model; no GPU")
     args = p.parse_args(argv)
-    try:
-        set_steps(args.buffer_len, args.window)
-    except ValueError as exc:
-        sys.exit(str(exc))
     args.families = _csv(args.families, ("mamba2", "gdn"), "--families")
     args.geoms = [
         g for g in _csv(args.geoms, GEOMETRIES, "--geoms") if family(GEOMETRIES[g]) in args.families
@@ -696,6 +706,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.lp = _csv(
         ",".join(LP_ALIASES.get(x.strip(), x) for x in args.lp.split(",")), LP_DTYPES, "--lp"
     )
+    try:  # every (geometry, LP) measurement's L against --window
+        for g, lp in itertools.product(args.geoms, args.lp):
+            set_steps(buffer_len_for(GEOMETRIES[g], lp, args.buffer_len), args.window)
+    except ValueError as exc:
+        sys.exit(str(exc))
     for knob in KNOBS:
         raw = getattr(args, knob)
         if raw is not None:
@@ -733,6 +748,7 @@ def dry_run(args) -> None:
     header = [
         "geometry",
         "lp",
+        "L",
         "E",
         "state MiB",
         "r_w",
@@ -747,11 +763,13 @@ def dry_run(args) -> None:
     for name in args.geoms:
         geom = GEOMETRIES[name]
         for lp in args.lp:
+            set_steps(buffer_len_for(geom, lp, args.buffer_len), WINDOW)
             b = bytes_model(geom, lp)
             rows.append(
                 [
                     name,
                     lp,
+                    str(BUFFER_LEN),
                     str(b["state_elems"]),
                     f"{4 * b['state_elems'] / MIB:.2f}",
                     str(b["r_w"]),
@@ -764,7 +782,7 @@ def dry_run(args) -> None:
                 ]
             )
     print(
-        f"# bytes per row, layer and step (design §2): L={BUFFER_LEN}, T={WINDOW}, "
+        f"# bytes per row, layer and step (design §2): T={WINDOW}, "
         "bf16 act, fp32 HP, GDN exact flush; ceil = stock / ours"
     )
     print(common.format_table(header, rows))
@@ -799,9 +817,9 @@ def main(argv=None) -> int:
         "machine": info,
         "copy_bandwidth": copy,
         "settings": {
-            "buffer_len": BUFFER_LEN,
+            # None: each row's family and LP default (the rows' buffer_len)
+            "buffer_len": args.buffer_len,
             "window": WINDOW,
-            "steps_per_graph": STEPS,
             "act_dtype": "bfloat16",
             "hp_dtype": "float32",
             "gdn_flush": "exact",
@@ -820,14 +838,20 @@ def main(argv=None) -> int:
             nl = num_layers(geom, bs)
             slots = torch.arange(1, bs + 1, dtype=torch.int32, device=DEV)
             print(f"{family(geom)} {name} bs={bs} NL={nl}", flush=True)
+            # vLLM's graph: the first LP's steps (its kernel takes no L; µs are per step)
+            set_steps(buffer_len_for(geom, args.lp[0], args.buffer_len), WINDOW)
             vllm = guarded("vllm", lambda g=geom, b=bs, n=nl, s=slots: run_vllm(g, b, n, s, args))
+            vllm["steps_per_graph"] = STEPS
             for lp in args.lp:
-                print(f" lp={lp}", flush=True)
+                set_steps(buffer_len_for(geom, lp, args.buffer_len), WINDOW)
+                print(f" lp={lp} L={BUFFER_LEN}", flush=True)
                 row = {
                     "family": family(geom),
                     "geometry": name,
                     "bs": bs,
                     "lp": lp,
+                    "buffer_len": BUFFER_LEN,
+                    "steps_per_graph": STEPS,
                     "num_layers": nl,
                     "bytes": bytes_model(geom, lp),
                     "vllm": vllm,

@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         "goes (top 30 by own time)",
     )
     args = p.parse_args(argv)
-    bench.set_steps(bench.BUFFER_LEN, args.window)
     geom, bs, T = bench.GEOMETRIES[args.geom], args.bs, args.window
+    bench.set_steps(bench.buffer_len_for(geom, args.lp), T)  # the plugin's L
     dev = torch.device("cuda")
     slots = torch.arange(1, bs + 1, dtype=torch.int32, device=dev)
     layers = bench.our_layers(geom, bs, 1, bench.LP_DTYPES[args.lp], slots)
@@ -288,13 +288,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: ERROR {exc!r}", flush=True)
             rows[name] = {"host_us": float("nan"), "error": repr(exc)}
 
-    print(f"# host µs per eager call: {args.geom} bs {bs} T {T} lp {args.lp}, {args.calls} calls")
+    print(
+        f"# host µs per eager call: {args.geom} bs {bs} T {T} L {bench.BUFFER_LEN} lp {args.lp}, "
+        f"{args.calls} calls"
+    )
     for name, r in rows.items():
         wall = f"{r['wall_us']:9.1f}" if "wall_us" in r else " " * 9
         print(f"{r['host_us']:9.1f} host {wall} wall  {name}")
     if args.json:
         out = common.run_header(__file__, common.machine_info())
-        out.update(settings={k: v for k, v in vars(args).items() if k != "json"}, rows=rows)
+        settings = {k: v for k, v in vars(args).items() if k != "json"}
+        out.update(settings={**settings, "buffer_len": bench.BUFFER_LEN}, rows=rows)
         common.write_json(Path(args.json), out)
         print(f"# wrote {args.json}")
     return 0

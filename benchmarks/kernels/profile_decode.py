@@ -71,13 +71,18 @@ def main() -> None:
         "--route", default=None, help="Mamba-2: auto, replay, stock; GDN: fused, split, stock"
     )
     p.add_argument("--window", type=int, default=1, help="tokens per row and step (1 + k)")
-    p.add_argument("--buffer-len", type=int, default=bench.BUFFER_LEN, help="our buffer_len L")
+    p.add_argument(
+        "--buffer-len",
+        type=int,
+        default=None,
+        help="our buffer_len L (default: the plugin's for the family and LP)",
+    )
     args = p.parse_args()
+    geom = bench.GEOMETRIES[args.geom]
     try:
-        bench.set_steps(args.buffer_len, args.window)
+        bench.set_steps(bench.buffer_len_for(geom, args.lp, args.buffer_len), args.window)
     except ValueError as exc:
         p.error(str(exc))
-    geom = bench.GEOMETRIES[args.geom]
     if args.route and args.route not in bench.ROUTES[bench.family(geom)]:
         p.error(f"--route {args.route}: not a route of {bench.family(geom)}")
     slots = torch.arange(1, args.bs + 1, dtype=torch.int32, device="cuda")
