@@ -75,15 +75,15 @@ def workload(block: int) -> tuple[list[list[int]], list[int], list[tuple[int, li
 CHECKPOINT = {"nemotron_h": PEAKED, "qwen3_next": {**PEAKED, "num_experts_per_tok": 4}}
 
 
-def _run(runs, kind: str, replayssm: dict, metrics: dict, extra_config: dict | None = None, **kw):
-    """The workload on `kind`'s tiny checkpoint; `extra_config` goes into additional_config
-    beside the replayssm dict, `kw` into the engine (the GPU test's graph settings)."""
-    block = CASES[kind][0]
-    prompts, waves, follow_ups, _ = workload(block)
+def engine_run(runs, ckpt, block: int, load, max_tokens: int, metrics: dict, config, **kw):
+    """One greedy run of a workload: top-5 logprobs, two requests at a time, one block per
+    chunk. load: (prompts, waves, follow_ups); config: additional_config; kw: into the
+    engine (speculative_config, prefix caching, the GPU tests' graph settings)."""
+    prompts, waves, follow_ups = load
     return runs.greedy(
-        runs.checkpoint(kind, **CHECKPOINT[kind]),
+        ckpt,
         prompts,
-        NEW_TOKENS,
+        max_tokens,
         logprobs=5,
         metrics=metrics,
         waves=waves,
@@ -91,10 +91,19 @@ def _run(runs, kind: str, replayssm: dict, metrics: dict, extra_config: dict | N
         max_model_len=1024,
         block_size=block,
         max_num_batched_tokens=block,
-        additional_config={"replayssm": replayssm, **(extra_config or {})},
+        additional_config=config,
         **SCHEDULER,
         **kw,
     )
+
+
+def _run(runs, kind: str, replayssm: dict, metrics: dict, extra_config: dict | None = None, **kw):
+    """The workload on `kind`'s tiny checkpoint; `extra_config` goes into additional_config
+    beside the replayssm dict, `kw` into the engine (the GPU test's graph settings)."""
+    block = CASES[kind][0]
+    ckpt = runs.checkpoint(kind, **CHECKPOINT[kind])
+    config = {"replayssm": replayssm, **(extra_config or {})}
+    return engine_run(runs, ckpt, block, workload(block)[:3], NEW_TOKENS, metrics, config, **kw)
 
 
 def _same_turns(reference, candidate):
@@ -215,6 +224,17 @@ def spec_workload(block: int, own: list[int]):
     return prompts, [1, 3], [(0, _tokens(7, 5))], 3 * block + 2 * block
 
 
+def check_against_references(capsys, kind: str, name: str, r: SimpleNamespace) -> None:
+    """The run with caching (r.on) against the same drafter without it (r.off) and plain
+    decoding (r.plain): the near-tie rule, and for NemotronH (peaked) the logprobs."""
+    label = f"{kind} {name} + prefix caching vs"
+    check_greedy(capsys, f"{label} {name}", *_same_turns(r.off, r.on))
+    check_greedy(capsys, f"{label} plain", *_same_turns(r.plain, r.on))
+    if kind == "nemotron_h":
+        for ref_name, reference in ((name, r.off), ("plain", r.plain)):
+            check_logprobs(capsys, f"{label} {ref_name}", *_same_turns(reference, r.on))
+
+
 def spec_checkpoint(runs, kind: str):
     """NemotronH: PEAKED; Qwen3-Next: the MTP tests' checkpoint (its target follows a token
     map, so that ngram drafts get accepted; all experts active: no expert flips)."""
@@ -241,18 +261,10 @@ def spec_runs(runs, kind: str, extra_config: dict | None = None, **kw) -> Simple
     prompts, waves, follow_ups, hits = spec_workload(block, own[0])
 
     def run(replayssm: dict, metrics: dict, **spec_kw):
-        return runs.greedy(
-            ckpt,
-            prompts,
-            SPEC_TOKENS,
-            logprobs=5,
-            metrics=metrics,
-            waves=waves,
-            follow_ups=follow_ups,
-            additional_config={**config, "replayssm": replayssm},
-            **common,
-            **SCHEDULER,
-            **spec_kw,
+        load = (prompts, waves, follow_ups)
+        config_run = {**config, "replayssm": replayssm}
+        return engine_run(
+            runs, ckpt, block, load, SPEC_TOKENS, metrics, config_run, **kw, **spec_kw
         )
 
     spec_replay = {**REPLAY, "debug_checks": True}
@@ -271,17 +283,23 @@ def spec_runs(runs, kind: str, extra_config: dict | None = None, **kw) -> Simple
     return r
 
 
+def drafts(metrics: dict) -> tuple[float, float]:
+    """(draft tokens proposed, accepted) of a run's metrics."""
+    return (
+        metrics.get("vllm:spec_decode_num_draft_tokens", 0),
+        metrics.get("vllm:spec_decode_num_accepted_tokens", 0),
+    )
+
+
 def report_spec_runs(kind: str, r: SimpleNamespace, capsys) -> tuple[float, float]:
     """Print the runs' figures; returns (drafted, accepted) of the run with caching."""
-    drafted = r.m_on.get("vllm:spec_decode_num_draft_tokens", 0)
-    accepted = r.m_on.get("vllm:spec_decode_num_accepted_tokens", 0)
+    drafted, accepted = drafts(r.m_on)
     with capsys.disabled():
         print(
             f"\n{kind} spec + prefix caching: hits {r.m_on['vllm:prefix_cache_hits']:.0f} "
             f"tokens (whole blocks offer {r.hits}); {accepted:.0f}/{drafted:.0f} draft tokens "
-            f"accepted (without caching "
-            f"{r.m_off.get('vllm:spec_decode_num_accepted_tokens', 0):.0f}/"
-            f"{r.m_off.get('vllm:spec_decode_num_draft_tokens', 0):.0f}); rows whose window "
+            f"accepted (without caching {drafts(r.m_off)[1]:.0f}/{drafts(r.m_off)[0]:.0f}); "
+            f"rows whose window "
             f"may reach a boundary {r.counts['candidates']}, pages copied there "
             f"{r.counts['copied']} (counted on CPUs)"
         )
@@ -295,13 +313,7 @@ def test_prefix_caching_with_speculative_decoding(runs, kind, capsys):
     assert r.m_on["vllm:prefix_cache_hits"] >= r.hits
     assert 0 < accepted < drafted, "drafts must be partly accepted and partly rejected"
     assert r.counts["copied"] > 0, "no window's accepted tokens crossed a block boundary"
-    check_greedy(capsys, f"{kind} spec + prefix caching vs spec", *_same_turns(r.off, r.on))
-    check_greedy(capsys, f"{kind} spec + prefix caching vs plain", *_same_turns(r.plain, r.on))
-    if kind == "nemotron_h":
-        for name, reference in (("spec", r.off), ("plain", r.plain)):
-            check_logprobs(
-                capsys, f"{kind} spec + prefix caching vs {name}", *_same_turns(reference, r.on)
-            )
+    check_against_references(capsys, kind, "spec", r)
 
 
 # --- vLLM's MTP drafter with prefix caching ---------------------------------------------------
@@ -341,21 +353,9 @@ def mtp_runs(runs, kind: str) -> SimpleNamespace:
     mtp = {"method": "mtp", "num_speculative_tokens": 3}
 
     def run(metrics: dict, **kw):
-        return runs.greedy(
-            ckpt,
-            prompts,
-            SPEC_TOKENS,
-            logprobs=5,
-            metrics=metrics,
-            waves=waves,
-            follow_ups=follow_ups,
-            max_model_len=1024,
-            block_size=block,
-            max_num_batched_tokens=block,
-            additional_config={"replayssm": REPLAY},
-            **SCHEDULER,
-            **kw,
-        )
+        load = (prompts, waves, follow_ups)
+        config = {"replayssm": REPLAY}
+        return engine_run(runs, ckpt, block, load, SPEC_TOKENS, metrics, config, **kw)
 
     r = SimpleNamespace(prompts=prompts, cached=cached, m_off={}, m_on={})
     r.off = run(r.m_off, speculative_config=mtp)
@@ -367,8 +367,7 @@ def mtp_runs(runs, kind: str) -> SimpleNamespace:
 @pytest.mark.parametrize("kind", list(CASES))
 def test_prefix_caching_with_mtp_drafter(runs, kind, capsys):
     r = mtp_runs(runs, kind)
-    drafted = r.m_on.get("vllm:spec_decode_num_draft_tokens", 0)
-    accepted = r.m_on.get("vllm:spec_decode_num_accepted_tokens", 0)
+    drafted, accepted = drafts(r.m_on)
     with capsys.disabled():
         print(
             f"\n{kind} MTP + prefix caching: {r.m_on[CACHED_TOKENS]:.0f} tokens cached (vLLM's "
@@ -377,10 +376,4 @@ def test_prefix_caching_with_mtp_drafter(runs, kind, capsys):
     assert r.m_off[CACHED_TOKENS] == 0
     assert r.m_on[CACHED_TOKENS] >= r.cached
     assert 0 < accepted < drafted, "drafts must be partly accepted and partly rejected"
-    check_greedy(capsys, f"{kind} MTP + prefix caching vs MTP", *_same_turns(r.off, r.on))
-    check_greedy(capsys, f"{kind} MTP + prefix caching vs plain", *_same_turns(r.plain, r.on))
-    if kind == "nemotron_h":
-        for name, reference in (("MTP", r.off), ("plain", r.plain)):
-            check_logprobs(
-                capsys, f"{kind} MTP + prefix caching vs {name}", *_same_turns(reference, r.on)
-            )
+    check_against_references(capsys, kind, "MTP", r)
