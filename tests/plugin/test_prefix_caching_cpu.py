@@ -294,13 +294,13 @@ def drafts(metrics: dict) -> tuple[float, float]:
 def report_spec_runs(kind: str, r: SimpleNamespace, capsys) -> tuple[float, float]:
     """Print the runs' figures; returns (drafted, accepted) of the run with caching."""
     drafted, accepted = drafts(r.m_on)
+    drafted_off, accepted_off = drafts(r.m_off)
     with capsys.disabled():
         print(
             f"\n{kind} spec + prefix caching: hits {r.m_on['vllm:prefix_cache_hits']:.0f} "
             f"tokens (whole blocks offer {r.hits}); {accepted:.0f}/{drafted:.0f} draft tokens "
-            f"accepted (without caching {drafts(r.m_off)[1]:.0f}/{drafts(r.m_off)[0]:.0f}); "
-            f"rows whose window "
-            f"may reach a boundary {r.counts['candidates']}, pages copied there "
+            f"accepted (without caching {accepted_off:.0f}/{drafted_off:.0f}); rows whose "
+            f"window may reach a boundary {r.counts['candidates']}, pages copied there "
             f"{r.counts['copied']} (counted on CPUs)"
         )
     return drafted, accepted
@@ -321,15 +321,15 @@ def test_prefix_caching_with_speculative_decoding(runs, kind, capsys):
 # every hit for it (the drafter needs that block's hidden states again): a hit of h tokens
 # needs h + one block shared and cached, so here every hit lands on a page that a prefill
 # chunk completed. vLLM 0.26's prefix_cache_queries / _hits counters stay 0 with a model
-# drafter although hits happen (note 46 took that for no hits): the test reads the tokens
-# the requests report cached. What it checks: the drafter's KV cache group, vLLM's drop
-# rule and ReplaySSM's pages run together, give vLLM's hits and the tokens of the runs
-# without caching. What it cannot see: the state. The MTP checkpoint's target follows its
-# token embedding by construction (tiny.MTP_EMBED_SCALE), so its outputs hardly depend on
-# the SSM state: measured with mutations, a hit's ring not folded, boundary pages not
-# copied and even the HP of every resumed row zeroed kept every token (NemotronH logprobs
-# within 0.03), where the ngram test above, on PEAKED, fails the last. The layer tests
-# (tests/layers/test_pages.py) check those states.
+# drafter although hits happen: the test reads the tokens the requests report cached.
+# What it checks: the drafter's KV cache group, vLLM's drop rule and ReplaySSM's pages run
+# together, give vLLM's hits and the tokens of the runs without caching. What it cannot
+# see: the state. The MTP checkpoint's target follows its token embedding by construction
+# (tiny.MTP_EMBED_SCALE), so its outputs hardly depend on the SSM state: measured with
+# mutations, a hit's ring not folded, boundary pages not copied and even the HP of every
+# resumed row zeroed kept every token (NemotronH logprobs within 0.03), where the ngram test
+# above, on PEAKED, fails the last. The layer tests (tests/layers/test_pages.py) check those
+# states.
 
 
 def mtp_workload(block: int):
