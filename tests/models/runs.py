@@ -115,7 +115,8 @@ class EngineRuns:
         self._runs: dict[str, tuple[Any, dict[str, float]]] = {}
 
     def checkpoint(self, kind: str, *, mtp_head: bool = False, **overrides: Any) -> Path:
-        """`build_checkpoint(kind, ..., **overrides)`, with `add_mtp_head` if asked."""
+        """`build_checkpoint(kind, ..., **overrides)` (config overrides and its own keywords,
+        e.g. long_memory), with `add_mtp_head` if asked."""
         key = json.dumps([kind, mtp_head, overrides], sort_keys=True)
         if key not in self._checkpoints:
             path = self.root / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"

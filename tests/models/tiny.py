@@ -166,6 +166,42 @@ def _set_ssm_params(model: torch.nn.Module, seed: int) -> int:
     return count
 
 
+# `build_checkpoint(..., long_memory=True)`: GDN decays per head, dt log-uniform in this range.
+LONG_MEMORY_DT = (1e-4, 1e-2)
+# The GDN layers' gate projections (β from b, the decay's input term from a): one fused
+# projection (Qwen3-Next) or two (Qwen3.5).
+_GDN_GATE_PROJECTIONS = ("in_proj_ba", "in_proj_a", "in_proj_b")
+
+
+def _set_long_memory(model: torch.nn.Module, seed: int) -> int:
+    """Give every GDN layer a long memory: its gate projections zeroed (β = sigmoid(0) =
+    1/2 and g = −A·softplus(dt_bias) = −A·dt for every token, where the seeded tiny models'
+    input-dependent a term, std about 3.5, resets most heads' state every few tokens: mean
+    log-decay per token −0.25 to −4.5 per head, against −0.001 to −0.04 here) and dt
+    log-uniform in LONG_MEMORY_DT
+    (A stays U[1, 16]: half-lives of 4 to 7,000 tokens). A state that lost its history then
+    changes the outputs far from near-ties. Returns how many layers were set."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    lo, hi = LONG_MEMORY_DT
+    count = 0
+    for module in model.modules():
+        projections = [getattr(module, n, None) for n in _GDN_GATE_PROJECTIONS]
+        projections = [m for m in projections if isinstance(m, torch.nn.Linear)]
+        dt_bias = getattr(module, "dt_bias", None)
+        if not projections or not isinstance(dt_bias, torch.nn.Parameter):
+            continue
+        u = torch.rand(dt_bias.numel(), generator=gen)
+        dt = torch.exp(u * (math.log(hi) - math.log(lo)) + math.log(lo))
+        with torch.no_grad():
+            for m in projections:
+                m.weight.zero_()
+                if m.bias is not None:
+                    m.bias.zero_()
+            dt_bias.copy_((dt + torch.log(-torch.expm1(-dt))).view_as(dt_bias))
+        count += 1
+    return count
+
+
 def tiny_config(kind: str, **overrides: Any) -> Any:
     """The transformers config object for `kind` ("nemotron_h" or "qwen3_next"), with
     `overrides` applied on top of `TINY_CONFIGS[kind]`."""
@@ -181,7 +217,9 @@ def tiny_config(kind: str, **overrides: Any) -> Any:
     return config_cls(**{**TINY_CONFIGS[kind], **overrides})
 
 
-def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: Any) -> Path:
+def build_checkpoint(
+    kind: str, out_dir: Path, *, seed: int = 0, long_memory: bool = False, **overrides: Any
+) -> Path:
     """Build (or reuse) a tiny `kind` checkpoint in `out_dir` and return `out_dir`.
 
     The model is `AutoModelForCausalLM.from_config` under `torch.manual_seed(seed)` (the
@@ -190,8 +228,10 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
     A_log = log(1..H) (the same in every layer) and Qwen3-Next sets dt_bias = 1 in every head,
     so every `A_log` / `dt_bias` is redrawn from a generator seeded with `seed`:
     A_log = log(U[1, 16]), dt_bias = softplus⁻¹(dt) with dt log-uniform in [1e-3, 1e-1].
-    Same seed and config give byte-identical files. A hash of (config, seed, library versions)
-    is stored in `out_dir`; when it matches, the existing checkpoint is returned unbuilt.
+    With `long_memory` the GDN layers' decays are then made input-independent and slow
+    (`_set_long_memory`; GDN models only). Same seed and config give byte-identical files.
+    A hash of (config, seed, long_memory, library versions) is stored in `out_dir`; when it
+    matches, the existing checkpoint is returned unbuilt.
     """
     import transformers
     from transformers import AutoModelForCausalLM
@@ -203,6 +243,7 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
         {
             "kind": kind,
             "seed": seed,
+            "long_memory": long_memory,
             "config": config.to_dict(),
             "transformers": transformers.__version__,
             "torch": torch.__version__,
@@ -230,6 +271,8 @@ def build_checkpoint(kind: str, out_dir: Path, *, seed: int = 0, **overrides: An
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if _set_ssm_params(model, seed) == 0:
         raise RuntimeError(f"{kind}: no A_log / dt_bias parameters found")
+    if long_memory and _set_long_memory(model, seed) == 0:
+        raise ValueError(f"{kind}: long_memory needs GDN layers (gate projections and dt_bias)")
     model = model.to(torch.bfloat16).eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)

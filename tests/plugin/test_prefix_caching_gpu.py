@@ -23,6 +23,7 @@ from .test_prefix_caching_cpu import (
     report_spec_runs,
     spec_checkpoint,
     spec_runs,
+    turn_prompts,
     workload,
 )
 from .test_prefix_caching_cpu import _run as run_workload
@@ -84,22 +85,16 @@ def test_prefix_caching_on_gpu(runs, kind, unit, capsys):
     # Runs of different batch shapes round fp32 near-ties their own way (on the H200 the
     # Qwen3-Next unit-16 run parted from stock at a bf16 gap of 0.25 + 1 ulp, as ReplaySSM
     # without caching did from it): the fp32 model on the shared context judges such gaps.
+    # Qwen3-Next's CHECKPOINT has a long GDN memory since 2026-12-07; not yet run on a GPU.
     oracle = TeacherForcedOracle(runs.checkpoint(kind, **CHECKPOINT[kind]))
     for ref_name, ref in (("none", off), ("stock prefix caching", stock)):
         check_greedy(
             capsys,
             f"{name} vs {ref_name}",
             *_same_turns(ref, on),
-            prompts=_turn_prompts(block, ref),
+            prompts=turn_prompts(block, ref),
             oracle=oracle,
         )
-
-
-def _turn_prompts(block: int, reference) -> list[list[int]]:
-    """The workload's prompts as `reference` saw them: the follow-ups hold its own first
-    outputs."""
-    prompts, _, follow_ups, _ = workload(block)
-    return prompts + follow_up_prompts(prompts, [toks for toks, _ in reference], follow_ups)
 
 
 @pytest.mark.gpu
