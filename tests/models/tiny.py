@@ -141,13 +141,18 @@ DT_MIN, DT_MAX = 1e-3, 1e-1  # Mamba-2 dt init range
 A_MIN, A_MAX = 1.0, 16.0  # Mamba-2 A init range
 
 
+def _dt_bias(num_heads: int, lo: float, hi: float, gen: torch.Generator) -> torch.Tensor:
+    """softplus⁻¹(dt) with dt log-uniform in [lo, hi], one draw per head."""
+    u = torch.rand(num_heads, generator=gen)
+    dt = torch.exp(u * (math.log(hi) - math.log(lo)) + math.log(lo))
+    return dt + torch.log(-torch.expm1(-dt))
+
+
 def _ssm_params(num_heads: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Mamba-2 style (A_log, dt_bias) for one layer: A ~ U[1, 16], dt log-uniform in
     [1e-3, 1e-1], dt_bias = softplus⁻¹(dt)."""
     A = torch.empty(num_heads).uniform_(A_MIN, A_MAX, generator=gen)
-    u = torch.rand(num_heads, generator=gen)
-    dt = torch.exp(u * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN))
-    return torch.log(A), dt + torch.log(-torch.expm1(-dt))
+    return torch.log(A), _dt_bias(num_heads, DT_MIN, DT_MAX, gen)
 
 
 def _set_ssm_params(model: torch.nn.Module, seed: int) -> int:
@@ -183,7 +188,6 @@ def _set_long_memory(model: torch.nn.Module, seed: int) -> int:
     1e-4 to 1e-2 did too, but moved logprobs between runs of different batch shapes by up to
     0.37, against 0.14 with this one). Returns how many layers were set."""
     gen = torch.Generator().manual_seed(seed + 1)
-    lo, hi = LONG_MEMORY_DT
     count = 0
     for module in model.modules():
         projections = [getattr(module, n, None) for n in _GDN_GATE_PROJECTIONS]
@@ -191,14 +195,13 @@ def _set_long_memory(model: torch.nn.Module, seed: int) -> int:
         dt_bias = getattr(module, "dt_bias", None)
         if not projections or not isinstance(dt_bias, torch.nn.Parameter):
             continue
-        u = torch.rand(dt_bias.numel(), generator=gen)
-        dt = torch.exp(u * (math.log(hi) - math.log(lo)) + math.log(lo))
+        new_dt_bias = _dt_bias(dt_bias.numel(), *LONG_MEMORY_DT, gen)
         with torch.no_grad():
             for m in projections:
                 m.weight.zero_()
                 if m.bias is not None:
                     m.bias.zero_()
-            dt_bias.copy_((dt + torch.log(-torch.expm1(-dt))).view_as(dt_bias))
+            dt_bias.copy_(new_dt_bias.view_as(dt_bias))
         count += 1
     return count
 
