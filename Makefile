@@ -12,8 +12,8 @@ install-gpu:
 	python3 -m pip install -e .
 
 ## The CPU test suite (what CI runs): the vLLM seam manifest, lint (ruff check and format),
-## pytest in two timed tiers (scripts/test_tiers.sh); the kernel tables' `slow` rows are
-## left out.
+## pytest in two timed tiers side by side (scripts/test_tiers.sh); the kernel tables' `slow`
+## rows are left out.
 test: check-upstream lint
 	bash scripts/test_tiers.sh $(PY) "not slow"
 
