@@ -28,10 +28,16 @@ names=("unit + kernels" "engines (serial)")
 marks=("not engine$extra" "engine$extra")
 workers=(-n "$(nproc)")
 logs=$(mktemp -d)
+pids=()
+# Killed or interrupted, stop the tiers too (each runs in its own process group: pytest's
+# xdist workers and engine processes go with it); on every exit, remove the logs.
+stop_tiers() { for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done; }
+trap 'stop_tiers; exit 130' INT
+trap 'stop_tiers; exit 143' TERM
 trap 'rm -rf "$logs"' EXIT
 export OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1
 start=$(date +%s)
-pids=()
+set -m # the tiers get process groups of their own (job control only while they start)
 for i in "${!names[@]}"; do
   printf '== [%s] tier %d: %s (-m "%s") started\n' "$(date +%H:%M:%S)" "$((i + 1))" \
     "${names[i]}" "${marks[i]}"
@@ -44,18 +50,19 @@ for i in "${!names[@]}"; do
   ) &
   pids+=($!)
 done
+set +m
 # Progress: each tier's last pytest progress figure ("[ 47%]") while any runs.
-while :; do
-  running=0
-  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && running=1; done
-  [ "$running" -eq 1 ] || break
+any_running() {
+  local pid
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done
+  return 1
+}
+while any_running; do
   for _ in $(seq "${PROGRESS_S:-120}"); do
     sleep 1
-    running=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && running=1; done
-    [ "$running" -eq 1 ] || break
+    any_running || break
   done
-  [ "$running" -eq 1 ] || break
+  any_running || break
   line="== [$(date +%H:%M:%S)] $(($(date +%s) - start)) s:"
   for i in "${!names[@]}"; do
     if [ -f "$logs/$i.status" ]; then

