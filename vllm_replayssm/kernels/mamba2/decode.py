@@ -33,7 +33,7 @@ from vllm_replayssm.kernels.common.streams import beside, num_sms
 from vllm_replayssm.kernels.mamba2.flush import mamba2_flush
 from vllm_replayssm.kernels.mamba2.fused import mamba2_window_fused
 from vllm_replayssm.kernels.mamba2.plan import Mamba2Scratch, mamba2_plan
-from vllm_replayssm.kernels.mamba2.readout import mamba2_readout, window_products
+from vllm_replayssm.kernels.mamba2.readout import DOT_MIN_ROWS, mamba2_readout, window_products
 from vllm_replayssm.layout import NULL_BLOCK_ID, Mamba2ReplayCache, ring_rows
 
 TILE_BYTES = 8192  # checkpoint bytes per readout program
@@ -116,8 +116,8 @@ def launch_config(
     block_p = TILE_BYTES // (next_pow2(dstate) * ckpt_itemsize)
     if window > 1 and readout_products == "fma":
         block_p //= 2
-    # a tensor-core product's smallest M is 16 rows
-    block_p = max(16 if readout_products == "dot" else 8, min(block_p, next_pow2(headdim)))
+    min_p = DOT_MIN_ROWS if readout_products == "dot" else 8
+    block_p = max(min_p, min(block_p, next_pow2(headdim)))
     flush_p = max(16, min(64 if window == 1 else 32, next_pow2(headdim)))
     if device.type == "cuda":
         programs = 2 * num_sms(device)
@@ -188,9 +188,10 @@ def _resolve(num_rows, nheads, headdim, dstate, ckpt_dtype, c_dtype, device, win
         raise ValueError(f"fused_max_rows must be >= 0, got {cfg['fused_max_rows']}")
     fused = not plain and num_rows <= cfg["fused_max_rows"]
     dots = [k for k in ("readout_products", "flush_products") if cfg[k] == "dot"]
-    if fused and dots and cfg["fused_block_p"] < 16:  # one tile for both bodies
+    if fused and dots and cfg["fused_block_p"] < DOT_MIN_ROWS:  # one tile for both bodies
         raise ValueError(
-            f'{" and ".join(dots)} "dot" need fused_block_p >= 16, got {cfg["fused_block_p"]}'
+            f'{" and ".join(dots)} "dot" need fused_block_p >= {DOT_MIN_ROWS}, '
+            f"got {cfg['fused_block_p']}"
         )
     return tuple(cfg.items())
 

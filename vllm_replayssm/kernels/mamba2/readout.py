@@ -742,6 +742,7 @@ def mamba2_readout(
 
 
 READOUT_PRODUCTS = ("fma", "dot")
+DOT_MIN_ROWS = 16  # a tensor-core product's smallest M: the fewest tile rows "dot" takes
 
 
 def window_products(
@@ -756,15 +757,17 @@ def window_products(
     ("readout" or "flush", for the messages): "fma", or with "dot" the tile's product by its
     dtypes: "dot16" (a 16-bit tile and C of one dtype), "bf16x3" (an fp32 tile, bf16 C),
     "tf32x3" (any other pair). Refuses "dot" for plain decode and for tiles of fewer than
-    16 rows (a tensor-core product's smallest M)."""
+    DOT_MIN_ROWS rows."""
     if products not in READOUT_PRODUCTS:
         raise ValueError(f"{launch}_products must be one of {READOUT_PRODUCTS}, got {products!r}")
     if products == "fma":
         return "fma"
     if plain:
         raise ValueError(f'{launch}_products "dot" applies to speculative windows only')
-    if block_p < 16:
-        raise ValueError(f'{launch}_products "dot" needs {launch}_block_p >= 16, got {block_p}')
+    if block_p < DOT_MIN_ROWS:
+        raise ValueError(
+            f'{launch}_products "dot" needs {launch}_block_p >= {DOT_MIN_ROWS}, got {block_p}'
+        )
     if tile_dtype == c_dtype and tile_dtype in (torch.bfloat16, torch.float16):
         return "dot16"
     if tile_dtype == torch.float32 and c_dtype == torch.bfloat16:
