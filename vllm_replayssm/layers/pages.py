@@ -141,6 +141,12 @@ def _bound_views(kv_cache, specs: list[StateTensorSpec]) -> dict[str, torch.Tens
     return views
 
 
+def same_tensors(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    """Whether a and b hold the very same tensor objects in the same order (a binding, or
+    something derived from one, still current)."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
+
+
 class PageViews:
     """One layer's bound state tensors, named and viewed as its ops take them, built once per
     binding (`ReplayPage.page_views`): eager steps asked for them in every layer, and checking
@@ -158,11 +164,7 @@ class PageViews:
     def binds(self, kv_cache: Sequence[torch.Tensor], specs: list[StateTensorSpec]) -> bool:
         """Whether these are still the layer's tensors and page (vLLM binds new tensors
         when it reallocates the cache)."""
-        return (
-            specs is self.specs
-            and len(kv_cache) == len(self.tensors)
-            and all(map(operator.is_, kv_cache, self.tensors))
-        )
+        return specs is self.specs and same_tensors(kv_cache, self.tensors)
 
     def _get(self, key, make):
         made = self._made.get(key)

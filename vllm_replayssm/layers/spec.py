@@ -13,7 +13,6 @@ window commits exactly the window's records up to that boundary.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 
 import torch
@@ -21,6 +20,7 @@ import torch
 from vllm_replayssm.kernels.common.cursor import PENDING, meta_is_valid
 from vllm_replayssm.layers.conv import conv_context_commit
 from vllm_replayssm.layers.fresh import start_fresh_rows
+from vllm_replayssm.layers.pages import same_tensors
 from vllm_replayssm.layout import ring_rows
 
 
@@ -102,11 +102,7 @@ class SpecWindows:
             lp = [] if cache.lp is None else [cache.lp]
             tensors = [cache.hp, *lp, conv_state]
             memo = self._zero_args
-            if (
-                memo is None
-                or len(memo[0]) != len(tensors)
-                or not all(map(operator.is_, tensors, memo[0]))
-            ):
+            if memo is None or not same_tensors(tensors, memo[0]):
                 memo = self._zero_args = (tensors, slot_zero_args(tensors))
             return spec_step_start(
                 tensors,
