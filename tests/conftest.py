@@ -20,6 +20,11 @@ if not HAS_CUDA:
     from .triton_interpreter import speed_up
 
     speed_up()
+# vLLM's log handler keeps the sys.stdout of vLLM's first import: imported first inside a
+# test that takes capsys (a run of one engine-test node), it writes to that test's capture
+# after it is closed, and every later engine line of the process is a "Logging error"
+# traceback ("I/O operation on closed file": 1,800 lines of one GPU log on 2026-12-07).
+import vllm.logger  # noqa: E402, F401
 
 
 def pytest_collection_modifyitems(config, items):

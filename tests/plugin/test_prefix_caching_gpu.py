@@ -84,8 +84,9 @@ def test_prefix_caching_on_gpu(runs, kind, unit, capsys):
     # Runs of different batch shapes round fp32 near-ties their own way (on the H200 the
     # Qwen3-Next unit-16 run parted from stock at a bf16 gap of 0.25 + 1 ulp, as ReplaySSM
     # without caching did from it): the fp32 model on the shared context judges such gaps.
-    # Qwen3-Next's STATE_CHECKPOINTS entry has a long GDN memory since 2026-12-07: not yet
-    # run on a GPU.
+    # Qwen3-Next's STATE_CHECKPOINTS entry has a long GDN memory since 2026-12-07: both
+    # units passed on an H100 at 400ee81, parting at bf16 gaps <= 0.1875 (benchmarks/results/
+    # pytest-gpu-h100-20261207-400ee81-prefix-caching-long-memory-qwen3_next.log).
     oracle = TeacherForcedOracle(runs.checkpoint(kind, **STATE_CHECKPOINTS[kind]))
     for ref_name, ref in (("none", off), ("stock prefix caching", stock)):
         check_greedy(
