@@ -14,7 +14,7 @@ from vllm_replayssm.kernels.common.checkpoint import to_lp
 from vllm_replayssm.kernels.common.cursor import COMMITTED, PENDING, reset_words
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.layers.conv import conv_state_view
-from vllm_replayssm.layers.pages import ReplayPage, page_copy_func, page_rows
+from vllm_replayssm.layers.pages import ReplayPage, page_copy_func, page_rows, same_tensors
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -244,6 +244,16 @@ def test_page_views_are_built_once_per_binding(family):
     assert fresh is not page
     got = fresh.mamba2() if family == "mamba2" else fresh.gdn(False)
     assert got.hp is other["hp"] and got.meta is views["meta"]
+
+
+def test_same_tensors_is_identity_not_equality():
+    a, b = torch.zeros(3), torch.ones(2)
+    assert same_tensors([a, b], (a, b))
+    assert not same_tensors([a, b], [b, a])  # order counts
+    assert not same_tensors([a, b], [a, b.clone()])  # equal values, another tensor
+    assert not same_tensors([a, b], [a])
+    assert not same_tensors([a], [a, b])
+    assert same_tensors([], [])
 
 
 def test_gdn_page_views_transpose_the_state_for_k_major_kernels():
