@@ -56,6 +56,9 @@ def test_values_and_aliases():
         ({"lp_dtype": "int8"}, "lp_dtype must be one of"),
         ({"hp_dtype": "bfloat16"}, "hp_dtype must be float32"),
         ({"gdn_flush": "approx"}, "gdn_flush must be one of"),
+        ({"gdn_d_dtype": "bfloat16"}, "gdn_d_dtype must be one of"),
+        ({"gdn_d_dtype": "lp", "lp_dtype": "none"}, "gdn_d_dtype 'lp' needs an LP copy"),
+        ({"gdn_d_dtype": "lp", "gdn_flush": "fold"}, "and gdn_flush 'exact'; got"),
         ({"enabled": "yes"}, "enabled must be true or false"),
         ({"bufer_len": 16}, r"unknown replayssm key\(s\) \['bufer_len'\]"),
         ([1, 2], "must be a JSON object"),
@@ -64,6 +67,20 @@ def test_values_and_aliases():
 def test_bad_values(raw, match):
     with pytest.raises(ReplayConfigError, match=match):
         ReplayConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "raw, dtype",
+    [
+        ({}, torch.float32),
+        ({"gdn_d_dtype": "lp"}, torch.bfloat16),
+        ({"gdn_d_dtype": "lp", "lp_dtype": "fp16"}, torch.float16),
+        ({"gdn_d_dtype": "float32", "lp_dtype": "fp16"}, torch.float32),
+    ],
+)
+def test_gdn_d_dtype(raw, dtype):
+    """GDN's d records: fp32 by default, the LP copy's dtype with "lp"."""
+    assert ReplayConfig.from_dict(raw).gdn_d_torch_dtype == dtype
 
 
 def test_window_must_fit_buffer():

@@ -26,6 +26,8 @@ def _all_specs():
             yield mamba2_state_specs(NEMOTRON_SUPER, L, T, torch.bfloat16, lp, *CONV)
             for exact in (True, False):
                 yield gdn_state_specs(QWEN35_4B, L, T, torch.bfloat16, lp, exact, *CONV)
+            if lp is not None:  # d records in the LP dtype (config.gdn_d_dtype "lp")
+                yield gdn_state_specs(QWEN35_4B, L, T, torch.bfloat16, lp, True, *CONV, lp)
 
 
 @pytest.mark.parametrize("specs", list(_all_specs()))
@@ -73,6 +75,25 @@ def test_record_bytes_of_real_geometries():
     assert ring == (12_416 + 8_192 + 8_192 + 128) * C
     assert by["hp"].nbytes == 2 << 20
     assert math.prod(by["meta"].shape) == 8
+    # d in the LP dtype (gdn_d_dtype "lp"): d's 16,384 B of fp32 halve
+    g = gdn_state_specs(
+        QWEN35_4B, 16, 1, torch.bfloat16, torch.bfloat16, True, *CONV, torch.bfloat16
+    )
+    assert sum(s.nbytes for s in g if s.name.startswith("ring_")) == ring - 8_192 * C
+
+
+@pytest.mark.parametrize(
+    "lp, exact, d",
+    [
+        (None, True, torch.bfloat16),  # no LP copy
+        (torch.float16, True, torch.bfloat16),  # not the LP's dtype
+        (torch.bfloat16, False, torch.bfloat16),  # the fold flush sums d into HP
+    ],
+    ids=["no_lp", "other_dtype", "fold"],
+)
+def test_gdn_d_records_below_fp32_need_the_lp_dtype_and_the_exact_flush(lp, exact, d):
+    with pytest.raises(ValueError, match="need an LP copy of that dtype and the exact flush"):
+        gdn_state_specs(QWEN35_4B, 16, 1, torch.bfloat16, lp, exact, *CONV, d)
 
 
 def test_bad_geometry_is_refused():

@@ -86,6 +86,14 @@ REPLAY_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             "checkpoint; fold is an ablation",
         ),
     ),
+    "--replayssm-gdn-d-dtype": (
+        "gdn_d_dtype",
+        dict(
+            metavar="{float32,lp}",
+            help="Gated DeltaNet corrected-value records: float32 (default) or lp, the LP "
+            "copy's dtype (needs an LP copy and the exact flush; fewer bytes per step)",
+        ),
+    ),
     "--replayssm-stagger": (
         "stagger",
         dict(

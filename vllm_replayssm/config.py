@@ -14,6 +14,7 @@ LP_DTYPES: dict[str, torch.dtype | None] = {
 }
 _LP_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 GDN_FLUSH_MODES = ("exact", "fold")
+GDN_D_DTYPES = ("float32", "lp")
 ROUTES = ("auto", "replay", "stock")
 MAX_BUFFER_LEN = 256
 # buffer_len where the settings leave it unset, by SSM family ("mamba2" / "gdn") and whether
@@ -45,6 +46,10 @@ class ReplayConfig:
     hp_dtype: dtype of the checkpoint that recurrences read; float32 only.
     gdn_flush: "exact" replays the delta rule from HP over (k, v, g, beta) at a flush;
         "fold" sums cached corrected values (ablation only: LP rounding enters HP).
+    gdn_d_dtype: the dtype of GDN's corrected-value records d: "float32", or "lp" (the LP
+        copy's; needs an LP copy and the exact flush, which then recomputes d from HP, so the
+        records feed only the readout's history: fewer bytes per step, the error stays at
+        the LP read's level).
     stagger: spread first flushes of co-admitted requests over a cycle.
     route: "auto" (the measured policy: the stock read + write route where replay is slower),
         "replay" or "stock" (forced; speculative steps always replay).
@@ -56,6 +61,7 @@ class ReplayConfig:
     lp_dtype: str = "bfloat16"
     hp_dtype: str = "float32"
     gdn_flush: str = "exact"
+    gdn_d_dtype: str = "float32"
     stagger: bool = True
     route: str = "auto"
     debug_checks: bool = False
@@ -63,6 +69,13 @@ class ReplayConfig:
     @property
     def lp_torch_dtype(self) -> torch.dtype | None:
         return LP_DTYPES[self.lp_dtype]
+
+    @property
+    def gdn_d_torch_dtype(self) -> torch.dtype:
+        """The dtype of GDN's d records (`gdn_d_dtype`; from_dict checks that "lp" has an
+        LP copy)."""
+        lp = self.lp_torch_dtype
+        return lp if self.gdn_d_dtype == "lp" and lp is not None else torch.float32
 
     def window(self, num_speculative_tokens: int = 0) -> int:
         """T = 1 + k tokens per decode step."""
@@ -145,4 +158,18 @@ class ReplayConfig:
             raise ReplayConfigError(
                 f"replayssm.route must be one of {list(ROUTES)}, got {vals['route']!r}"
             )
-        return cls(**vals)
+        if "gdn_d_dtype" in vals and vals["gdn_d_dtype"] not in GDN_D_DTYPES:
+            raise ReplayConfigError(
+                f"replayssm.gdn_d_dtype must be one of {list(GDN_D_DTYPES)}, "
+                f"got {vals['gdn_d_dtype']!r}"
+            )
+        cfg = cls(**vals)
+        if cfg.gdn_d_dtype == "lp" and (cfg.lp_dtype == "none" or cfg.gdn_flush != "exact"):
+            # the exact flush with an LP copy recomputes d from HP; any other flush sums the
+            # cached d into HP, which must then be fp32
+            raise ReplayConfigError(
+                "replayssm.gdn_d_dtype 'lp' needs an LP copy (lp_dtype bfloat16 or float16) "
+                f"and gdn_flush 'exact'; got lp_dtype {cfg.lp_dtype!r}, "
+                f"gdn_flush {cfg.gdn_flush!r}"
+            )
+        return cfg

@@ -160,11 +160,19 @@ def gdn_state_specs(
     exact_flush: bool,
     conv_shape: tuple[int, ...],
     conv_dtype: torch.dtype,
+    d_dtype: torch.dtype = torch.float32,
 ) -> list[StateTensorSpec]:
     """Page of one GDN layer: conv, hp, [lp], ring_g, [ring_beta], ring_k, ring_d, [ring_v],
     meta, [window_start] (+ pads). beta and v are kept only for the exact flush. The
     corrected values d are fp32 (they carry the state dependence: HP-only replay is then as
-    accurate as stock fp32)."""
+    accurate as stock fp32), or d_dtype = the LP dtype (`config.gdn_d_dtype` "lp") with an
+    LP copy and the exact flush, which then recomputes d from HP: the records feed only
+    readouts, whose error is the LP read's level anyway."""
+    if d_dtype != torch.float32 and (d_dtype != lp_dtype or not exact_flush):
+        raise ValueError(
+            f"d records in {d_dtype} need an LP copy of that dtype and the exact flush "
+            f"(got LP {lp_dtype}, exact flush {exact_flush})"
+        )
     num_ring_rows = ring_rows(buffer_len, window)
     Hk, Hv, K, V = geom.num_k_heads, geom.num_v_heads, geom.head_k_dim, geom.head_v_dim
     specs = [
@@ -178,7 +186,7 @@ def gdn_state_specs(
         specs.append(StateTensorSpec("ring_beta", (Hv, num_ring_rows), torch.float32))
     specs += [
         StateTensorSpec("ring_k", (Hk, num_ring_rows, K), act_dtype),
-        StateTensorSpec("ring_d", (Hv, num_ring_rows, V), torch.float32),
+        StateTensorSpec("ring_d", (Hv, num_ring_rows, V), d_dtype),
     ]
     if exact_flush:
         specs.append(StateTensorSpec("ring_v", (Hv, num_ring_rows, V), act_dtype))
@@ -250,9 +258,9 @@ class GDNReplayCache(NamedTuple):
 
     hp: [S, Hv, V, K] fp32; lp: like hp in bf16/fp16 or None; ring_g: [S, Hv, num_ring_rows]
     fp32 (log decay); ring_beta: like ring_g, or None (fold mode); ring_k: [S, Hk,
-    num_ring_rows, K] act (pre-norm k); ring_d: [S, Hv, num_ring_rows, V] fp32 (corrected
-    values); ring_v: [S, Hv, num_ring_rows, V] act, or None (fold mode); meta: [S, META_LEN]
-    int32.
+    num_ring_rows, K] act (pre-norm k); ring_d: [S, Hv, num_ring_rows, V] fp32 or the LP
+    dtype (corrected values, `gdn_state_specs`); ring_v: [S, Hv, num_ring_rows, V] act, or
+    None (fold mode); meta: [S, META_LEN] int32.
     """
 
     hp: torch.Tensor

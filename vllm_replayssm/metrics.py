@@ -2,8 +2,8 @@
 
 API-server process (the `vllm-replayssm` launcher):
 
-    replayssm_info{enabled, buffer_len, lp_dtype, hp_dtype, gdn_flush, stagger, route,
-                   version} 1
+    replayssm_info{enabled, buffer_len, lp_dtype, hp_dtype, gdn_flush, gdn_d_dtype, stagger,
+                   route, version} 1
 
 Worker processes (where the layers run), per SSM family (`mamba2`, `gdn`), summed over the
 layers and tensor-parallel ranks of the server:

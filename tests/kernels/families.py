@@ -174,6 +174,7 @@ class GDNFamily:
     act_dtype: torch.dtype = torch.float32
     seed: int = 0
     exact_flush: bool = True
+    d_lp: bool = False  # d records in the LP dtype where there is an LP copy (gdn_d_dtype "lp")
     decode_op: Callable = gdn_ref.gdn_replay_decode
     materialise_op: Callable = gdn_ref.gdn_replay_materialise
     stock_route_op: Callable = gdn_ref.gdn_stock_route_decode
@@ -193,7 +194,8 @@ class GDNFamily:
         self.scale = self.geom.head_k_dim**-0.5
 
     def specs(self, L: int, T: int, lp: torch.dtype | None, **_: object):
-        return gdn_state_specs(self.geom, L, T, self.act_dtype, lp, self.exact_flush, *CONV)
+        d = lp if self.d_lp and lp is not None else torch.float32
+        return gdn_state_specs(self.geom, L, T, self.act_dtype, lp, self.exact_flush, *CONV, d)
 
     def cache(self, specs, num_slots: int) -> GDNReplayCache:
         return GDNReplayCache.from_views(allocate_pages(specs, num_slots, self.device))

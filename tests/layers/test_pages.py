@@ -7,6 +7,8 @@ when vLLM binds other tensors, checked against the declared page."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -14,7 +16,13 @@ from vllm_replayssm.kernels.common.checkpoint import to_lp
 from vllm_replayssm.kernels.common.cursor import COMMITTED, PENDING, reset_words
 from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 from vllm_replayssm.layers.conv import conv_state_view
-from vllm_replayssm.layers.pages import ReplayPage, page_copy_func, page_rows, same_tensors
+from vllm_replayssm.layers.pages import (
+    ReplayPage,
+    gdn_page_specs,
+    page_copy_func,
+    page_rows,
+    same_tensors,
+)
 from vllm_replayssm.layout import (
     GDNGeometry,
     GDNReplayCache,
@@ -281,3 +289,36 @@ def test_page_views_refuse_a_binding_unlike_the_page():
     kv[hp] = kv[hp].to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="state tensor hp"):
         _Layer(kv, specs).page_views()
+
+
+def test_gdn_page_specs_take_the_d_records_dtype_from_the_config():
+    """A GDN layer's page as vLLM sizes it (`pages.gdn_page_specs`): the d records are fp32
+    by default and take the LP copy's dtype with gdn_d_dtype "lp"; every other tensor stays
+    as it was, and the page shrinks."""
+    hf = SimpleNamespace(
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+    )
+
+    def specs(**replay):
+        vllm_config = SimpleNamespace(
+            additional_config={"replayssm": {"enabled": True, **replay}},
+            parallel_config=SimpleNamespace(tensor_parallel_size=1),
+            speculative_config=None,
+            model_config=SimpleNamespace(dtype=torch.bfloat16),
+            cache_config=SimpleNamespace(mamba_cache_dtype="auto", mamba_ssm_cache_dtype="auto"),
+        )
+        return gdn_page_specs(vllm_config, hf)
+
+    def tensors(page):
+        return {s.name: (s.shape, s.dtype) for s in page if not s.name.startswith("pad")}
+
+    for lp, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        full, small = specs(lp_dtype=lp), specs(lp_dtype=lp, gdn_d_dtype="lp")
+        assert tensors(full)["ring_d"][1] == torch.float32
+        assert tensors(small)["ring_d"] == (tensors(full)["ring_d"][0], dtype)
+        assert {**tensors(small), "ring_d": None} == {**tensors(full), "ring_d": None}
+        assert page_size_bytes(small) < page_size_bytes(full)

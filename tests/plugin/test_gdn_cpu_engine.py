@@ -60,6 +60,7 @@ REPLAY = {
     "hp_only": {"lp_dtype": "none"},
     "lp_bf16": {"lp_dtype": "bfloat16"},
     "lp_bf16_fold": {"lp_dtype": "bfloat16", "gdn_flush": "fold"},
+    "lp_bf16_d_lp": {"lp_dtype": "bfloat16", "gdn_d_dtype": "lp"},  # bf16 d records
 }
 
 

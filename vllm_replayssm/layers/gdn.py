@@ -95,10 +95,12 @@ class ReplayQwenGatedDeltaNetAttention(ReplayPage, QwenGatedDeltaNetAttention):
             "gdn", ring_rows(self.replay.buffer_len, self.replay_window)
         )
         logger.info_once(
-            "ReplaySSM active for GDN layers: buffer_len=%d, lp_dtype=%s, gdn_flush=%s",
+            "ReplaySSM active for GDN layers: buffer_len=%d, lp_dtype=%s, gdn_flush=%s, "
+            "gdn_d_dtype=%s",
             self.replay.buffer_len,
             self.replay.lp_dtype,
             self.replay.gdn_flush,
+            self.replay.gdn_d_dtype,
         )
         self._log_spec_memory("GDN")
 

@@ -69,6 +69,7 @@ def gdn_page_specs(vllm_config: Any, hf_config: Any) -> list[StateTensorSpec]:
         cfg.gdn_flush == "exact",
         tuple(conv_shape),
         conv_dtype,
+        d_dtype=cfg.gdn_d_torch_dtype,
     )
 
 

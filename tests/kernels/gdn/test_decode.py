@@ -47,11 +47,15 @@ SCENARIO_BASE = dict(
     stagger=True,
     rounding=None,
     knobs={},
+    d_lp=False,
 )
 SCENARIOS = {
     "base": {},  # 2 key heads, 2 value heads each
     "lp_fp16": dict(lp=torch.float16),
     "lp_bf16": dict(lp=torch.bfloat16),
+    # d records in the LP dtype (gdn_d_dtype "lp"): the readouts' history reads them
+    "lp_fp16_d_lp": dict(lp=torch.float16, d_lp=True),
+    "lp_bf16_d_lp": dict(lp=torch.bfloat16, d_lp=True),
     "fold": dict(exact=False),
     # fold mode sums cached d, which follow the LP read: HP carries LP's rounding (by design)
     "fold_lp_bf16": dict(exact=False, lp=torch.bfloat16, rounding=torch.bfloat16),
@@ -138,6 +142,7 @@ def test_kernel_matches_naive(case, device):
         GEOMS[c["geom"]],
         act_dtype=c["act"],
         exact_flush=c["exact"],
+        d_lp=c["d_lp"],
         decode_op=_op(**c["knobs"]),
         device=device,
         seed=3,
@@ -180,11 +185,13 @@ def test_hp_only_replay_is_fp32_accurate(exact, knobs, device):
 
 
 # Lockstep with the torch reference: outputs, cursor words (exact), records, HP and LP.
-LOCKSTEP_BASE = dict(lp=None, exact=True, stock_share=0.0, knobs={})
+LOCKSTEP_BASE = dict(lp=None, exact=True, stock_share=0.0, knobs={}, d_lp=False)
 LOCKSTEP = {
     "base": {},
     "lp_fp16": dict(lp=torch.float16),
     "lp_bf16": dict(lp=torch.bfloat16),
+    "lp_fp16_d_lp": dict(lp=torch.float16, d_lp=True),
+    "lp_bf16_d_lp": dict(lp=torch.bfloat16, d_lp=True),
     "fold": dict(exact=False),
     "stock_route_steps_lp_bf16": dict(lp=torch.bfloat16, stock_share=0.4),  # stale LP rows
 }
@@ -200,6 +207,7 @@ def test_kernel_matches_reference_buffers(case, device):
             act_dtype=torch.float16,
             device=device,
             exact_flush=c["exact"],
+            d_lp=c["d_lp"],
             decode_op=op,
             seed=4,
         ),
@@ -231,16 +239,19 @@ def test_stock_route_interleaved(lp, device):
     check_mixed_routes(fam, L=4, lp=lp)
 
 
-def test_hp_independent_of_lp(device):
+@pytest.mark.parametrize("d_lp", [False, True], ids=["d_fp32", "d_lp"])
+def test_hp_independent_of_lp(d_lp, device):
     """The exact flush reads HP only: HP after every flush is bitwise the same with LP off,
     bf16 and fp16. The flush recomputes d from HP in all three (LP off sums the cached d by
-    default: the same HP up to reassociation, test_hp_only_replay_is_fp32_accurate)."""
+    default: the same HP up to reassociation, test_hp_only_replay_is_fp32_accurate); d_lp:
+    with an LP copy the d records take its dtype, and never reach HP."""
     check_hp_independent_of_lp(
         lambda: GDNFamily(
             GEOMS["tiny"],
             act_dtype=torch.bfloat16,
             device=device,
             seed=5,
+            d_lp=d_lp,
             decode_op=_op(flush_recompute=1),
         ),
         L=4,
@@ -281,8 +292,10 @@ def test_scratch_too_small_is_refused(device):
         (lambda c: c._replace(ring_k=c.ring_k.half()), "ring_k: dtype"),
         (lambda c: c._replace(ring_v=c.ring_v[:, :, :1]), "ring_v: shape"),
         (lambda c: c._replace(meta=c.meta[:, :4]), "meta: shape"),
+        # d records below fp32 only in the dtype of an LP copy (here there is none)
+        (lambda c: c._replace(ring_d=c.ring_d.bfloat16()), "ring_d: dtype"),
     ],
-    ids=["ring_k_dtype", "ring_v_shape", "meta_shape"],
+    ids=["ring_k_dtype", "ring_v_shape", "meta_shape", "ring_d_dtype"],
 )
 def test_bad_page_tensors_are_refused_by_name(spoil, match, device):
     """`window.check_args` (`kernels/common/args.require_tensors`) names the page tensor
@@ -298,6 +311,19 @@ def test_bad_page_tensors_are_refused_by_name(spoil, match, device):
         fam.decode(spoil(cache), tok, torch.tensor([1, 2, 3], device=device), out, L=4, T=1)
     for k, v in before.items():
         assert torch.equal(v.view(torch.uint8), cache._asdict()[k].contiguous().view(torch.uint8))
+
+
+def test_summing_lp_dtype_d_records_is_refused(device):
+    """d records in the LP dtype must be recomputed by the flush: forcing it to sum them
+    (flush_recompute 0) would put their rounding into HP, so the step is refused."""
+    fam = GDNFamily(
+        GEOMS["tiny"], device=device, seed=1, d_lp=True, decode_op=_op(flush_recompute=0)
+    )
+    cache = fam.cache(fam.specs(4, 1, torch.bfloat16), 4)
+    tok = fam.tokens(3, torch.Generator().manual_seed(0))
+    out = torch.empty(fam.out_shape(3), device=device)
+    with pytest.raises(ValueError, match="the flush must recompute them from HP"):
+        fam.decode(cache, tok, torch.tensor([1, 2, 3], device=device), out, L=4, T=1)
 
 
 REAL = {
@@ -344,6 +370,18 @@ def test_real_geometry_readout_tile_loop_on_gpu(geom, lp, tiles):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("geom", list(REAL))
+@pytest.mark.parametrize("lp", [torch.bfloat16, torch.float16], ids=["lp_bf16", "lp_fp16"])
+def test_real_geometry_d_records_in_lp_dtype_on_gpu(geom, lp):
+    """d records in the LP dtype (gdn_d_dtype "lp") at real geometries, against the oracle
+    at the LP table's bound."""
+    fam = GDNFamily(
+        REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=14, d_lp=True, decode_op=_op()
+    )
+    check_scenario(fam, L=16, T=1, lp=lp, spec=False, requests=8, cycles=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geom", list(REAL))
 def test_real_geometry_hp_only_fp32_accurate_on_gpu(geom):
     fam = GDNFamily(REAL[geom], act_dtype=torch.bfloat16, device="cuda", seed=8, decode_op=_op())
     check_scenario(fam, L=16, T=1, lp=None, spec=False, requests=8, cycles=2, out_tol=1e-5)
@@ -351,12 +389,25 @@ def test_real_geometry_hp_only_fp32_accurate_on_gpu(geom):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "lp", [None, torch.bfloat16, torch.float16], ids=["hp", "lp_bf16", "lp_fp16"]
+    "lp, d_lp",
+    [
+        (None, False),
+        (torch.bfloat16, False),
+        (torch.float16, False),
+        (torch.bfloat16, True),  # d records in the LP dtype (gdn_d_dtype "lp")
+        (torch.float16, True),
+    ],
+    ids=["hp", "lp_bf16", "lp_fp16", "lp_bf16_d_lp", "lp_fp16_d_lp"],
 )
-def test_real_geometry_lockstep_on_gpu(lp):
+def test_real_geometry_lockstep_on_gpu(lp, d_lp):
     check_kernel_matches_reference(
         lambda op: GDNFamily(
-            REAL["qwen35_122b"], act_dtype=torch.bfloat16, device="cuda", decode_op=op, seed=4
+            REAL["qwen35_122b"],
+            act_dtype=torch.bfloat16,
+            device="cuda",
+            d_lp=d_lp,
+            decode_op=op,
+            seed=4,
         ),
         _op(),
         L=16,

@@ -43,6 +43,10 @@ CASES = {
     "spec_T2_lp_fp16_churn_fused": dict(
         L=4, T=2, lp=torch.float16, spec=True, churn=True, route="fused"
     ),
+    # d records in the LP dtype (gdn_d_dtype "lp")
+    "spec_T3_lp_bf16_d_lp_split": dict(
+        L=5, T=3, lp=torch.bfloat16, spec=True, route="split", d_lp=True
+    ),
 }
 
 
@@ -58,6 +62,7 @@ def test_kernel_matches_naive(row, device):
         device=device,
         seed=3,
         exact_flush=c.get("exact", True),
+        d_lp=c.get("d_lp", False),
     )
     check_scenario(
         fam,
@@ -87,15 +92,16 @@ def test_kernel_matches_reference_buffers(row, device):
     _check_reference(device, _op(row["route"]), row["flush"], row["lp"], row["T"], seed=4)
 
 
-def _check_reference(device, op, exact, lp, T, act=torch.float16, seed=4):
+def _check_reference(device, op, exact, lp, T, act=torch.float16, seed=4, d_lp=False):
     """The kernel step `op` against the torch reference on the same buffers, at a geometry
-    whose tiles a tensor-core product takes (K, V >= 16)."""
+    whose tiles a tensor-core product takes (K, V >= 16); d_lp: d records in the LP dtype."""
     check_kernel_matches_reference(
         lambda decode_op: GDNFamily(
             GEOMS["qwen35_122b"],
             act_dtype=act,
             device=device,
             exact_flush=exact,
+            d_lp=d_lp,
             decode_op=decode_op,
             seed=seed,
         ),
@@ -182,6 +188,21 @@ WY_ROWS = {
 def test_wy_flush_matches_reference_buffers(row, device):
     route, exact, lp, T, act, knobs = WY_ROWS[row]
     _check_reference(device, _op(route, **knobs), exact, lp, T, act=act, seed=5)
+
+
+# d records in the LP dtype (gdn_d_dtype "lp"): the readouts' history reads them, a window's
+# own d stay in registers, the flush recomputes them from HP: (route, LP dtype, T, knobs).
+D_LP_ROWS = {
+    "split-bf16-T3-defaults": ("split", BF16, 3, dict(PLANNED_WY, flush_rows_read="lp")),
+    "fused-bf16-T3": ("fused", BF16, 3, {}),
+    "fused-fp16-T1": ("fused", torch.float16, 1, TF32X3),
+}
+
+
+@pytest.mark.parametrize("row", list(D_LP_ROWS))
+def test_d_records_in_lp_dtype_match_reference_buffers(row, device):
+    route, lp, T, knobs = D_LP_ROWS[row]
+    _check_reference(device, _op(route, **knobs), True, lp, T, act=lp, seed=6, d_lp=True)
 
 
 @pytest.mark.parametrize(
@@ -284,6 +305,25 @@ def test_real_geometry_on_gpu(geom, lp, T, variant):
         decode_op=_op(route, **knobs),
     )
     check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geom", list(REAL))
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("variant", ["fused-wy", "split-wy"])
+def test_real_geometry_d_records_in_lp_dtype_on_gpu(geom, T, variant):
+    """d records in the bf16 LP's dtype (gdn_d_dtype "lp"), the routes as `dispatch`
+    launches them."""
+    route, knobs = GPU_VARIANTS[variant]
+    fam = GDNFamily(
+        REAL[geom],
+        act_dtype=torch.bfloat16,
+        device="cuda",
+        seed=1,
+        d_lp=True,
+        decode_op=_op(route, **knobs),
+    )
+    check_scenario(fam, L=16, T=T, lp=torch.bfloat16, spec=T > 1, requests=8, cycles=2)
 
 
 @pytest.mark.gpu

@@ -133,15 +133,16 @@ def fold_tile(
 
 @triton.jit
 def _history_d(p_rd, o, n, o_j, o_v, m_v, num_ring_rows, stride_rd_row, stride_rd_v):
-    """The cached d of a row's history ([BLOCK_L, BLOCK_V] fp32, zero past its n records):
-    flush rows have n = 0 (coefficients of an empty history), stale rows their history."""
+    """The cached d of a row's history ([BLOCK_L, BLOCK_V] fp32 from fp32 or LP-dtype
+    records, zero past its n records): flush rows have n = 0 (coefficients of an empty
+    history), stale rows their history."""
     rows = o + o_j
     rows = tl.where(rows >= num_ring_rows, rows - num_ring_rows, rows)
     return tl.load(
         p_rd + (rows[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v),
         mask=(o_j < n)[:, None] & m_v[None, :],
         other=0.0,
-    )
+    ).to(tl.float32)
 
 
 @triton.jit
@@ -308,9 +309,16 @@ def _gdn_flush_kernel(
 
 def recomputes_d(cache, recompute: bool | int | None) -> bool:
     """Whether the flush recomputes the corrected values from HP (`gdn_flush`'s recompute:
-    None recomputes where an LP copy exists); only the exact flush ever does."""
+    None recomputes where an LP copy exists); only the exact flush ever does. d records in
+    the LP dtype (`config.gdn_d_dtype` "lp") must be recomputed: summing them would put
+    their rounding into HP."""
     if recompute is None:
         recompute = cache.lp is not None
+    if not recompute and cache.ring_d.dtype != torch.float32:
+        raise ValueError(
+            f"the d records are {cache.ring_d.dtype}: the flush must recompute them from HP "
+            "(flush_recompute 0 sums them into HP, which needs fp32 records)"
+        )
     return cache.exact_flush and bool(recompute)
 
 

@@ -161,7 +161,7 @@ def _gdn_readout_kernel(
             p_rd + (rows[:, None] * stride_rd_row + o_v[None, :] * stride_rd_v),
             mask=(o_j < n)[:, None] & m_v[None, :],
             other=0.0,
-        )  # [BLOCK_L, BLOCK_V] fp32
+        ).to(tl.float32)  # [BLOCK_L, BLOCK_V] (records fp32 or the LP dtype)
         d_t, o_t = readout_tile(
             S0.to(tl.float32),
             kn,

@@ -785,7 +785,7 @@ def _readout_tiles(
                 + (rows[None, :] * stride_rd_row + o_v[:, None] * stride_rd_v),
                 mask=m_v[:, None] & m_h[None, :],
                 other=0.0,
-            )  # [BLOCK_V, DOT_H] fp32
+            ).to(tl.float32)  # [BLOCK_V, DOT_H] (records fp32 or the LP dtype)
             x = tl.zeros([BLOCK_V, DOT_N], dtype=tl.float32)
             if PRECISION == "bf16x3":  # the bf16 tile is exact: split the keys only
                 x = dot_bf16_parts(S, kq_hi, kq_mid, kq_lo, x)
@@ -1585,6 +1585,15 @@ def fold_exact(cache, flush_precision: str) -> bool:
     return recomputes_d(cache, None)
 
 
+def d_records_dtype(cache) -> torch.dtype:
+    """The dtype the d records may have: the LP copy's where the exact flush has one and the
+    page keeps them so (`layout.gdn_state_specs`' d_dtype), else fp32."""
+    lp = cache.lp
+    if lp is not None and cache.exact_flush and cache.ring_d.dtype == lp.dtype:
+        return lp.dtype
+    return torch.float32
+
+
 def check_args(
     cache, q, k, v, a, b, A_log, dt_bias, state_indices, out, num_ring_rows, qsl, acc, R
 ) -> None:
@@ -1600,7 +1609,7 @@ def check_args(
         ("lp", cache.lp, state, None),
         ("ring_g", cache.ring_g, (S, Hv, num_ring_rows), torch.float32),
         ("ring_k", cache.ring_k, (S, Hk, num_ring_rows, K), k.dtype),
-        ("ring_d", cache.ring_d, (S, Hv, num_ring_rows, V), torch.float32),
+        ("ring_d", cache.ring_d, (S, Hv, num_ring_rows, V), d_records_dtype(cache)),
         # the exact flush's records (None in fold mode)
         ("ring_beta", cache.ring_beta, (S, Hv, num_ring_rows), torch.float32),
         ("ring_v", cache.ring_v, (S, Hv, num_ring_rows, V), v.dtype),
