@@ -29,8 +29,8 @@ Per variant and position range: mean KL(reference || variant) in nats per token 
 and positions, and the fraction of positions where the variant's argmax is the reference's;
 per prompt, the greedy agreement length (tokens before the variant's greedy output first
 differs from the reference's). ReplaySSM runs with route "replay" (on GPUs "auto" would
-send plain GDN decode to the stock route, which never reads LP). GDN variants run today's
-records (fp32 corrected values). A table, JSON
+send plain GDN decode to the stock route, which never reads LP). GDN variants keep fp32
+corrected values but replayssm_lp_bf16_d_lp (not run by default). A table, JSON
 (benchmarks/results/accuracy-<machine>-<date>-<commit>.json) and a PNG plot (KL against
 position, one line per variant, one panel per family).
 """
@@ -66,6 +66,12 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # diagnostic, not run by default: the plugin's stock step on the ReplaySSM page (reads
     # and writes HP, no replay): separates replay from the plugin's CPU arithmetic
     "replayssm_stock_route": ("float32", {"enabled": True, "lp_dtype": "none", "route": "stock"}),
+    # not run by default: GDN's d records in the LP dtype (gdn_d_dtype "lp"; Mamba-2 runs
+    # replayssm_lp_bf16's maths)
+    "replayssm_lp_bf16_d_lp": (
+        "float32",
+        {"enabled": True, "lp_dtype": "bfloat16", "gdn_d_dtype": "lp"},
+    ),
 }
 DEFAULT_VARIANTS = ("stock_bf16", "replayssm_lp_bf16", "replayssm_lp_fp16", "replayssm_hp_only")
 FAMILIES = ("nemotron_h", "qwen3_next")

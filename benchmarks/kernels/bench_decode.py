@@ -69,7 +69,15 @@ GEOMETRIES: dict[str, Mamba2Geometry | GDNGeometry] = {
     "qwen35_4b": GDNGeometry(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128),
     "qwen35_122b": GDNGeometry(num_k_heads=16, num_v_heads=64, head_k_dim=128, head_v_dim=128),
 }
-LP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# LP names: the LP copy's dtype; "_d_lp": GDN's d records in it too (gdn_d_dtype "lp")
+LP_DTYPES = {
+    "none": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "bf16_d_lp": torch.bfloat16,
+    "fp16_d_lp": torch.float16,
+}
+D_LP = "_d_lp"
 LP_ALIASES = {"bfloat16": "bf16", "float16": "fp16"}
 BUFFER_LEN = 16
 # Tokens per row and step, and steps per graph (one flush cycle, `common.flush_cycle`):
@@ -119,11 +127,14 @@ def conv_dim(geom) -> int:
     return 2 * geom.num_k_heads * geom.head_k_dim + geom.num_v_heads * geom.head_v_dim
 
 
-def our_specs(geom, lp: torch.dtype | None) -> list[StateTensorSpec]:
+def our_specs(geom, lp_name: str) -> list[StateTensorSpec]:
+    """Our page for an LP name (`LP_DTYPES`)."""
+    lp = LP_DTYPES[lp_name]
     conv = ((CONV_ROWS, conv_dim(geom)), ACT)
     if family(geom) == "mamba2":
         return mamba2_state_specs(geom, BUFFER_LEN, WINDOW, ACT, lp, *conv)
-    return gdn_state_specs(geom, BUFFER_LEN, WINDOW, ACT, lp, True, *conv)
+    d = lp if lp_name.endswith(D_LP) else torch.float32
+    return gdn_state_specs(geom, BUFFER_LEN, WINDOW, ACT, lp, True, *conv, d)
 
 
 def stock_specs(geom) -> list[StateTensorSpec]:
@@ -142,7 +153,8 @@ def bytes_model(geom, lp_name: str) -> dict:
     """Bytes per row, layer and step (design §2); record sizes from our page's specs."""
     lp = LP_DTYPES[lp_name]
     readout, flush = RING_READS[family(geom)]
-    rec = common.record_bytes(our_specs(geom, lp), ring_rows(BUFFER_LEN, WINDOW), readout, flush)
+    rows = ring_rows(BUFFER_LEN, WINDOW)
+    rec = common.record_bytes(our_specs(geom, lp_name), rows, readout, flush)
     E = geom.state_elems
     lp_size = None if lp is None else torch.empty((), dtype=lp).element_size()
     stock = common.stock_bytes(E, WINDOW)
@@ -360,15 +372,15 @@ def window_slots(bs: int) -> torch.Tensor:
     return torch.arange(1, bs * WINDOW + 1, dtype=torch.int32, device=DEV).view(bs, WINDOW)
 
 
-def our_layers(geom, bs: int, nl: int, lp: torch.dtype | None, slots: torch.Tensor):
-    """NL layers of (cache, inputs, out); each cache gets random HP, then the prefill hook
-    (cursors reset with stagger, LP <- HP)."""
+def our_layers(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor):
+    """NL layers of (cache, inputs, out) with the page of an LP name (`LP_DTYPES`); each
+    cache gets random HP, then the prefill hook (cursors reset with stagger, LP <- HP)."""
     from vllm_replayssm.kernels.common.prefill_hook import apply_prefill_hook
 
     cache_cls = Mamba2ReplayCache if family(geom) == "mamba2" else GDNReplayCache
     layers = []
     for _ in range(nl):
-        cache = cache_cls.from_views(_pages(our_specs(geom, lp), bs + 1))
+        cache = cache_cls.from_views(_pages(our_specs(geom, lp_name), bs + 1))
         apply_prefill_hook(
             cache.hp,
             cache.lp,
@@ -557,7 +569,7 @@ def route_ran(geom, bs: int, config: dict, has_lp: bool) -> str:
 def run_ours(geom, bs: int, nl: int, lp_name: str, slots: torch.Tensor, args) -> dict:
     """Every launch config on the same caches; top-level figures are the fastest one's."""
     try:
-        layers = our_layers(geom, bs, nl, LP_DTYPES[lp_name], slots)
+        layers = our_layers(geom, bs, nl, lp_name, slots)
     except Exception as exc:
         print(f"  ours: setup ERROR {exc!r}", flush=True)
         return {"error": repr(exc), "traceback": traceback.format_exc(), "configs": []}
@@ -644,7 +656,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--families", default="mamba2,gdn", help="mamba2, gdn")
     p.add_argument("--geoms", default=",".join(GEOMETRIES), help="comma list of geometries")
     p.add_argument("--batch", default="1,32,256", help="comma list of batch sizes")
-    p.add_argument("--lp", default="none,bf16,fp16", help="LP dtypes: none, bf16, fp16")
+    p.add_argument(
+        "--lp",
+        default="none,bf16,fp16",
+        help="LP dtypes: none, bf16, fp16; GDN also bf16_d_lp, fp16_d_lp (d records in the "
+        "LP dtype, gdn_d_dtype lp)",
+    )
     p.add_argument("--quick", action="store_true", help="5 timed replays instead of 20")
     p.add_argument("--replays", type=int, default=None, help="timed replays per variant")
     p.add_argument(
@@ -706,6 +723,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.lp = _csv(
         ",".join(LP_ALIASES.get(x.strip(), x) for x in args.lp.split(",")), LP_DTYPES, "--lp"
     )
+    if "mamba2" in args.families and any(lp.endswith(D_LP) for lp in args.lp):
+        sys.exit(
+            f"--lp: the *{D_LP} names are GDN's (gdn_d_dtype lp): run them with --families gdn"
+        )
     try:  # every (geometry, LP) measurement's L against --window
         for g, lp in itertools.product(args.geoms, args.lp):
             set_steps(buffer_len_for(GEOMETRIES[g], lp, args.buffer_len), args.window)

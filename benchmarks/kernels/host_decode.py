@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.set_steps(bench.buffer_len_for(geom, args.lp), T)  # the plugin's L
     dev = torch.device("cuda")
     slots = torch.arange(1, bs + 1, dtype=torch.int32, device=dev)
-    layers = bench.our_layers(geom, bs, 1, bench.LP_DTYPES[args.lp], slots)
+    layers = bench.our_layers(geom, bs, 1, args.lp, slots)
     ((fn, a, kw),) = bench.our_calls(geom, layers, slots, {})
     cache = layers[0][0]
     rows: dict[str, dict] = {}

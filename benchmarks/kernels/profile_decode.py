@@ -86,7 +86,7 @@ def main() -> None:
     if args.route and args.route not in bench.ROUTES[bench.family(geom)]:
         p.error(f"--route {args.route}: not a route of {bench.family(geom)}")
     slots = torch.arange(1, args.bs + 1, dtype=torch.int32, device="cuda")
-    layers = bench.our_layers(geom, args.bs, 1, bench.LP_DTYPES[args.lp], slots)  # 1 layer
+    layers = bench.our_layers(geom, args.bs, 1, args.lp, slots)  # 1 layer
     config = {"route": args.route} if args.route else {}
     for item in args.knob:
         name, _, val = item.partition("=")

@@ -54,10 +54,13 @@ TORCH_TO_TRITON = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float1
 TORCH_TO_TRITON[torch.int32] = "*i32"
 
 
-def _tensors(lp: torch.dtype | None, window: int = 1) -> dict[str, torch.Tensor]:
+def _tensors(lp: torch.dtype | None, window: int = 1, d_lp: bool = False):
     """Every tensor a launcher passes, on the meta device, keyed by its argument prefix
-    (`window` tokens per row: the speculative window step's page and token tensors)."""
-    specs = gdn_state_specs(GEOM, L, window, torch.bfloat16, lp, True, (8192, 3), torch.bfloat16)
+    (`window` tokens per row: the speculative window step's page and token tensors; d_lp:
+    d records in the LP dtype, gdn_d_dtype "lp")."""
+    d = lp if d_lp else torch.float32
+    conv = ((8192, 3), torch.bfloat16)
+    specs = gdn_state_specs(GEOM, L, window, torch.bfloat16, lp, True, *conv, d)
     raw = torch.empty(4 * page_size_bytes(specs), dtype=torch.uint8, device="meta")
     cache = GDNReplayCache.from_views(carve(raw, specs))
     scratch = plan.GDNScratch.allocate(
@@ -132,10 +135,10 @@ SCALARS = {
 }
 
 
-def kernel_args(kernel, lp: torch.dtype | None, window: int = 1) -> dict:
+def kernel_args(kernel, lp: torch.dtype | None, window: int = 1, d_lp: bool = False) -> dict:
     """Argument values of a kernel's non-constexpr parameters, from the meta tensors: a
     pointer's dtype, a stride_<prefix>_<dim> its stride (dims in the tensor's order)."""
-    t, scratch = _tensors(lp, window)
+    t, scratch = _tensors(lp, window, d_lp)
     strides = {
         "coef": scratch.coef.stride()[:2],  # the window step's own below, from t
         **{p: x.stride() for p, x in t.items()},
@@ -187,21 +190,25 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
             1,
         )
     ]
-    # the readout's tile loop: one tile per program, 4 (the bs 256 default)
-    for lp, rows, tiles in (
-        (None, 16, 1),
-        (torch.bfloat16, 32, 1),
-        (torch.float16, 32, 1),
-        (None, 16, 4),
-        (torch.bfloat16, 32, 4),
+    # the readout's tile loop: one tile per program, 4 (the bs 256 default); d_lp: d records
+    # in the LP dtype
+    for lp, rows, tiles, d_lp in (
+        (None, 16, 1, False),
+        (torch.bfloat16, 32, 1, False),
+        (torch.float16, 32, 1, False),
+        (None, 16, 4, False),
+        (torch.bfloat16, 32, 4, False),
+        (torch.bfloat16, 32, 1, True),
+        (torch.bfloat16, 32, 4, True),
     ):
         name = "fp32" if lp is None else str(lp).split(".")[1]
         loop = f" tiles {tiles}" if tiles > 1 else ""
+        loop += ", d in LP dtype" if d_lp else ""
         out.append(
             (
                 f"readout {rows} x {K} {name}{loop}",
                 readout._gdn_readout_kernel,
-                kernel_args(readout._gdn_readout_kernel, lp),
+                kernel_args(readout._gdn_readout_kernel, lp, d_lp=d_lp),
                 dict(
                     V_PER_K=Hv // Hk,
                     TILES_PER_HEAD=V // rows,
@@ -220,7 +227,8 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
     # flush_block_v / flush_warps; bf16x3 is the GPU default with bf16 k records).
     # The exact flush recomputes d from HP with an LP copy, and sums the cached d without one
     # (`flush.gdn_flush`'s recompute).
-    for rows, warps, precision, lp in (
+    for rows, warps, precision, lp, *d_lp in (
+        (16, 1, "bf16x3", torch.bfloat16, True),  # the LP default, d records in the LP dtype
         (64, 4, "bf16x3", torch.bfloat16),
         (64, 4, "tf32x3", torch.bfloat16),
         (64, 8, "bf16x3", torch.bfloat16),
@@ -234,11 +242,12 @@ def variants() -> list[tuple[str, object, dict, dict, int]]:
         (16, 2, "bf16x3", None),  # the HP-only default
     ):
         kind = "recompute" if lp is not None else "sum d, HP only"
+        kind += ", d in LP dtype" if d_lp else ""
         out.append(
             (
                 f"flush {rows} x {K} {precision} {kind}",
                 flush._gdn_flush_kernel,
-                kernel_args(flush._gdn_flush_kernel, lp),
+                kernel_args(flush._gdn_flush_kernel, lp, d_lp=bool(d_lp)),
                 dict(
                     NUM_V_HEADS=Hv,
                     V_PER_K=Hv // Hk,
@@ -314,7 +323,7 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         for lp_flush, refresh in ((False, False), (True, False), (True, True))
     ]
     readout = gdn_window._gdn_window_readout_kernel
-    for block_v, warps, lp_dot, tiles, stages in (  # block_v < 0: LP_ONLY
+    for block_v, warps, lp_dot, tiles, stages, *d_lp in (  # block_v < 0: LP_ONLY
         (16, 1, "tf32x3", 1, 1),
         (16, 1, "bf16x3", 1, 1),
         (32, 1, "tf32x3", 1, 1),
@@ -339,16 +348,19 @@ def window_variants(T: int = 4) -> list[tuple[str, object, dict, dict, int]]:
         (-32, 2, "bf16x2", 4, 2),
         (32, 1, "bf16x3", 4, 2),
         (32, 2, "bf16x3", 4, 2),
+        (16, 1, "bf16x3", 4, 2, True),  # d records in the LP dtype
+        (-16, 1, "bf16x3", 8, 2, True),
     ):
         loop = f", {tiles} tiles, {stages} stages" if tiles > 1 else ""
         lp_only = block_v < 0
         block_v = abs(block_v)
         loop += ", LP only" if lp_only else ""
+        loop += ", d in LP dtype" if d_lp else ""
         out.append(
             (
                 f"window {T} readout, planned, {block_v} rows, LP {lp_dot}{loop}",
                 readout,
-                kernel_args(readout, torch.bfloat16, T),
+                kernel_args(readout, torch.bfloat16, T, d_lp=bool(d_lp)),
                 dict(
                     v_per_k=Hv // Hk,
                     tiles_per_head=V // block_v,
