@@ -290,21 +290,28 @@ GPU_VARIANTS = {
 }
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("geom", list(REAL))
-@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
-@pytest.mark.parametrize("T", [1, 4])
-@pytest.mark.parametrize("variant", list(GPU_VARIANTS))
-def test_real_geometry_on_gpu(geom, lp, T, variant):
+def _check_real_geometry(geom, lp, T, variant, d_lp=False):
+    """A GPU_VARIANTS route at a real geometry against the oracle (d_lp: d records in the
+    LP dtype)."""
     route, knobs = GPU_VARIANTS[variant]
     fam = GDNFamily(
         REAL[geom],
         act_dtype=torch.bfloat16,
         device="cuda",
         seed=1,
+        d_lp=d_lp,
         decode_op=_op(route, **knobs),
     )
     check_scenario(fam, L=16, T=T, lp=lp, spec=T > 1, requests=8, cycles=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geom", list(REAL))
+@pytest.mark.parametrize("lp", [None, torch.bfloat16], ids=["hp", "lp_bf16"])
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("variant", list(GPU_VARIANTS))
+def test_real_geometry_on_gpu(geom, lp, T, variant):
+    _check_real_geometry(geom, lp, T, variant)
 
 
 @pytest.mark.gpu
@@ -314,16 +321,7 @@ def test_real_geometry_on_gpu(geom, lp, T, variant):
 def test_real_geometry_d_records_in_lp_dtype_on_gpu(geom, T, variant):
     """d records in the bf16 LP's dtype (gdn_d_dtype "lp"), the routes as `dispatch`
     launches them."""
-    route, knobs = GPU_VARIANTS[variant]
-    fam = GDNFamily(
-        REAL[geom],
-        act_dtype=torch.bfloat16,
-        device="cuda",
-        seed=1,
-        d_lp=True,
-        decode_op=_op(route, **knobs),
-    )
-    check_scenario(fam, L=16, T=T, lp=torch.bfloat16, spec=T > 1, requests=8, cycles=2)
+    _check_real_geometry(geom, torch.bfloat16, T, variant, d_lp=True)
 
 
 @pytest.mark.gpu
