@@ -151,6 +151,15 @@ def mamba2_state_specs(
     return _aligned(specs + _window_start_specs(window))
 
 
+def gdn_d_records_allowed(
+    d_dtype: torch.dtype, lp_dtype: torch.dtype | None, exact_flush: bool
+) -> bool:
+    """Whether a GDN page may keep its corrected values d in d_dtype: fp32 always; below fp32
+    only in the dtype of an LP copy with the exact flush, which recomputes d from HP (a flush
+    that sums the records would put their rounding into HP)."""
+    return d_dtype == torch.float32 or (d_dtype == lp_dtype and exact_flush)
+
+
 def gdn_state_specs(
     geom: GDNGeometry,
     buffer_len: int,
@@ -168,7 +177,7 @@ def gdn_state_specs(
     accurate as stock fp32), or d_dtype = the LP dtype (`config.gdn_d_dtype` "lp") with an
     LP copy and the exact flush, which then recomputes d from HP: the records feed only
     readouts, whose error is the LP read's level anyway."""
-    if d_dtype != torch.float32 and (d_dtype != lp_dtype or not exact_flush):
+    if not gdn_d_records_allowed(d_dtype, lp_dtype, exact_flush):
         raise ValueError(
             f"d records in {d_dtype} need an LP copy of that dtype and the exact flush "
             f"(got LP {lp_dtype}, exact flush {exact_flush})"

@@ -132,6 +132,8 @@ def our_specs(geom, lp_name: str) -> list[StateTensorSpec]:
     lp = LP_DTYPES[lp_name]
     conv = ((CONV_ROWS, conv_dim(geom)), ACT)
     if family(geom) == "mamba2":
+        if lp_name.endswith(D_LP):
+            raise ValueError(f"LP {lp_name!r}: the *{D_LP} names are GDN's (gdn_d_dtype lp)")
         return mamba2_state_specs(geom, BUFFER_LEN, WINDOW, ACT, lp, *conv)
     d = lp if lp_name.endswith(D_LP) else torch.float32
     return gdn_state_specs(geom, BUFFER_LEN, WINDOW, ACT, lp, True, *conv, d)
@@ -723,13 +725,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.lp = _csv(
         ",".join(LP_ALIASES.get(x.strip(), x) for x in args.lp.split(",")), LP_DTYPES, "--lp"
     )
-    if "mamba2" in args.families and any(lp.endswith(D_LP) for lp in args.lp):
-        sys.exit(
-            f"--lp: the *{D_LP} names are GDN's (gdn_d_dtype lp): run them with --families gdn"
-        )
-    try:  # every (geometry, LP) measurement's L against --window
+    try:  # every (geometry, LP) measurement's L against --window, and its page
         for g, lp in itertools.product(args.geoms, args.lp):
             set_steps(buffer_len_for(GEOMETRIES[g], lp, args.buffer_len), args.window)
+            our_specs(GEOMETRIES[g], lp)
     except ValueError as exc:
         sys.exit(str(exc))
     for knob in KNOBS:

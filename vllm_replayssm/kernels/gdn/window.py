@@ -58,7 +58,12 @@ from vllm_replayssm.kernels.gdn.tiles import (
     l2norm_rows,
     log_decay,
 )
-from vllm_replayssm.layout import NULL_BLOCK_ID, GDNReplayCache, ring_rows
+from vllm_replayssm.layout import (
+    NULL_BLOCK_ID,
+    GDNReplayCache,
+    gdn_d_records_allowed,
+    ring_rows,
+)
 
 FLUSH_BLOCK_V = 16  # the split route's flush tile (value rows of one warp's program)
 # Persistent one-warp flush programs per SM over the plan's row list: as many as its 255
@@ -1586,12 +1591,11 @@ def fold_exact(cache, flush_precision: str) -> bool:
 
 
 def d_records_dtype(cache) -> torch.dtype:
-    """The dtype the d records may have: the LP copy's where the exact flush has one and the
-    page keeps them so (`layout.gdn_state_specs`' d_dtype), else fp32."""
-    lp = cache.lp
-    if lp is not None and cache.exact_flush and cache.ring_d.dtype == lp.dtype:
-        return lp.dtype
-    return torch.float32
+    """The dtype the d records may have: theirs where the page allows it
+    (`layout.gdn_d_records_allowed`), else fp32."""
+    d = cache.ring_d.dtype
+    lp = cache.lp.dtype if cache.lp is not None else None
+    return d if gdn_d_records_allowed(d, lp, cache.exact_flush) else torch.float32
 
 
 def check_args(
